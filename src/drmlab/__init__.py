@@ -1,0 +1,8 @@
+"""drmlab: causal language models with a recurrent latent state.
+
+Layers (imports flow one way, left to right):
+``ops`` <- ``resolvent`` <- ``models`` <- ``training`` / ``evaluation`` (with ``data``)
+<- ``experiments`` <- ``cli``.
+"""
+
+__version__ = "0.1.0"

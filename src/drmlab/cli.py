@@ -1,0 +1,56 @@
+"""The single command-line entry point ``drmlab``.
+
+Every verb lives in the module that owns it; that module exposes
+``add_parser(subparsers)`` which registers the verb and sets ``func`` to a callable
+taking the parsed ``argparse.Namespace`` and returning an exit code. Modules are
+imported only when the CLI is built, so ``import drmlab`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (module path) -- one entry per module that registers verbs.
+VERB_MODULES = [
+    "drmlab.experiments.inspect",      # drmlab inspect: build a model, run a forward, print diagnostics
+    "drmlab.training.command",         # drmlab train
+    "drmlab.evaluation.command",       # drmlab eval
+    "drmlab.experiments.ablate",       # drmlab ablate
+    "drmlab.experiments.loop_proofs",  # drmlab proofs
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="drmlab",
+        description="Build, train and judge causal language models with a recurrent latent state.",
+    )
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    for path in VERB_MODULES:
+        try:
+            module = importlib.import_module(path)
+        except ModuleNotFoundError as exc:  # a verb whose module is not written yet
+            if exc.name == path:
+                continue
+            raise
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"drmlab {args.verb}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The model registry: every model family registers a builder under one or more names.
+
+``build_model(name, preset, vocab_size, seed, **overrides)`` is the one way to build a
+model; ``list_models()`` lists every registered name. A builder is a callable
+``builder(name, preset=..., vocab_size=..., seed=..., **overrides) -> nn.Module``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Callable
+
+import torch.nn as nn
+
+PRESETS = ("micro", "tiny", "small", "125m")
+
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register(names: list[str] | tuple[str, ...] | str, builder: Callable[..., nn.Module]) -> None:
+    """Register ``builder`` under each of ``names`` (names are upper-case by convention)."""
+    for name in [names] if isinstance(names, str) else names:
+        if name in _BUILDERS and _BUILDERS[name] is not builder:
+            raise ValueError(f"model name {name!r} is already registered")
+        _BUILDERS[name] = builder
+
+
+def _ensure_loaded() -> None:
+    # Importing the family modules registers them; done lazily to keep imports one-way.
+    from drmlab.models import families  # noqa: F401
+
+
+def list_models() -> list[str]:
+    _ensure_loaded()
+    return sorted(_BUILDERS)
+
+
+def suggest(word: str, options) -> str:
+    """A ' (did you mean X?)' hint for a misspelt name, or ''."""
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def build_model(name: str, preset: str = "tiny", vocab_size: int = 256, seed: int = 0, **overrides) -> nn.Module:
+    """Build the registered model ``name`` at ``preset`` for a ``vocab_size`` vocabulary.
+
+    The same (name, preset, vocab_size, seed, overrides) always gives identical parameters.
+    """
+    _ensure_loaded()
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown model {name!r}{suggest(name, _BUILDERS)}; known: {', '.join(sorted(_BUILDERS))}")
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}{suggest(preset, PRESETS)}; known: {', '.join(PRESETS)}")
+    if not isinstance(vocab_size, int) or vocab_size <= 0:
+        raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+    return _BUILDERS[name](name, preset=preset, vocab_size=vocab_size, seed=seed, **overrides)
