@@ -1,0 +1,307 @@
+"""The DRM components of math.md sections 1 to 13, one module each.
+
+Shapes: ``N`` is any batch of states (batch, or batch x positions). Every module's
+docstring names the equation it implements; the architecture notes (section 3) give
+the widths and initialisations.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from drmlab.ops import causal_depthwise_conv1d, causal_depthwise_conv1d_step, woodbury_solve
+
+from .config import DRMConfig
+
+
+def bound_state(z: torch.Tensor, radius: float, toroidal_dims: int = 0) -> torch.Tensor:
+    """The bound operator B(z) = R tanh(z min(1, R / max(|z|, 1e-8)) / R) (section 6, notes 3.8).
+
+    A norm clip to radius R per state vector, then an element-wise soft clamp. Toroidal
+    coordinates (the first ``toroidal_dims``) are angles and pass through unchanged.
+    """
+    if toroidal_dims:
+        return torch.cat([z[..., :toroidal_dims], bound_state(z[..., toroidal_dims:], radius)], dim=-1)
+    norm = z.norm(dim=-1, keepdim=True).clamp_min(1e-8)
+    clipped = z * torch.clamp(radius / norm, max=1.0)
+    return radius * torch.tanh(clipped / radius)
+
+
+def toroidal_lift(z: torch.Tensor, toroidal_dims: int) -> torch.Tensor:
+    """Section 16: theta -> (cos theta, sin theta) for the first ``toroidal_dims`` coordinates."""
+    if not toroidal_dims:
+        return z
+    angles = z[..., :toroidal_dims]
+    return torch.cat([torch.cos(angles), torch.sin(angles), z[..., toroidal_dims:]], dim=-1)
+
+
+class DRMStateInitializer(nn.Module):
+    """Section 1: the learned initial state z_0, expanded across the batch."""
+
+    def __init__(self, c: DRMConfig):
+        super().__init__()
+        self.z0 = nn.Parameter(torch.randn(c.d_state) * 0.02)
+
+    def forward(self, batch_size: int) -> torch.Tensor:
+        return self.z0.unsqueeze(0).expand(batch_size, -1)
+
+
+class GeometryTrunk(nn.Module):
+    """q = GELU(W2 GELU(W1 z + b1) + b2): the shared shape of the direction and metric trunks."""
+
+    def __init__(self, c: DRMConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(c.d_read, c.hidden_size)
+        self.fc2 = nn.Linear(c.hidden_size, c.hidden_size)
+
+    def forward(self, z_read: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.fc2(F.gelu(self.fc1(z_read))))
+
+
+class DirectionField(nn.Module):
+    """Section 2: n directions V_i(z) and soft gates a_i(z) = sigmoid((l_i + bias) / temperature).
+
+    With a basis, V = reshape(W_d q + b_d) Pi_d, so every direction lies in the row space
+    of the learned basis Pi_d; each direction is optionally normalised to unit length.
+    dimD(z) = sum_i a_i(z).
+    """
+
+    def __init__(self, c: DRMConfig):
+        super().__init__()
+        self.n, self.d, self.p = c.n_directions, c.d_state, c.direction_basis_size
+        self.normalize = c.direction_norm
+        self.temperature, self.bias = c.gate_temperature, c.gate_logit_bias
+        self.trunk = GeometryTrunk(c)
+        width = self.n * (self.p if self.p else self.d)
+        self.direction_head = nn.Linear(c.hidden_size, width)
+        self.basis = nn.Parameter(torch.randn(self.p, self.d) * 0.02) if self.p else None
+        self.gate_head = nn.Linear(c.hidden_size, self.n)
+
+    def forward(self, z_read: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q = self.trunk(z_read)
+        coeff = self.direction_head(q)
+        if self.basis is not None:
+            directions = coeff.view(*coeff.shape[:-1], self.n, self.p) @ self.basis
+        else:
+            directions = coeff.view(*coeff.shape[:-1], self.n, self.d)
+        if self.normalize:
+            directions = directions / directions.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        gates = torch.sigmoid((self.gate_head(q) + self.bias) / self.temperature)
+        return directions, gates
+
+
+class RelationalMetric(nn.Module):
+    """Section 4: G(z) = diag(softplus(d(z)) + eps) + U(z) U(z)^T, returned as (gamma, U).
+
+    U = (C_u Pi_u)^T / sqrt(r) with a basis, else the head's d x r output / sqrt(r).
+    """
+
+    def __init__(self, c: DRMConfig):
+        super().__init__()
+        self.d, self.r, self.p, self.eps = c.d_state, c.metric_rank, c.metric_u_basis_size, c.metric_eps
+        self.trunk = GeometryTrunk(c)
+        self.diag_head = nn.Linear(c.hidden_size, self.d)
+        if self.r:
+            self.u_head = nn.Linear(c.hidden_size, self.r * (self.p if self.p else self.d))
+            self.basis = nn.Parameter(torch.randn(self.p, self.d) * 0.02) if self.p else None
+        else:
+            self.u_head, self.basis = None, None
+
+    def forward(self, z_read: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q = self.trunk(z_read)
+        gamma = F.softplus(self.diag_head(q)) + self.eps
+        if self.u_head is None:
+            return gamma, gamma.new_zeros(*gamma.shape, 0)
+        coeff = self.u_head(q)
+        if self.basis is not None:
+            u = (coeff.view(*coeff.shape[:-1], self.r, self.p) @ self.basis).transpose(-1, -2)
+        else:
+            u = coeff.view(*coeff.shape[:-1], self.d, self.r)
+        return gamma, u / math.sqrt(self.r)
+
+
+class DRMFlow(nn.Module):
+    """Section 3: coefficients c_i(z, e) = tanh(W4 GELU(W3 [z; e] + b3) + b4) in [-1, 1]^n.
+
+    ``token_part(e)`` computes W3_e e once for all positions; ``forward`` adds the state part.
+    """
+
+    def __init__(self, c: DRMConfig, out_features: int | None = None):
+        super().__init__()
+        self.d_read = c.d_read
+        self.fc1 = nn.Linear(c.d_read + c.d_token, c.hidden_size)
+        self.fc2 = nn.Linear(c.hidden_size, c.n_directions if out_features is None else out_features)
+
+    def token_part(self, e: torch.Tensor) -> torch.Tensor:
+        return F.linear(e, self.fc1.weight[:, self.d_read:], self.fc1.bias)
+
+    def forward(self, z_read: torch.Tensor, token_part: torch.Tensor) -> torch.Tensor:
+        """z_read [..., d_read] broadcast against token_part [..., L, H]."""
+        state_part = F.linear(z_read, self.fc1.weight[:, : self.d_read])
+        return torch.tanh(self.fc2(F.gelu(state_part + token_part)))
+
+
+class DirectStateTransition(DRMFlow):
+    """Section 3 (J_NO_DIRECTION): u = tanh(W6 GELU(W5 [z; e] + b5) + b6) in [-1, 1]^d_state."""
+
+    def __init__(self, c: DRMConfig):
+        super().__init__(c, out_features=c.d_state)
+
+
+def raw_velocity(gates: torch.Tensor, coeff: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
+    """Section 3: v_raw = sum_i a_i c_i V_i. gates [N, n], coeff [N, L, n], directions [N, n, d]."""
+    return (coeff * gates.unsqueeze(-2)) @ directions
+
+
+class RiskField(nn.Module):
+    """Risk mass rho = min(alpha_b b^beta_b + alpha_d d^beta_d, 10) (notes 3.9).
+
+    With ``enabled=False`` (every reference variant) it returns zeros and its weights get
+    no gradient, exactly as the reference's dead risk field.
+    """
+
+    def __init__(self, c: DRMConfig, enabled: bool):
+        super().__init__()
+        self.enabled = enabled
+        self.fc1 = nn.Linear(c.d_read, c.hidden_size)
+        self.fc2 = nn.Linear(c.hidden_size, 2)
+        self.alpha = nn.Parameter(torch.full((2,), 0.1))
+        self.beta = nn.Parameter(torch.full((2,), 1.5))
+
+    def forward(self, z_read: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return z_read.new_zeros(z_read.shape[:-1])
+        bd = torch.sigmoid(self.fc2(F.gelu(self.fc1(z_read))))
+        alpha = self.alpha.clamp(-10.0, 10.0)
+        beta = self.beta.abs().clamp(0.25, 4.0)
+        return (alpha * bd.pow(beta)).sum(-1).clamp(max=10.0)
+
+
+def naturalize(u: torch.Tensor, gamma: torch.Tensor, u_factor: torch.Tensor, strength: float, damping: float) -> torch.Tensor:
+    """Section 5: v = (1 - s) u + s (G + lambda I)^-1 u, solved with Woodbury in float32 or wider.
+
+    u [N, L, d]; gamma [N, d]; u_factor [N, d, r]. With s <= 0 the input is returned exactly.
+    """
+    if strength <= 0:
+        return u
+    dtype = torch.promote_types(u.dtype, torch.float32)
+    with torch.autocast(device_type=u.device.type, enabled=False):
+        solved = woodbury_solve(gamma.to(dtype), u_factor.to(dtype), u.to(dtype), damping=damping)
+    return ((1.0 - strength) * u.to(dtype) + strength * solved).to(u.dtype)
+
+
+class CausalConvMixer(nn.Module):
+    """Section 7: the causal depthwise-convolution mixer, applied per block.
+
+    h0 = silu(W_in f + b); h_{l+1} = h_l + PW_l(silu(DWConv_l(h_l))) with left zero padding
+    and dilation growth^l; output eta_mix (W_out h + b_out). The features f are
+    [z~_t; z~_t - z~_{t-1}; delta_t; e_t; dimD; rho].
+    """
+
+    def __init__(self, c: DRMConfig):
+        super().__init__()
+        m, k = c.mixer_hidden, c.mixer_kernel
+        self.d_state, self.scale = c.d_state, c.mixer_scale
+        self.dilations = [c.mixer_dilation_growth**layer for layer in range(c.mixer_layers)]
+        self.in_proj = nn.Linear(3 * c.d_state + c.d_token + 2, m)
+        self.depthwise = nn.ModuleList(nn.Conv1d(m, m, k, groups=m) for _ in self.dilations)
+        self.pointwise = nn.ModuleList(nn.Linear(m, m) for _ in self.dilations)
+        self.out_proj = nn.Linear(m, c.d_state)
+
+    def token_part(self, e: torch.Tensor) -> torch.Tensor:
+        d = self.d_state
+        return F.linear(e, self.in_proj.weight[:, 3 * d: -2], self.in_proj.bias)
+
+    def input_features(self, states, diffs, deltas, scalars, token_part) -> torch.Tensor:
+        """W_in f + b from its pieces: states/diffs/deltas [N, L, d], scalars [N, 2] (dimD, rho)."""
+        d, w = self.d_state, self.in_proj.weight
+        pre = token_part + F.linear(scalars, w[:, -2:]).unsqueeze(-2)
+        if states is not None:  # geometry-free paths have zero diffs and deltas
+            pre = pre + F.linear(states, w[:, :d])
+        if diffs is not None:
+            pre = pre + F.linear(diffs, w[:, d: 2 * d]) + F.linear(deltas, w[:, 2 * d: 3 * d])
+        return F.silu(pre)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """h = silu(W_in f + b) [N, L, M] -> the residual correction eta_mix (W_out h_L + b)."""
+        for conv, point, dilation in zip(self.depthwise, self.pointwise, self.dilations):
+            y = causal_depthwise_conv1d(h, conv.weight, conv.bias, dilation=dilation)
+            h = h + point(F.silu(y))
+        return self.scale * self.out_proj(h)
+
+    def step(self, h_t: torch.Tensor, contexts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """One position of ``forward``: h_t [N, M]; contexts hold each layer's left inputs."""
+        new_contexts = []
+        for conv, point, dilation, context in zip(self.depthwise, self.pointwise, self.dilations, contexts):
+            y, context = causal_depthwise_conv1d_step(h_t, context, conv.weight, conv.bias, dilation=dilation)
+            new_contexts.append(context)
+            h_t = h_t + point(F.silu(y))
+        return self.scale * self.out_proj(h_t), new_contexts
+
+
+class TokenStateResidual(nn.Module):
+    """Section 8: z' = z + eta_tok W_tok e (no bias)."""
+
+    def __init__(self, c: DRMConfig):
+        super().__init__()
+        self.scale = c.token_state_residual_scale
+        self.proj = nn.Linear(c.d_token, c.d_state, bias=False)
+
+    def forward(self, e: torch.Tensor) -> torch.Tensor:
+        return self.scale * self.proj(e)
+
+
+class SelectiveMemory(nn.Module):
+    """Section 9: m_t = f_t * m_{t-1} + w_t * c_t from h_t = silu(W_h [z_{t-1}; e_t] + b_h).
+
+    f = sigmoid(W_f h + b_f + forget_bias), w = sigmoid(W_w h + b_w), c = tanh(W_c h + b_c).
+    ``gates`` returns (f, u = w * c) for all positions; the scan itself is
+    ``drmlab.ops.linear_scan`` (associative, never dividing by cumulative products).
+    """
+
+    def __init__(self, c: DRMConfig):
+        super().__init__()
+        self.d_read, self.forget_bias, self.scale = c.d_read, c.memory_forget_bias, c.memory_scale
+        self.in_proj = nn.Linear(c.d_read + c.d_token, c.memory_hidden)
+        self.forget = nn.Linear(c.memory_hidden, c.d_state)
+        self.write = nn.Linear(c.memory_hidden, c.d_state)
+        self.candidate = nn.Linear(c.memory_hidden, c.d_state)
+
+    def token_part(self, e: torch.Tensor) -> torch.Tensor:
+        return F.linear(e, self.in_proj.weight[:, self.d_read:], self.in_proj.bias)
+
+    def gates(self, prev_read: torch.Tensor, token_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = F.silu(F.linear(prev_read, self.in_proj.weight[:, : self.d_read]) + token_part)
+        f = torch.sigmoid(self.forget(h) + self.forget_bias)
+        u = torch.sigmoid(self.write(h)) * torch.tanh(self.candidate(h))
+        return f, u
+
+
+class RefinementLayer(nn.Module):
+    """Variant G's second stage: its own direction field, metric and flow (notes 3.13).
+
+    Each position is conditioned on the previous state: z_t <- B(z_t + eta dt Nat(u(z_{t-1}, e_t))).
+    """
+
+    def __init__(self, c: DRMConfig):
+        super().__init__()
+        self.direction_field = DirectionField(c)
+        self.metric = RelationalMetric(c)
+        self.flow = DRMFlow(c)
+
+
+class LanguageEmitter(nn.Module):
+    """Section 10: logits = W_o GELU(W_e RMSNorm(z) + b_e) + b_o."""
+
+    def __init__(self, c: DRMConfig):
+        super().__init__()
+        self.norm = nn.RMSNorm(c.d_read, eps=1e-6)
+        self.fc1 = nn.Linear(c.d_read, c.hidden_size)
+        self.fc2 = nn.Linear(c.hidden_size, c.vocab_size)
+
+    def forward(self, z_read: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(self.norm(z_read))))

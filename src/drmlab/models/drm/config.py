@@ -1,0 +1,322 @@
+"""Configuration of the DRM family: one dataclass, the presets and the variant table.
+
+The fields and their defaults follow the reference configuration described in
+``notes/drm-architecture.md`` (section 1); the variants A to J and the component
+ablations follow its section 5.3. A config resolves in three layers: preset
+dimensions, then the variant's overrides, then the caller's overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+
+# ---------------------------------------------------------------------------------------
+# Loss weights (math.md section 11; architecture notes section 1.2). ``LOSS_WEIGHTS_BASE``
+# is variant A; ``ce_only`` sets every weight to zero.
+LOSS_WEIGHTS_BASE = {
+    "action": 0.01,
+    "dim_sparsity": 0.001,
+    "dim_entropy": 0.001,
+    "dim_variance": 0.01,
+    "metric_reg": 0.001,
+    "metric_diversity": 0.001,
+    "recurrence": 0.0,
+    "stability": 0.0,
+    "blindspot": 0.0,
+    "active_fraction": 0.01,
+    "metric_u_floor": 0.001,
+    "metric_u_target": 0.001,
+    "condition": 0.001,
+}
+CE_ONLY = {k: 0.0 for k in LOSS_WEIGHTS_BASE}
+
+
+@dataclass
+class DRMConfig:
+    """Every field that changes a DRM model or its loss."""
+
+    vocab_size: int = 256
+    d_token: int = 128
+    d_state: int = 128
+    n_directions: int = 8
+    metric_rank: int = 8
+    hidden_size: int = 384
+    direction_basis_size: int = 16
+    metric_u_basis_size: int = 16
+    dt: float = 0.08
+    max_seq_len: int = 256  # training window only; there are no positional parameters
+    # sequence path: "block_cumsum" (section 7) or "recurrent" (section 6: Euler step per token)
+    sequence_mode: str = "block_cumsum"
+    block_size: int = 64
+    bounded_state: bool = True
+    state_clip_norm: float = 8.0
+    # geometry switches
+    use_drm_geometry: bool = True
+    use_direction_field: bool = True
+    use_relational_metric: bool = True
+    metric_eps: float = 1e-4
+    direction_norm: bool = True
+    gate_temperature: float = 1.5
+    gate_logit_bias: float = -1.0
+    # naturalization (section 5)
+    use_metric_naturalization: bool = True
+    naturalization_strength: float = 0.5
+    naturalization_warmup_steps: int = 500
+    metric_damping: float = 0.3
+    # risk field: "none" (not built), "dead" (built, outputs zero: reference A-G), "powerlaw"
+    risk: str = "none"
+    # causal local mixer (section 7)
+    mixer: str = "causal_conv"  # or "none"
+    mixer_hidden: int = 128
+    mixer_kernel: int = 8
+    mixer_layers: int = 2
+    mixer_dilation_growth: int = 1
+    mixer_scale: float = 0.2
+    # token-to-state residual (section 8)
+    token_state_residual: bool = False
+    token_state_residual_scale: float = 0.1
+    # selective memory (section 9)
+    selective_memory: bool = False
+    memory_hidden: int = 64
+    memory_scale: float = 0.1
+    memory_forget_bias: float = 2.0
+    # refinement layers (variant G)
+    refinement_layers: int = 0
+    refinement_scale: float = 0.1
+    # toroidal coordinates (section 16): the first k state coordinates are angles, read by
+    # every state reader as (cos, sin) and left out of the bound operator.
+    toroidal_dims: int = 0
+    # losses (section 11)
+    loss_weights: dict = field(default_factory=lambda: dict(CE_ONLY))
+    active_fraction_mode: str = "upper_bound"  # or "target"
+    target_active_fraction: float = 0.65
+    target_dim_std: float = 0.15
+    metric_u_min_norm: float = 0.05
+    metric_u_target_norm: float = 1.0
+    target_condition: float = 100.0
+
+    # ---------------------------------------------------------------- derived properties
+    @property
+    def has_geometry(self) -> bool:
+        return self.use_drm_geometry
+
+    @property
+    def has_direction_field(self) -> bool:
+        return self.use_drm_geometry and self.use_direction_field
+
+    @property
+    def has_direct_transition(self) -> bool:
+        return self.use_drm_geometry and not self.use_direction_field
+
+    @property
+    def has_metric(self) -> bool:
+        return self.use_drm_geometry and self.use_relational_metric
+
+    @property
+    def d_read(self) -> int:
+        """Width of the state as its readers see it (toroidal coordinates become cos/sin)."""
+        return self.d_state + self.toroidal_dims
+
+    def validate(self) -> None:
+        positive = [
+            "vocab_size", "d_token", "d_state", "hidden_size", "block_size", "max_seq_len",
+            "mixer_hidden", "mixer_kernel", "mixer_layers", "mixer_dilation_growth", "memory_hidden",
+        ]
+        if self.has_direction_field:
+            positive.append("n_directions")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("metric_rank", "direction_basis_size", "metric_u_basis_size", "refinement_layers", "toroidal_dims"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.toroidal_dims > self.d_state:
+            raise ValueError(f"toroidal_dims ({self.toroidal_dims}) exceeds d_state ({self.d_state})")
+        if self.sequence_mode not in ("block_cumsum", "recurrent"):
+            raise ValueError(f"sequence_mode must be 'block_cumsum' or 'recurrent', got {self.sequence_mode!r}")
+        if self.mixer not in ("causal_conv", "none"):
+            raise ValueError(f"mixer must be 'causal_conv' or 'none', got {self.mixer!r}")
+        if self.risk not in ("none", "dead", "powerlaw"):
+            raise ValueError(f"risk must be 'none', 'dead' or 'powerlaw', got {self.risk!r}")
+        if self.active_fraction_mode not in ("upper_bound", "target"):
+            raise ValueError(f"active_fraction_mode must be 'upper_bound' or 'target', got {self.active_fraction_mode!r}")
+        if not self.use_drm_geometry and not self.selective_memory:
+            raise ValueError("a geometry-free model (use_drm_geometry=False) needs selective_memory=True")
+        if self.sequence_mode == "recurrent":
+            extras = [name for name, on in (("mixer", self.mixer != "none"), ("token_state_residual", self.token_state_residual),
+                      ("selective_memory", self.selective_memory), ("refinement_layers", self.refinement_layers > 0)) if on]
+            if not self.use_drm_geometry or extras:
+                raise ValueError(
+                    "sequence_mode='recurrent' is the plain Euler rollout of math.md section 6 (geometry, flow and "
+                    "naturalization only); turn off " + (", ".join(extras) or "nothing") +
+                    ("" if self.use_drm_geometry else " and keep use_drm_geometry=True") + " or use 'block_cumsum'")
+        if self.dt <= 0 or self.gate_temperature <= 0 or self.state_clip_norm <= 0:
+            raise ValueError("dt, gate_temperature and state_clip_norm must be positive")
+        unknown = set(self.loss_weights) - set(LOSS_WEIGHTS_BASE)
+        if unknown:
+            name = sorted(unknown)[0]
+            raise ValueError(f"unknown loss weight {name!r}{_hint(name, LOSS_WEIGHTS_BASE)}")
+
+
+def _hint(word: str, options) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# ---------------------------------------------------------------------------------------
+# Presets: the dimensions only. ``125m`` is the reference configuration; ``tiny`` and
+# ``small`` are the 1.0M and 10.2M rows of notes/performance.md.
+PRESET_DIMS: dict[str, dict] = {
+    "micro": dict(d_token=16, d_state=16, n_directions=4, metric_rank=4, hidden_size=32,
+                  direction_basis_size=8, metric_u_basis_size=8, mixer_hidden=16, mixer_kernel=4,
+                  memory_hidden=16, block_size=8, max_seq_len=32),
+    "tiny": dict(d_token=128, d_state=128, n_directions=8, metric_rank=8, hidden_size=384,
+                 direction_basis_size=16, metric_u_basis_size=16, mixer_hidden=128, mixer_kernel=8,
+                 memory_hidden=64, block_size=64, max_seq_len=256),
+    "small": dict(d_token=448, d_state=448, n_directions=16, metric_rank=16, hidden_size=1344,
+                  direction_basis_size=32, metric_u_basis_size=32, mixer_hidden=224, mixer_kernel=8,
+                  memory_hidden=112, block_size=64, max_seq_len=512),
+    "125m": dict(d_token=1536, d_state=1536, n_directions=64, metric_rank=64, hidden_size=3584,
+                 direction_basis_size=128, metric_u_basis_size=128, mixer_hidden=256, mixer_kernel=8,
+                 memory_hidden=256, block_size=64, max_seq_len=512),
+}
+
+
+def _variant_overrides(name: str, dims: dict) -> dict:
+    """The variant's changes relative to the preset (architecture notes, section 5.3)."""
+    m = dims["mixer_hidden"]
+    dilated = dict(mixer_hidden=2 * m, mixer_layers=4, mixer_dilation_growth=2)
+    gate_fix = dict(active_fraction_mode="target", target_active_fraction=0.5, gate_logit_bias=0.0,
+                    loss_weights={**CE_ONLY, "active_fraction": 0.01})
+    ce_only = dict(loss_weights=dict(CE_ONLY))
+    a = dict(risk="dead", loss_weights=dict(LOSS_WEIGHTS_BASE))
+    b = dict(a, **ce_only)
+    c = dict(b, **gate_fix)
+    d = dict(c, token_state_residual=True)
+    j = dict(ce_only, risk="none", token_state_residual=True, selective_memory=True)
+    table = {
+        "A": a,
+        "B": b,
+        "C": c,
+        "D": d,
+        "E": dict(d, block_size=max(1, dims["block_size"] // 4)),
+        "F": dict(d, **dilated),
+        "G": dict(c, token_state_residual=True, refinement_layers=1, **_narrow_two_stage(dims)),
+        "H": dict(ce_only, risk="none", token_state_residual=True, **dilated),
+        "I": dict(ce_only, risk="none", token_state_residual=True, **dilated, **gate_fix),
+        "J": j,
+        "J_DILATED": dict(j, mixer_hidden=max(1, round(m * 11 / 8)), mixer_layers=4, mixer_dilation_growth=2),
+        "J_NO_METRIC": dict(j, use_relational_metric=False),
+        "J_NO_DIRECTION": dict(j, use_direction_field=False),
+        "J_NO_NATURALIZATION": dict(j, use_metric_naturalization=False),
+        "SSM_CONTROL": dict(j, use_drm_geometry=False),  # memory width matched in build_config
+    }
+    return table[name]
+
+
+def _narrow_two_stage(dims: dict) -> dict:
+    """G's narrower dimensions: at 125m d 1024, n = r = 48, H 3200, bases 64, mixer 512."""
+    def scale(value, ratio):
+        return max(1, round(value * ratio))
+    return dict(
+        d_token=scale(dims["d_token"], 2 / 3), d_state=scale(dims["d_state"], 2 / 3),
+        n_directions=scale(dims["n_directions"], 3 / 4), metric_rank=scale(dims["metric_rank"], 3 / 4),
+        hidden_size=scale(dims["hidden_size"], 3200 / 3584),
+        direction_basis_size=scale(dims["direction_basis_size"], 1 / 2),
+        metric_u_basis_size=scale(dims["metric_u_basis_size"], 1 / 2),
+        mixer_hidden=2 * dims["mixer_hidden"],
+    )
+
+
+VARIANTS = (
+    "A", "B", "C", "D", "E", "F", "G", "H", "I", "J", "J_DILATED",
+    "J_NO_DIRECTION", "J_NO_METRIC", "J_NO_NATURALIZATION", "SSM_CONTROL",
+)
+
+
+def config_fields() -> list[str]:
+    return [f.name for f in dataclasses.fields(DRMConfig)]
+
+
+def build_config(variant: str, preset: str, vocab_size: int = 256, **overrides) -> DRMConfig:
+    """Resolve preset dimensions, then the variant, then ``overrides`` into a DRMConfig."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown DRM variant {variant!r}{_hint(variant, VARIANTS)}")
+    if preset not in PRESET_DIMS:
+        raise ValueError(f"unknown preset {preset!r}{_hint(preset, PRESET_DIMS)}; known: {', '.join(PRESET_DIMS)}")
+    names = set(config_fields())
+    for key in overrides:
+        if key not in names:
+            raise ValueError(f"unknown DRM config key {key!r}{_hint(key, names)}")
+    dims = dict(PRESET_DIMS[preset])
+    values = {**dims, **_variant_overrides(variant, dims), "vocab_size": vocab_size}
+    if "loss_weights" in overrides:  # a partial dict updates the variant's weights
+        overrides = dict(overrides, loss_weights={**values.get("loss_weights", CE_ONLY), **overrides["loss_weights"]})
+    values.update(overrides)
+    config = DRMConfig(**values)
+    config.validate()
+    if variant == "SSM_CONTROL" and "memory_hidden" not in overrides:
+        reference = build_config("J", preset, vocab_size, **{k: v for k, v in overrides.items() if k != "use_drm_geometry"})
+        config.memory_hidden = matched_memory_width(config, count_parameters(reference))
+    return config
+
+
+# ---------------------------------------------------------------------------------------
+# Closed-form parameter counts (architecture notes, section 5.1), used to match widths.
+def _trunk(c: DRMConfig) -> int:
+    return (c.d_read + 1) * c.hidden_size + (c.hidden_size + 1) * c.hidden_size
+
+
+def _direction_field(c: DRMConfig) -> int:
+    h, n = c.hidden_size, c.n_directions
+    head = (h + 1) * n * c.direction_basis_size + c.direction_basis_size * c.d_state if c.direction_basis_size else (h + 1) * n * c.d_state
+    return _trunk(c) + head + (h + 1) * n
+
+
+def _metric(c: DRMConfig) -> int:
+    h, r, p = c.hidden_size, c.metric_rank, c.metric_u_basis_size
+    u = ((h + 1) * r * p + p * c.d_state if p else (h + 1) * c.d_state * r) if r else 0
+    return _trunk(c) + (h + 1) * c.d_state + u
+
+
+def _flow(c: DRMConfig) -> int:
+    return (c.d_read + c.d_token + 1) * c.hidden_size + (c.hidden_size + 1) * c.n_directions
+
+
+def count_parameters(c: DRMConfig) -> int:
+    """Parameter count of the model ``c`` describes, without building it."""
+    ds, dt, h = c.d_state, c.d_token, c.hidden_size
+    total = c.vocab_size * dt + ds  # embedding, z0
+    total += c.d_read + (c.d_read + 1) * h + (h + 1) * c.vocab_size  # emitter
+    if c.has_direction_field:
+        total += _direction_field(c) + _flow(c)
+    if c.has_direct_transition:
+        total += (c.d_read + dt + 1) * h + (h + 1) * ds
+    if c.has_metric:
+        total += _metric(c)
+    if c.use_drm_geometry and c.risk != "none":
+        total += (c.d_read + 1) * h + 2 * h + 2 + 4
+    if c.mixer == "causal_conv":
+        m = c.mixer_hidden
+        total += (3 * ds + dt + 3) * m + c.mixer_layers * (m * c.mixer_kernel + m + m * m + m) + (m + 1) * ds
+    if c.token_state_residual:
+        total += dt * ds
+    if c.selective_memory:
+        total += (c.d_read + dt + 1) * c.memory_hidden + 3 * (c.memory_hidden + 1) * ds
+    if c.has_geometry:
+        total += c.refinement_layers * (_direction_field(c) + _metric(c) + _flow(c))
+    return total
+
+
+def matched_memory_width(control: DRMConfig, target: int) -> int:
+    """Largest memory width S whose model does not exceed ``target`` parameters.
+
+    This is the rule that reproduces the reference SSM_CONTROL (S = 14,944 at 125m).
+    """
+    per_unit = control.d_read + control.d_token + 1 + 3 * control.d_state
+    without = count_parameters(dataclasses.replace(control, memory_hidden=0))
+    return max(1, (target - without) // per_unit)

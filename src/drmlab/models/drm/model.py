@@ -1,0 +1,237 @@
+"""The DRM language model: embedding -> latent state path -> emitter (math.md sections 1-13).
+
+Two sequence paths:
+
+* ``block_cumsum`` (section 7, architecture notes 4.1/4.2): per block of L tokens the
+  geometry is evaluated once at the block-start state z_s, the local deltas
+  delta_t = B(z_s + dt v_t) - z_s are prefix-summed, then the causal mixer, the
+  token residual and the selective memory each add a bounded correction; the last
+  state of a block starts the next. SSM_CONTROL takes the geometry-free form.
+* ``recurrent`` (section 6): the Euler rollout z_{t+1} = B(z_t + dt v_t) with the
+  geometry recomputed at every token.
+
+Everything that depends only on the tokens (first-layer token projections of the
+flow, mixer and memory, the token residual) is computed once for the whole sequence;
+only state-dependent work runs inside the block loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from drmlab.models.output import ModelOutput, check_tokens
+from drmlab.ops import linear_scan
+
+from .components import (
+    CausalConvMixer,
+    DirectionField,
+    DirectStateTransition,
+    DRMFlow,
+    DRMStateInitializer,
+    LanguageEmitter,
+    RefinementLayer,
+    RelationalMetric,
+    RiskField,
+    SelectiveMemory,
+    TokenStateResidual,
+    bound_state,
+    naturalize,
+    raw_velocity,
+    toroidal_lift,
+)
+from .config import DRMConfig
+from .losses import auxiliary_losses
+
+# Per-component seed offsets (architecture notes, section 2): each component draws its
+# initialisation from the stream seed + offset, so removing one never changes another.
+SEED_OFFSETS = {
+    "embedding": 101, "initial_state": 102, "direction_field": 103, "metric": 104, "flow": 105,
+    "risk": 106, "emitter": 107, "mixer": 108, "token_residual": 109, "memory": 110,
+    "refinement": 111, "direct_transition": 112,
+}
+
+
+@dataclass
+class BlockGeometry:
+    """What one block (or one recurrent step) leaves for the losses and diagnostics."""
+
+    length: int
+    gates: torch.Tensor | None  # [B, n] block-start gates (None without a direction field)
+    directions: torch.Tensor | None  # [B, n, d]
+    gamma: torch.Tensor | None  # [B, d] metric diagonal (None without a metric)
+    u_factor: torch.Tensor | None  # [B, d, r]
+    rho: torch.Tensor  # [B] risk mass
+    velocity: torch.Tensor  # [B, L, d] delta_t / dt (includes the bound's effect)
+
+
+class DRMModel(nn.Module):
+    """One member of the DRM family, configured by a :class:`DRMConfig`."""
+
+    def __init__(self, config: DRMConfig, seed: int = 0, name: str = "DRM", preset: str = "custom"):
+        super().__init__()
+        config.validate()
+        self.config, self.seed, self.model_name, self.preset = config, seed, name, preset
+        c = config
+
+        def seeded(component: str, build):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed + SEED_OFFSETS[component])
+                return build()
+
+        self.embedding = seeded("embedding", lambda: nn.Embedding(c.vocab_size, c.d_token))
+        self.initial_state = seeded("initial_state", lambda: DRMStateInitializer(c))
+        self.direction_field = seeded("direction_field", lambda: DirectionField(c)) if c.has_direction_field else None
+        self.metric = seeded("metric", lambda: RelationalMetric(c)) if c.has_metric else None
+        self.flow = seeded("flow", lambda: DRMFlow(c)) if c.has_direction_field else None
+        self.risk = (seeded("risk", lambda: RiskField(c, enabled=c.risk == "powerlaw"))
+                     if c.has_geometry and c.risk != "none" else None)
+        self.emitter = seeded("emitter", lambda: LanguageEmitter(c))
+        self.mixer = seeded("mixer", lambda: CausalConvMixer(c)) if c.mixer == "causal_conv" else None
+        self.token_residual = seeded("token_residual", lambda: TokenStateResidual(c)) if c.token_state_residual else None
+        self.memory = seeded("memory", lambda: SelectiveMemory(c)) if c.selective_memory else None
+        self.refinement = seeded("refinement", lambda: nn.ModuleList(
+            RefinementLayer(c) for _ in range(c.refinement_layers if c.has_geometry else 0)))
+        self.direct_transition = (seeded("direct_transition", lambda: DirectStateTransition(c))
+                                  if c.has_direct_transition else None)
+
+    # ------------------------------------------------------------------ small helpers
+    def read(self, z: torch.Tensor) -> torch.Tensor:
+        """The state as every reader sees it (section 16: toroidal coordinates as cos/sin)."""
+        return toroidal_lift(z, self.config.toroidal_dims)
+
+    def bound(self, z: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        return bound_state(z, c.state_clip_norm, c.toroidal_dims) if c.bounded_state else z
+
+    def naturalization_strength(self, step: int | None) -> float:
+        """Section 5 warm-up: s_k = s_max min(max(k, 0) / W, 1); s_max when no step is given."""
+        c = self.config
+        if not (c.has_metric and c.use_metric_naturalization):
+            return 0.0
+        if step is None or c.naturalization_warmup_steps <= 0:
+            return c.naturalization_strength
+        return c.naturalization_strength * min(max(step, 0) / c.naturalization_warmup_steps, 1.0)
+
+    # ------------------------------------------------------------------ geometry
+    def _velocity(self, z_read, token_part, strength):
+        """Raw velocity at z (geometry at z, coefficients for each position) and its naturalization.
+
+        z_read [N, d_read]; token_part [N, L, H]. Returns (v [N, L, d], gates, directions, gamma, U, rho).
+        """
+        gates = directions = gamma = u_factor = None
+        if self.direction_field is not None:
+            directions, gates = self.direction_field(z_read)
+            v = raw_velocity(gates, self.flow(z_read.unsqueeze(-2), token_part), directions)
+        else:
+            v = self.direct_transition(z_read.unsqueeze(-2), token_part)
+        if self.metric is not None:
+            gamma, u_factor = self.metric(z_read)
+            v = naturalize(v, gamma, u_factor, strength, self.config.metric_damping)
+        rho = self.risk(z_read) if self.risk is not None else z_read.new_zeros(z_read.shape[:-1])
+        return v, gates, directions, gamma, u_factor, rho
+
+    def _flow_token_part(self, e):
+        module = self.flow if self.flow is not None else self.direct_transition
+        return module.token_part(e)
+
+    # ------------------------------------------------------------------ sequence paths
+    def states(self, tokens: torch.Tensor, step: int | None = None) -> tuple[torch.Tensor, list[BlockGeometry]]:
+        """The output states [B, T, d_state] and the per-block geometry record."""
+        check_tokens(tokens, self.config.vocab_size)
+        e = self.embedding(tokens)
+        strength = self.naturalization_strength(step)
+        if self.config.sequence_mode == "recurrent":
+            return self._recurrent(e, strength)
+        return self._block_cumsum(e, strength)
+
+    def _recurrent(self, e, strength):
+        c = self.config
+        z = self.initial_state(e.shape[0]).to(e.dtype)
+        flow_tokens = self._flow_token_part(e)
+        outputs, record = [], []
+        for t in range(e.shape[1]):
+            v, gates, directions, gamma, u_factor, rho = self._velocity(self.read(z), flow_tokens[:, t: t + 1], strength)
+            z_next = self.bound(z + c.dt * v[:, 0])
+            record.append(BlockGeometry(1, gates, directions, gamma, u_factor, rho, ((z_next - z) / c.dt).unsqueeze(1)))
+            z = z_next
+            outputs.append(z)
+        return torch.stack(outputs, dim=1), record
+
+    def _block_cumsum(self, e, strength):
+        c = self.config
+        batch, length = e.shape[:2]
+        z_start = self.initial_state(batch).to(e.dtype)
+        geometry = c.has_geometry
+        flow_tokens = self._flow_token_part(e) if geometry else None
+        mixer_tokens = self.mixer.token_part(e) if self.mixer is not None else None
+        residual = self.token_residual(e) if self.token_residual is not None else None
+        memory_tokens = self.memory.token_part(e) if self.memory is not None else None
+        refine_tokens = [layer.flow.token_part(e) for layer in self.refinement]
+
+        outputs, record = [], []
+        for start in range(0, length, c.block_size):
+            block = slice(start, min(start + c.block_size, length))
+            anchor = z_start.unsqueeze(1)  # [B, 1, d]
+            z_read = self.read(z_start)
+            if geometry:
+                v, gates, directions, gamma, u_factor, rho = self._velocity(z_read, flow_tokens[:, block], strength)
+                delta = self.bound(anchor + c.dt * v) - anchor
+                z = self.bound(anchor + delta.cumsum(dim=1))
+                dim_d = gates.sum(-1) if gates is not None else rho.new_zeros(batch)
+                record.append(BlockGeometry(delta.shape[1], gates, directions, gamma, u_factor, rho, delta / c.dt))
+            else:
+                z, delta, rho, dim_d = anchor, None, z_start.new_zeros(batch), z_start.new_zeros(batch)
+            if self.mixer is not None:
+                diffs = None if delta is None else z - torch.cat([anchor, z[:, :-1]], dim=1)
+                scalars = torch.stack([dim_d, rho], dim=-1)
+                h = self.mixer.input_features(z, diffs, delta, scalars, mixer_tokens[:, block])
+                z = self.bound(z + self.mixer(h))
+            if residual is not None:
+                z = self.bound(z + residual[:, block])
+            if z.shape[1] == 1 and (block.stop - block.start) > 1:
+                z = z.expand(batch, block.stop - block.start, -1)
+            if self.memory is not None:
+                previous = torch.cat([anchor, z[:, :-1]], dim=1)
+                forget, update = self.memory.gates(self.read(previous), memory_tokens[:, block])
+                m = linear_scan(forget, update, init=z_start)
+                z = self.bound(z + self.memory.scale * m)
+            for layer, tokens_part in zip(self.refinement, refine_tokens):
+                z = self._refine(layer, z, anchor, tokens_part[:, block], strength)
+            outputs.append(z)
+            z_start = z[:, -1]
+        return torch.cat(outputs, dim=1), record
+
+    def _refine(self, layer: RefinementLayer, z, anchor, token_part, strength):
+        """Variant G: z_t <- B(z_t + eta dt Nat(u(z_{t-1}, e_t))) with each position's own geometry."""
+        c = self.config
+        previous = self.read(torch.cat([anchor, z[:, :-1]], dim=1))  # [B, L, d_read]
+        directions, gates = layer.direction_field(previous)  # [B, L, n, d], [B, L, n]
+        coeff = layer.flow(previous, token_part)  # [B, L, n]
+        v = raw_velocity(gates, coeff.unsqueeze(-2), directions)  # [B, L, 1, d]
+        gamma, u_factor = layer.metric(previous)
+        v = naturalize(v, gamma, u_factor, strength, c.metric_damping).squeeze(-2)
+        return self.bound(z + c.refinement_scale * c.dt * v)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, tokens: torch.Tensor, step: int | None = None) -> ModelOutput:
+        """tokens [B, T] -> logits [B, T, vocab]; logits[:, t] predicts token t + 1.
+
+        ``step`` is the 1-based optimizer step (drives the naturalization warm-up);
+        None means evaluation (full strength).
+        """
+        states, record = self.states(tokens, step)
+        logits = self.emitter(self.read(states))
+        aux = {}
+        if record:
+            aux["dimD"] = _per_position(record, lambda g: g.gates.sum(-1) if g.gates is not None else g.rho * 0)
+        if self.config.has_geometry and any(w != 0 for w in self.config.loss_weights.values()):
+            aux.update(auxiliary_losses(self.config, record, states, logits))
+        return ModelOutput(logits=logits, aux=aux)
+
+
+def _per_position(record: list[BlockGeometry], value) -> torch.Tensor:
+    """Repeat a per-block [B] quantity over each block's positions: [B, T]."""
+    return torch.cat([value(g).unsqueeze(1).expand(-1, g.length) for g in record], dim=1)

@@ -1,0 +1,296 @@
+"""linear_scan (drmlab.ops.scan) against a sequential float64 loop, on both backends."""
+
+import pytest
+import torch
+
+from drmlab.ops import backend_for, c_kernel_available, linear_scan
+from drmlab.ops import scan as scan_mod
+
+BACKENDS = ["c", "torch"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    if request.param == "c" and not c_kernel_available():
+        pytest.skip(f"C kernel unavailable: {scan_mod.c_kernel_status()['error']}")
+    return request.param
+
+
+def loop64(f, u, init=None):
+    """Sequential loop in float64 / complex128 (autograd through unbind, O(T) backward)."""
+    cdt = torch.complex128 if (f.is_complex() or u.is_complex()
+                               or (init is not None and init.is_complex())) else torch.float64
+    shape = torch.broadcast_shapes(f.shape, u.shape)
+    f, u = f.to(cdt).expand(shape), u.to(cdt).expand(shape)
+    m = torch.zeros(shape[0], shape[2], dtype=cdt) if init is None else init.to(cdt).expand(
+        shape[0], shape[2])
+    outs = []
+    for ft, ut in zip(f.unbind(1), u.unbind(1)):
+        m = ft * m + ut
+        outs.append(m)
+    return torch.stack(outs, 1)
+
+
+def rand_inputs(B, T, D, dtype=torch.float64, seed=0, complex_=False):
+    g = torch.Generator().manual_seed(seed)
+    if complex_:
+        mag = torch.rand(B, T, D, generator=g, dtype=torch.float64)
+        ph = 2 * torch.pi * torch.rand(B, T, D, generator=g, dtype=torch.float64)
+        f = torch.polar(mag, ph).to(dtype)
+        u = torch.randn(B, T, D, generator=g, dtype=torch.complex128).to(dtype)
+        init = torch.randn(B, D, generator=g, dtype=torch.complex128).to(dtype)
+    else:
+        f = torch.sigmoid(2 * torch.randn(B, T, D, generator=g, dtype=torch.float64)).to(dtype)
+        u = torch.randn(B, T, D, generator=g, dtype=torch.float64).to(dtype)
+        init = torch.randn(B, D, generator=g, dtype=torch.float64).to(dtype)
+    return f, u, init
+
+
+def grads(fn, f, u, init, dm):
+    leaves = [x.detach().clone().requires_grad_() for x in (f, u)]
+    i = None if init is None else init.detach().clone().requires_grad_()
+    out = fn(leaves[0], leaves[1], i)
+    wrt = leaves + ([i] if i is not None else [])
+    return out, torch.autograd.grad(out, wrt, dm.to(out.dtype))
+
+
+def check_against_loop(f, u, init, backend, tol=1e-12):
+    dm = torch.randn(torch.broadcast_shapes(f.shape, u.shape), dtype=torch.float64,
+                     generator=torch.Generator().manual_seed(1))
+    if f.is_complex() or u.is_complex():
+        dm = torch.complex(dm, dm.flip(-1))
+    out, g = grads(lambda a, b, c: linear_scan(a, b, c, backend=backend), f, u, init, dm)
+    ref, gr = grads(loop64, f, u, init, dm)
+    assert out.shape == ref.shape
+    assert torch.isfinite(torch.view_as_real(out) if out.is_complex() else out).all()
+    assert (out.to(ref.dtype) - ref).abs().max().item() <= tol
+    for a, b in zip(g, gr):
+        assert a.shape == b.shape
+        assert (a.to(b.dtype) - b).abs().max().item() <= tol
+    return out, g
+
+
+@pytest.mark.parametrize("with_init", [False, True])
+def test_random_real(backend, with_init):
+    f, u, init = rand_inputs(3, 37, 19)
+    check_against_loop(f, u, init if with_init else None, backend)
+
+
+@pytest.mark.parametrize("with_init", [False, True])
+def test_complex_gates(backend, with_init):
+    f, u, init = rand_inputs(2, 41, 9, dtype=torch.complex128, complex_=True)
+    check_against_loop(f, u, init if with_init else None, backend)
+
+
+def test_real_gates_complex_inputs(backend):
+    f, _, _ = rand_inputs(2, 13, 5)
+    _, u, init = rand_inputs(2, 13, 5, dtype=torch.complex128, complex_=True)
+    out, (df, du, dinit) = check_against_loop(f, u, init, backend)
+    assert out.dtype == torch.complex128
+    assert df.dtype == torch.float64 and du.dtype == torch.complex128
+
+
+def test_zero_gates_cut_the_past_exactly(backend):
+    f, u, init = rand_inputs(2, 30, 8)
+    f = f.clone()
+    f[:, 10] = 0.0
+    f[1, 20, 3] = 0.0
+    init = init * 1e30  # a huge past must not leak through a zero gate
+    check_against_loop(f, u, init, backend, tol=1e-12 * 1e30)
+    fr = f.clone().requires_grad_()
+    ur = u.clone().requires_grad_()
+    ir = init.clone().requires_grad_()
+    out = linear_scan(fr, ur, ir, backend=backend)
+    assert torch.equal(out[:, 10], u[:, 10])
+    assert out[1, 20, 3].item() == u[1, 20, 3].item()
+    # after the cut, the outputs do not depend on anything before it
+    (out[:, 10:].sum()).backward()
+    assert torch.count_nonzero(ur.grad[:, :10]) == 0
+    assert torch.count_nonzero(ir.grad) == 0
+    assert torch.count_nonzero(fr.grad[:, :10]) == 0
+
+
+def test_unit_gates_give_cumsum(backend):
+    _, u, init = rand_inputs(2, 50, 6)
+    f = torch.ones_like(u)
+    out, _ = check_against_loop(f, u, init, backend)
+    ref = init.unsqueeze(1) + torch.cumsum(u, 1)
+    assert torch.allclose(out, ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("with_init", [False, True])
+def test_single_step(backend, with_init):
+    f, u, init = rand_inputs(3, 1, 4)
+    check_against_loop(f, u, init if with_init else None, backend)
+
+
+def test_long_sequence_no_overflow(backend):
+    # gates close to 1 and exact zeros over T = 4096: a cumulative product would underflow to
+    # 0 (and dividing by it overflow); the direct recurrence stays finite and exact.
+    g = torch.Generator().manual_seed(3)
+    B, T, D = 2, 4096, 5
+    f = 0.9 + 0.1 * torch.rand(B, T, D, generator=g, dtype=torch.float64)
+    f[:, ::997] = 0.0
+    f[0, :, 0] = 1e-3  # cumulative product ~ 1e-12288
+    u = torch.randn(B, T, D, generator=g, dtype=torch.float64)
+    init = torch.randn(B, D, generator=g, dtype=torch.float64)
+    check_against_loop(f, u, init, backend, tol=1e-11)
+    out32 = linear_scan(f.float(), u.float(), init.float(), backend=backend)
+    assert torch.isfinite(out32).all()
+    ref = loop64(f, u, init)
+    assert torch.allclose(out32.double(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_broadcast_gates(backend):
+    f, u, init = rand_inputs(3, 17, 6)
+    f1 = f[..., :1].contiguous()  # [B, T, 1]
+    _, (df, du, dinit) = check_against_loop(f1, u, init, backend)
+    assert df.shape == (3, 17, 1)
+    fshared = f[:1]  # [1, T, D]
+    _, (df, _, _) = check_against_loop(fshared, u, init, backend)
+    assert df.shape == (1, 17, 6)
+    # init broadcast from [D]
+    _, (_, _, dinit) = check_against_loop(f, u, init[0], backend)
+    assert dinit.shape == (6,)
+
+
+def test_non_contiguous_and_conj_views(backend):
+    f, u, init = rand_inputs(4, 12, 6, dtype=torch.complex128, complex_=True)
+    fv = f.transpose(0, 2).contiguous().transpose(0, 2)  # non-contiguous
+    assert not fv.is_contiguous()
+    out = linear_scan(fv.conj()[:, :, ::2], u[:, :, ::2], init[:, ::2].conj(), backend=backend)
+    ref = loop64(f.conj().resolve_conj()[:, :, ::2], u[:, :, ::2],
+                 init[:, ::2].conj().resolve_conj())
+    assert (out - ref).abs().max().item() <= 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+@pytest.mark.parametrize("with_init", [False, True])
+def test_gradcheck(backend, dtype, with_init):
+    f, u, init = rand_inputs(2, 6, 3, dtype=dtype, complex_=dtype.is_complex)
+    args = [f.requires_grad_(), u.requires_grad_()]
+    if with_init:
+        args.append(init.requires_grad_())
+    fn = lambda *a: linear_scan(*a, backend=backend)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, args)
+    assert torch.autograd.gradgradcheck(fn, args)
+
+
+def test_bfloat16_and_float32(backend):
+    f, u, init = rand_inputs(2, 64, 8)
+    ref = loop64(f, u, init)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 0.1)):
+        fl = f.to(dtype).requires_grad_()
+        ul = u.to(dtype).requires_grad_()
+        out = linear_scan(fl, ul, init.to(dtype), backend=backend)
+        assert out.dtype == dtype
+        assert (out.double() - ref).abs().max().item() <= tol * max(1.0, ref.abs().max().item())
+        out.float().sum().backward()
+        assert fl.grad.dtype == dtype and torch.isfinite(fl.grad.float()).all()
+        assert ul.grad.dtype == dtype
+
+
+def test_complex64(backend):
+    f, u, init = rand_inputs(2, 64, 8, dtype=torch.complex128, complex_=True)
+    out = linear_scan(f.to(torch.complex64), u.to(torch.complex64), init.to(torch.complex64),
+                      backend=backend)
+    assert out.dtype == torch.complex64
+    assert (out.to(torch.complex128) - loop64(f, u, init)).abs().max().item() < 1e-4
+
+
+def test_empty_time_axis(backend):
+    f = torch.rand(2, 0, 3, requires_grad=True)
+    u = torch.rand(2, 0, 3, requires_grad=True)
+    init = torch.rand(2, 3, requires_grad=True)
+    out = linear_scan(f, u, init, backend=backend)
+    assert out.shape == (2, 0, 3)
+    out.sum().backward()
+    assert torch.count_nonzero(init.grad) == 0
+
+
+def test_backends_agree_float32():
+    if not c_kernel_available():
+        pytest.skip("C kernel unavailable")
+    f, u, init = rand_inputs(4, 200, 40, dtype=torch.float32)
+    a = linear_scan(f, u, init, backend="c")
+    b = linear_scan(f, u, init, backend="torch")
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_threaded_split_matches(backend):
+    # large enough for the C path to split the work between threads (over B, then over D)
+    for B, D in ((5, 256), (1, 1000)):
+        f, u, init = rand_inputs(B, 80, D)
+        check_against_loop(f, u, init, backend)
+
+
+def test_env_var_forces_fallback(monkeypatch):
+    x = torch.zeros(1, 2, 3)
+    monkeypatch.setenv("DRMLAB_NO_CKERNEL", "1")
+    assert backend_for(x) == "torch"
+    assert not c_kernel_available()
+    f, u, init = rand_inputs(2, 9, 4)
+    check_against_loop(f, u, init, None)
+    monkeypatch.delenv("DRMLAB_NO_CKERNEL")
+    if scan_mod.c_kernel_status()["available"]:
+        assert backend_for(x) == "c"
+        assert backend_for(x.to(torch.bfloat16)) == "c"  # computed in float32
+    assert backend_for(x.to(torch.int64)) in ("c", "torch")
+
+
+def test_no_compiler_falls_back(monkeypatch):
+    # a fresh loader state with no compiler: the pure-torch path runs, and the reason is kept
+    monkeypatch.setattr(scan_mod, "_lib", None)
+    monkeypatch.setattr(scan_mod, "_lib_tried", False)
+    monkeypatch.setattr(scan_mod, "_lib_path", None)
+    monkeypatch.setattr(scan_mod, "_lib_error", None)
+    monkeypatch.setattr(scan_mod, "_find_compiler", lambda: None)
+    assert not c_kernel_available()
+    status = scan_mod.c_kernel_status()
+    assert not status["available"] and "compiler" in status["error"]
+    assert backend_for(torch.zeros(1, 1, 1)) == "torch"
+    f, u, init = rand_inputs(2, 9, 4)
+    check_against_loop(f, u, init, None)
+    with pytest.raises(RuntimeError):
+        linear_scan(f, u, init, backend="c")
+
+
+def test_concurrent_builds_are_atomic(tmp_path):
+    """Two builds of the same kernel into one cache path at once (as two test processes would
+    do): each compiles to a temporary name and os.replace()s it, so the result is one complete
+    shared object and no temporary leftovers."""
+    if not c_kernel_available():
+        pytest.skip("C kernel unavailable")
+    import ctypes
+    import threading
+
+    cc = scan_mod._find_compiler()
+    dest = tmp_path / "cache" / "drm_scan_test.so"
+    errors = []
+
+    def build():
+        try:
+            scan_mod._compile(cc, scan_mod._SOURCE, dest)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [p.name for p in dest.parent.iterdir()] == [dest.name]
+    lib = ctypes.CDLL(str(dest))
+    scan_mod._bind(lib)
+    assert lib.drm_scan_abi_version() == scan_mod._ABI_VERSION
+    scan_mod._self_test(lib)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_uses_torch_path():
+    f, u, init = rand_inputs(2, 33, 5)
+    fc, uc, ic = (x.cuda() for x in (f, u, init))
+    assert backend_for(uc) == "torch"
+    out = linear_scan(fc, uc, ic)
+    assert (out.cpu() - loop64(f, u, init)).abs().max().item() <= 1e-12
