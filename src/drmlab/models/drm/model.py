@@ -67,6 +67,24 @@ class BlockGeometry:
     velocity: torch.Tensor  # [B, L, d] delta_t / dt (includes the bound's effect)
 
 
+@dataclass
+class DecodeState:
+    """Everything :meth:`DRMModel.step` needs to continue the block path in O(1) per token
+    (architecture notes 4.5): the block-start state and its geometry, the running delta sum,
+    the previous prefix state, each mixer layer's left context, the memory path's previous
+    state and memory, and each refinement layer's previous input."""
+
+    z_start: torch.Tensor
+    position: int = 0  # position inside the current block
+    geometry: tuple | None = None  # (gates, directions, gamma, U, rho) at z_start
+    delta_sum: torch.Tensor | None = None
+    z_tilde_prev: torch.Tensor | None = None
+    mixer_context: list | None = None
+    memory_prev_state: torch.Tensor | None = None
+    memory: torch.Tensor | None = None
+    refine_prev: list | None = None
+
+
 class DRMModel(nn.Module):
     """One member of the DRM family, configured by a :class:`DRMConfig`."""
 
@@ -116,22 +134,28 @@ class DRMModel(nn.Module):
         return c.naturalization_strength * min(max(step, 0) / c.naturalization_warmup_steps, 1.0)
 
     # ------------------------------------------------------------------ geometry
-    def _velocity(self, z_read, token_part, strength):
-        """Raw velocity at z (geometry at z, coefficients for each position) and its naturalization.
-
-        z_read [N, d_read]; token_part [N, L, H]. Returns (v [N, L, d], gates, directions, gamma, U, rho).
-        """
+    def _geometry_at(self, z: torch.Tensor) -> tuple:
+        """(gates, directions, gamma, U, rho) at states z [N, d] (None for absent modules)."""
+        z_read = self.read(z)
         gates = directions = gamma = u_factor = None
         if self.direction_field is not None:
             directions, gates = self.direction_field(z_read)
-            v = raw_velocity(gates, self.flow(z_read.unsqueeze(-2), token_part), directions)
-        else:
-            v = self.direct_transition(z_read.unsqueeze(-2), token_part)
         if self.metric is not None:
             gamma, u_factor = self.metric(z_read)
-            v = naturalize(v, gamma, u_factor, strength, self.config.metric_damping)
         rho = self.risk(z_read) if self.risk is not None else z_read.new_zeros(z_read.shape[:-1])
-        return v, gates, directions, gamma, u_factor, rho
+        return gates, directions, gamma, u_factor, rho
+
+    def _velocity(self, z: torch.Tensor, geometry: tuple, token_part: torch.Tensor, strength: float) -> torch.Tensor:
+        """Naturalized velocity at z for each position's token: token_part [N, L, H] -> [N, L, d]."""
+        gates, directions, gamma, u_factor, _ = geometry
+        z_read = self.read(z).unsqueeze(-2)
+        if directions is not None:
+            v = raw_velocity(gates, self.flow(z_read, token_part), directions)
+        else:
+            v = self.direct_transition(z_read, token_part)
+        if gamma is not None:
+            v = naturalize(v, gamma, u_factor, strength, self.config.metric_damping)
+        return v
 
     def _flow_token_part(self, e):
         module = self.flow if self.flow is not None else self.direct_transition
@@ -153,9 +177,10 @@ class DRMModel(nn.Module):
         flow_tokens = self._flow_token_part(e)
         outputs, record = [], []
         for t in range(e.shape[1]):
-            v, gates, directions, gamma, u_factor, rho = self._velocity(self.read(z), flow_tokens[:, t: t + 1], strength)
+            geometry = self._geometry_at(z)
+            v = self._velocity(z, geometry, flow_tokens[:, t: t + 1], strength)
             z_next = self.bound(z + c.dt * v[:, 0])
-            record.append(BlockGeometry(1, gates, directions, gamma, u_factor, rho, ((z_next - z) / c.dt).unsqueeze(1)))
+            record.append(BlockGeometry(1, *geometry, ((z_next - z) / c.dt).unsqueeze(1)))
             z = z_next
             outputs.append(z)
         return torch.stack(outputs, dim=1), record
@@ -175,13 +200,14 @@ class DRMModel(nn.Module):
         for start in range(0, length, c.block_size):
             block = slice(start, min(start + c.block_size, length))
             anchor = z_start.unsqueeze(1)  # [B, 1, d]
-            z_read = self.read(z_start)
             if geometry:
-                v, gates, directions, gamma, u_factor, rho = self._velocity(z_read, flow_tokens[:, block], strength)
+                block_geometry = self._geometry_at(z_start)
+                v = self._velocity(z_start, block_geometry, flow_tokens[:, block], strength)
                 delta = self.bound(anchor + c.dt * v) - anchor
                 z = self.bound(anchor + delta.cumsum(dim=1))
+                gates, rho = block_geometry[0], block_geometry[4]
                 dim_d = gates.sum(-1) if gates is not None else rho.new_zeros(batch)
-                record.append(BlockGeometry(delta.shape[1], gates, directions, gamma, u_factor, rho, delta / c.dt))
+                record.append(BlockGeometry(delta.shape[1], *block_geometry, delta / c.dt))
             else:
                 z, delta, rho, dim_d = anchor, None, z_start.new_zeros(batch), z_start.new_zeros(batch)
             if self.mixer is not None:
@@ -230,6 +256,75 @@ class DRMModel(nn.Module):
         if self.config.has_geometry and any(w != 0 for w in self.config.loss_weights.values()):
             aux.update(auxiliary_losses(self.config, record, states, logits))
         return ModelOutput(logits=logits, aux=aux)
+
+    # ------------------------------------------------------------------ incremental decoding
+    def init_state(self, batch_size: int) -> DecodeState:
+        """The decoding state before the first token."""
+        ref = self.embedding.weight
+        return DecodeState(z_start=self.initial_state(batch_size).to(device=ref.device, dtype=ref.dtype))
+
+    def step(self, tokens_t: torch.Tensor, state: DecodeState, step: int | None = None) -> tuple[torch.Tensor, DecodeState]:
+        """Advance by one token: tokens_t [B] -> (logits [B, vocab], new state).
+
+        Computes exactly the function of :meth:`forward` (the same block path, mixer, residual,
+        memory and refinement), one position at a time; stepping a sequence reproduces the
+        parallel logits. The state passed in is not modified.
+        """
+        if tokens_t.dim() != 1:
+            raise ValueError(f"step expects tokens of shape [batch], got shape {tuple(tokens_t.shape)}")
+        check_tokens(tokens_t.unsqueeze(1), self.config.vocab_size)
+        c = self.config
+        e = self.embedding(tokens_t).unsqueeze(1)  # [B, 1, d_t]
+        strength = self.naturalization_strength(step)
+        if c.sequence_mode == "recurrent":
+            z = state.z_start
+            v = self._velocity(z, self._geometry_at(z), self._flow_token_part(e), strength)
+            z = self.bound(z + c.dt * v[:, 0])
+            return self.emitter(self.read(z)), DecodeState(z_start=z)
+
+        z_start, batch = state.z_start, tokens_t.shape[0]
+        anchor = z_start.unsqueeze(1)
+        new = DecodeState(z_start=z_start, position=state.position + 1)
+        fresh = state.position == 0
+        if c.has_geometry:
+            new.geometry = self._geometry_at(z_start) if fresh else state.geometry
+            gates, rho = new.geometry[0], new.geometry[4]
+            dim_d = gates.sum(-1) if gates is not None else rho.new_zeros(batch)
+            v = self._velocity(z_start, new.geometry, self._flow_token_part(e), strength)
+            delta = self.bound(anchor + c.dt * v) - anchor
+            new.delta_sum = delta if fresh else state.delta_sum + delta
+            z = self.bound(anchor + new.delta_sum)
+            z_prev = anchor if fresh else state.z_tilde_prev
+            new.z_tilde_prev = z
+        else:
+            z, delta, rho, dim_d = anchor, None, z_start.new_zeros(batch), z_start.new_zeros(batch)
+        if self.mixer is not None:
+            diffs = None if delta is None else z - z_prev
+            scalars = torch.stack([dim_d, rho], dim=-1)
+            h = self.mixer.input_features(z, diffs, delta, scalars, self.mixer.token_part(e))[:, 0]
+            contexts = state.mixer_context if not fresh else [
+                h.new_zeros(batch, dil * (c.mixer_kernel - 1), h.shape[-1]) for dil in self.mixer.dilations]
+            correction, new.mixer_context = self.mixer.step(h, contexts)
+            z = self.bound(z + correction.unsqueeze(1))
+        if self.token_residual is not None:
+            z = self.bound(z + self.token_residual(e))
+        if self.memory is not None:
+            previous = anchor if fresh else state.memory_prev_state
+            m_prev = z_start if fresh else state.memory
+            forget, update = self.memory.gates(self.read(previous), self.memory.token_part(e))
+            new.memory = forget[:, 0] * m_prev + update[:, 0]
+            new.memory_prev_state = z
+            z = self.bound(z + self.memory.scale * new.memory.unsqueeze(1))
+        new.refine_prev = []
+        for i, layer in enumerate(self.refinement):
+            previous = anchor if fresh else state.refine_prev[i]
+            new.refine_prev.append(z)
+            z = self._refine(layer, z, previous, layer.flow.token_part(e), strength)
+        z = z[:, 0]
+        if new.position == c.block_size:  # block complete: its last state starts the next block
+            new = DecodeState(z_start=z)
+        return self.emitter(self.read(z)), new
+
 
 
 def _per_position(record: list[BlockGeometry], value) -> torch.Tensor:
