@@ -2,7 +2,13 @@
 
 import importlib
 
-for _module in ("drmlab.models.drm", "drmlab.models.gpt2"):
+for _module in (
+    "drmlab.models.drm",
+    "drmlab.models.gpt2",
+    "drmlab.models.looped",
+    "drmlab.models.mamba",
+    "drmlab.models.resolvent_lm",
+):
     try:
         importlib.import_module(_module)
     except ModuleNotFoundError as _exc:  # a family not written yet
