@@ -124,6 +124,10 @@ def _candidate_cache_dirs() -> list[Path]:
     return dirs
 
 
+class _CompileError(RuntimeError):
+    """The compiler ran and failed (no point retrying in another cache directory)."""
+
+
 def _compile(cc: str, src: Path, dest: Path) -> None:
     """Compile ``src`` to ``dest`` atomically (temporary name in the same directory, then
     ``os.replace``), so concurrent processes never load a half-written file."""
@@ -139,7 +143,7 @@ def _compile(cc: str, src: Path, dest: Path) -> None:
             timeout=120,
         )
         if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+            raise _CompileError(f"{cc} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
@@ -222,7 +226,11 @@ def _load_library() -> Optional[ctypes.CDLL]:
                     lib = ctypes.CDLL(str(path))
                     _lib_path = str(path)
                     break
-                except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                except _CompileError as exc:
+                    errors.append(str(exc))
+                    break
+                except (OSError, subprocess.SubprocessError) as exc:
+                    # unwritable directory, unloadable file: try the next cache directory
                     errors.append(f"{path}: {exc}")
             if lib is None:
                 raise RuntimeError("; ".join(errors) or "no usable cache directory")
@@ -298,6 +306,16 @@ def _ptr(x: Optional[torch.Tensor]) -> Optional[int]:
     return None if x is None else x.data_ptr()
 
 
+def _forget_pool_after_fork() -> None:
+    # A forked child (e.g. a DataLoader worker) inherits the pool object but not its threads.
+    global _pool, _pool_size, _pool_lock
+    _pool, _pool_size, _pool_lock = None, 0, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
 def _get_pool(n: int) -> ThreadPoolExecutor:
     global _pool, _pool_size
     with _pool_lock:
@@ -309,9 +327,13 @@ def _get_pool(n: int) -> ThreadPoolExecutor:
         return _pool
 
 
+def _num_threads() -> int:
+    return torch.get_num_threads()
+
+
 def _run_split(fn, args, B: int, T: int, D: int) -> None:
     """Call ``fn(*args, B, T, D, b0, b1, d0, d1)`` over disjoint pieces on several threads."""
-    n = max(1, torch.get_num_threads())
+    n = max(1, _num_threads())
     if n == 1 or B * T * D < _PARALLEL_MIN_NUMEL:
         fn(*args, B, T, D, 0, B, 0, D)
         return
@@ -421,7 +443,7 @@ class _LinearScanFn(torch.autograd.Function):
             out = _torch_scan_fwd(f, u, init)
         ctx.backend = backend
         ctx.has_init = init is not None
-        ctx.save_for_backward(f, out, init if init is not None else None)
+        ctx.save_for_backward(f, out, init)
         return out
 
     @staticmethod
@@ -442,6 +464,9 @@ class _LinearScanFn(torch.autograd.Function):
 
 def _differentiable_bwd(f, m, init, dm, backend):
     """The same reverse scan written with differentiable ops (used under create_graph=True)."""
+    if m.shape[1] == 0:
+        return torch.zeros_like(m), torch.zeros_like(m), (
+            None if init is None else torch.zeros_like(init))
     fc = f.conj() if f.is_complex() else f
     fnext = torch.cat([fc[:, 1:], torch.zeros_like(fc[:, :1])], dim=1)
     g = _LinearScanFn.apply(fnext.flip(1), dm.flip(1), None, backend).flip(1)
@@ -461,6 +486,14 @@ def _differentiable_bwd(f, m, init, dm, backend):
 # ----------------------------------------------------------------------------------------------
 
 
+def _compiler_disable(fn):
+    # The scan is opaque to torch.compile (ctypes kernel, or a loop over T steps that should not
+    # be unrolled into a graph): compiled callers get a graph break around it.
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return disable(fn) if disable is not None else fn
+
+
+@_compiler_disable
 def linear_scan(
     f: torch.Tensor,
     u: torch.Tensor,

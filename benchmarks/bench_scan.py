@@ -1,0 +1,168 @@
+"""Benchmark of drmlab.ops.linear_scan against the elementwise memory floor.
+
+    python benchmarks/bench_scan.py [--B 8 --T 1024 --D 256 --repeats 15]
+
+Prints, in one run, forward and forward+backward times (medians, float32, default
+torch thread count) for
+
+* the floor: one elementwise pass ``a*b+c`` over tensors of the same size (fwd+bwd through
+  autograd: gradients for a, b and c);
+* linear_scan on the compiled C kernel (skipped when unavailable);
+* linear_scan on the pure-torch fallback;
+* a naive autograd Python loop indexing ``f[:, t]`` (its backward is O(T^2); it is run at full
+  size only if the estimate scaled from T=256 is under 30 s, otherwise the estimate is printed);
+
+as ratios to the floor.  Implementations are measured round-robin (one repeat of each per
+round) so drift in machine load affects them alike.  Also prints the max abs error of the
+float32 results against a float64 sequential loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+from drmlab.ops import scan
+
+
+def naive_loop(f, u):
+    m = torch.zeros_like(u[:, 0])
+    outs = []
+    for t in range(u.shape[1]):
+        m = f[:, t] * m + u[:, t]
+        outs.append(m)
+    return torch.stack(outs, 1)
+
+
+def loop64(f, u):
+    m = torch.zeros_like(u[:, 0])
+    outs = []
+    for ft, ut in zip(f.unbind(1), u.unbind(1)):
+        m = ft * m + ut
+        outs.append(m)
+    return torch.stack(outs, 1)
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--B", type=int, default=8)
+    p.add_argument("--T", type=int, default=1024)
+    p.add_argument("--D", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch.set_num_threads(N) first (default: leave torch's default)")
+    p.add_argument("--skip-naive-backward", action="store_true",
+                   help="report the naive loop's backward as the scaled estimate only")
+    args = p.parse_args()
+    B, T, D = args.B, args.T, args.D
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+
+    torch.manual_seed(args.seed)
+    f = torch.sigmoid(2 * torch.randn(B, T, D))
+    u = torch.randn(B, T, D)
+    c = torch.randn(B, T, D)
+    g = torch.randn(B, T, D)
+    fr, ur, cr = (x.clone().requires_grad_() for x in (f, u, c))
+
+    c_ok = scan.c_kernel_available()
+    status = scan.c_kernel_status()
+
+    def fwd_bwd(fn, inputs):
+        def run():
+            y = fn(*inputs)
+            torch.autograd.grad(y, inputs, g)
+        return run
+
+    impls = {
+        "floor a*b+c": (lambda: f * u + c, fwd_bwd(lambda a, b, x: a * b + x, (fr, ur, cr))),
+    }
+    if c_ok:
+        impls["linear_scan (C)"] = (
+            lambda: scan.linear_scan(f, u, backend="c"),
+            fwd_bwd(lambda a, b: scan.linear_scan(a, b, backend="c"), (fr, ur)),
+        )
+    impls["linear_scan (torch)"] = (
+        lambda: scan.linear_scan(f, u, backend="torch"),
+        fwd_bwd(lambda a, b: scan.linear_scan(a, b, backend="torch"), (fr, ur)),
+    )
+
+    # warm up (also builds / loads the C kernel)
+    for fwd, fb in impls.values():
+        fwd(), fb(), fwd(), fb()
+
+    times = {name: ([], []) for name in impls}
+    for _ in range(args.repeats):
+        for name, (fwd, fb) in impls.items():
+            times[name][0].append(timed(fwd))
+            times[name][1].append(timed(fb))
+    rows = {name: (statistics.median(a) * 1e3, statistics.median(b) * 1e3)
+            for name, (a, b) in times.items()}
+
+    # naive loop: forward at full size.  Its backward is O(T^2) (every SelectBackward writes a
+    # full-size zero tensor); time it at a short T_s and scale by (T/T_s)^2, and also measure it
+    # at full size when that estimate is under 30 s.
+    naive_fwd = statistics.median(timed(lambda: naive_loop(f, u)) for _ in range(3)) * 1e3
+    Ts = min(T, 256)
+    fs, us, gs = fr[:, :Ts].detach().requires_grad_(), ur[:, :Ts].detach().requires_grad_(), g[:, :Ts]
+
+    def naive_small():
+        y = naive_loop(fs, us)
+        torch.autograd.grad(y, (fs, us), gs)
+
+    naive_small()
+    estimate = statistics.median(timed(naive_small) for _ in range(3)) * (T / Ts) ** 2
+    if estimate <= 30.0 and not args.skip_naive_backward:
+        naive_fb = timed(fwd_bwd(naive_loop, (fr, ur))) * 1e3
+        naive_note = f"measured once at full size (estimate from T={Ts}: {estimate:.1f} s)"
+    else:
+        naive_fb = estimate * 1e3
+        naive_note = f"not run at full size: estimated from T={Ts} x (T/{Ts})^2"
+    rows["naive autograd loop"] = (naive_fwd, naive_fb)
+
+    # accuracy against a float64 sequential loop
+    f64, u64 = f.double().requires_grad_(), u.double().requires_grad_()
+    ref = loop64(f64, u64)
+    rdf, rdu = torch.autograd.grad(ref, (f64, u64), g.double())
+    errs = {}
+    for name, be in (("linear_scan (C)", "c"), ("linear_scan (torch)", "torch")):
+        if name not in rows:
+            continue
+        y = scan.linear_scan(fr, ur, backend=be)
+        df, du = torch.autograd.grad(y, (fr, ur), g)
+        errs[name] = max((y.double() - ref).abs().max().item(),
+                         (df.double() - rdf).abs().max().item(),
+                         (du.double() - rdu).abs().max().item())
+
+    floor_f, floor_fb = rows["floor a*b+c"]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"linear_scan benchmark: B={B} T={T} D={D} float32, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs (load avg {load:.1f}), "
+          f"median of {args.repeats}")
+    print(f"C kernel: {'available at ' + str(status['path']) if c_ok else 'unavailable: ' + str(status['error'])}")
+    print()
+    print(f"| {'implementation':<22} | {'fwd ms':>8} | {'fwd x floor':>11} | {'fwd+bwd ms':>10} "
+          f"| {'fwd+bwd x floor':>15} | {'max err vs f64':>14} |")
+    print(f"|{'-' * 24}|{'-' * 10}|{'-' * 13}|{'-' * 12}|{'-' * 17}|{'-' * 16}|")
+    for name, (a, b) in rows.items():
+        err = f"{errs[name]:.1e}" if name in errs else ""
+        print(f"| {name:<22} | {a:8.2f} | {a / floor_f:11.2f} | {b:10.2f} | {b / floor_fb:15.2f} "
+              f"| {err:>14} |")
+    print()
+    print(f"naive autograd loop fwd+bwd: {naive_note}")
+
+
+if __name__ == "__main__":
+    main()
