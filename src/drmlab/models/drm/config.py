@@ -29,6 +29,8 @@ LOSS_WEIGHTS_BASE = {
     "metric_u_floor": 0.001,
     "metric_u_target": 0.001,
     "condition": 0.001,
+    "block_consistency": 0.0,
+    "sampled_block_consistency": 0.0,
 }
 CE_ONLY = {k: 0.0 for k in LOSS_WEIGHTS_BASE}
 
@@ -85,6 +87,27 @@ class DRMConfig:
     # refinement layers (variant G)
     refinement_layers: int = 0
     refinement_scale: float = 0.1
+    # solver options (math.md section 14; notes/drm-solvers.md). Step mode of the one-token
+    # transition: "velocity" (Euler), "candidate" or "geodesic"; block refiners of the
+    # within-block states: None, "fixed_point" or "anderson" (causal, or global for comparison).
+    step_mode: str = "velocity"
+    candidate_scale: float = 1.0
+    candidate_temperature: float = 1.0
+    geodesic_steps: int = 3
+    geodesic_lr: float = 0.05
+    geodesic_anchor_weight: float = 1.0
+    geodesic_metric_weight: float = 0.1
+    geodesic_risk_weight: float = 0.01
+    block_solver: str | None = None
+    solver_iters: int = 2
+    solver_causal: bool = True
+    solver_relaxation: float = 1.0
+    anderson_history: int = 4
+    anderson_ridge: float = 1e-4
+    endpoint_correction_weight: float = 0.0  # the reference's non-causal correction: refused if > 0
+    block_consistency_weight: float = 1.0
+    sampled_consistency_interval: int = 8
+    sampled_consistency_size: int = 8
     # toroidal coordinates (section 16): the first k state coordinates are angles, read by
     # every state reader as (cos, sin) and left out of the bound operator.
     toroidal_dims: int = 0
@@ -156,10 +179,41 @@ class DRMConfig:
                     ("" if self.use_drm_geometry else " and keep use_drm_geometry=True") + " or use 'block_cumsum'")
         if self.dt <= 0 or self.gate_temperature <= 0 or self.state_clip_norm <= 0:
             raise ValueError("dt, gate_temperature and state_clip_norm must be positive")
+        self._validate_solvers()
         unknown = set(self.loss_weights) - set(LOSS_WEIGHTS_BASE)
         if unknown:
             name = sorted(unknown)[0]
             raise ValueError(f"unknown loss weight {name!r}{_hint(name, LOSS_WEIGHTS_BASE)}")
+
+    def _validate_solvers(self) -> None:
+        if self.step_mode not in ("velocity", "candidate", "geodesic"):
+            raise ValueError(f"step_mode must be 'velocity', 'candidate' or 'geodesic', got {self.step_mode!r}")
+        if self.block_solver not in (None, "fixed_point", "anderson"):
+            raise ValueError(f"block_solver must be None, 'fixed_point' or 'anderson', got {self.block_solver!r}")
+        if self.endpoint_correction_weight:
+            raise ValueError(
+                "endpoint_correction_weight > 0 is refused: the reference's endpoint correction is not causal "
+                "(every earlier position of a block is moved by a term that depends on the block's last token); "
+                "use block_solver='anderson' or 'fixed_point', which are causal")
+        uses_solver = self.step_mode != "velocity" or self.block_solver is not None or any(
+            self.loss_weights.get(k, 0) for k in ("block_consistency", "sampled_block_consistency"))
+        if uses_solver and not self.use_drm_geometry:
+            raise ValueError("step modes, block solvers and consistency losses need the DRM geometry "
+                             "(a geometry-free model such as SSM_CONTROL has no transition to solve)")
+        if self.step_mode == "candidate" and not self.has_direction_field:
+            raise ValueError("step_mode='candidate' mixes per-direction candidates and needs the direction field "
+                             "(use_direction_field=True)")
+        if self.block_solver is not None:
+            if self.sequence_mode != "block_cumsum":
+                raise ValueError("block_solver refines the within-block states of sequence_mode='block_cumsum'")
+            if not isinstance(self.solver_iters, int) or self.solver_iters < 1:
+                raise ValueError(f"solver_iters must be a positive integer, got {self.solver_iters!r}")
+            if self.block_solver == "anderson" and self.anderson_history < 1:
+                raise ValueError(f"anderson_history must be >= 1, got {self.anderson_history!r}")
+        if self.candidate_temperature < 0.01:
+            raise ValueError(f"candidate_temperature must be >= 0.01, got {self.candidate_temperature!r}")
+        if self.geodesic_steps < 0 or self.sampled_consistency_interval < 1 or self.sampled_consistency_size < 1:
+            raise ValueError("geodesic_steps must be >= 0; sampled_consistency_interval and _size must be >= 1")
 
 
 def _hint(word: str, options) -> str:

@@ -91,6 +91,10 @@ def auxiliary_losses(config: DRMConfig, record, states: torch.Tensor, logits: to
             terms[name] = (logits[:, 1:] - logits[:, :-1]).pow(2).mean() if logits.shape[1] > 1 else zero
         elif name == "blindspot":
             terms[name] = _position_mean([g.rho for g in record], lengths)
+        elif name in ("block_consistency", "sampled_block_consistency"):
+            parts = [g.consistency[name] for g in record if g.consistency and name in g.consistency]
+            if parts:
+                terms[name] = sum(p[0] for p in parts) / sum(p[1] for p in parts)
     total = zero
     for name, value in terms.items():
         sign = -1.0 if name == "dim_entropy" else 1.0

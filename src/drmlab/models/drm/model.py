@@ -42,6 +42,7 @@ from .components import (
     raw_velocity,
     toroidal_lift,
 )
+from . import solvers
 from .config import DRMConfig
 from .losses import auxiliary_losses
 
@@ -65,6 +66,9 @@ class BlockGeometry:
     u_factor: torch.Tensor | None  # [B, d, r]
     rho: torch.Tensor  # [B] risk mass
     velocity: torch.Tensor  # [B, L, d] delta_t / dt (includes the bound's effect)
+    refined_velocity: torch.Tensor | None = None  # [B, L, d] of the solver-refined states
+    solver_residual: torch.Tensor | None = None  # [B, L] |Phi(X) - X| at the last iteration
+    consistency: tuple | None = None  # {"block_consistency": (sum, count), ...}
 
 
 @dataclass
@@ -83,6 +87,8 @@ class DecodeState:
     memory_prev_state: torch.Tensor | None = None
     memory: torch.Tensor | None = None
     refine_prev: list | None = None
+    solver_prev: list | None = None  # X_k at the previous position, one per solver iteration
+    solver_gram: torch.Tensor | None = None  # causal Anderson: prefix Gram sums [B, K, K]
 
 
 class DRMModel(nn.Module):
@@ -114,6 +120,7 @@ class DRMModel(nn.Module):
             RefinementLayer(c) for _ in range(c.refinement_layers if c.has_geometry else 0)))
         self.direct_transition = (seeded("direct_transition", lambda: DirectStateTransition(c))
                                   if c.has_direct_transition else None)
+        self._has_consistency_loss = any(c.loss_weights.get(k, 0) for k in ("block_consistency", "sampled_block_consistency"))
 
     # ------------------------------------------------------------------ small helpers
     def read(self, z: torch.Tensor) -> torch.Tensor:
@@ -134,6 +141,41 @@ class DRMModel(nn.Module):
         return c.naturalization_strength * min(max(step, 0) / c.naturalization_warmup_steps, 1.0)
 
     # ------------------------------------------------------------------ geometry
+    def _solver_step(self, state, new, z, anchor, token_part, strength, fresh):
+        """One position of :meth:`_refine_block`, keeping X_k of the previous position for every
+        iteration k (and, for Anderson, the prefix Gram sums), so stepping equals the block form."""
+        c = self.config
+        if c.block_solver == "anderson" and not c.solver_causal:
+            raise ValueError("the global Anderson form reads later positions of its block (and other batch rows), "
+                             "so it cannot be stepped; use solver_causal=True")
+        iterations, x = c.solver_iters, z[:, 0]
+        previous = [anchor[:, 0]] * iterations if fresh else state.solver_prev
+        new.solver_prev = []
+        if c.block_solver == "fixed_point":
+            for k in range(iterations):
+                new.solver_prev.append(x)
+                x = x + c.solver_relaxation * (self._one_token(previous[k], token_part, strength) - x)
+            return self.bound(x).unsqueeze(1)
+        gram = x.new_zeros(x.shape[0], iterations, iterations) if fresh else state.solver_gram.clone()
+        fs, rs = [], []
+        for k in range(iterations):
+            new.solver_prev.append(x)
+            f = self._one_token(previous[k], token_part, strength)
+            fs.append(f)
+            rs.append(f - x)
+            dots = torch.stack([(rs[k] * r).sum(-1) for r in rs], dim=-1)  # [B, k + 1]
+            gram[:, k, : k + 1] += dots
+            gram[:, :k, k] += dots[:, :k]
+            window = list(range(max(0, k - c.anderson_history + 1), k + 1))
+            if len(window) < 2:
+                x = x + c.solver_relaxation * rs[k]
+                continue
+            weights = solvers._anderson_weights(gram[:, window][:, :, window], c.anderson_ridge)
+            mixed = (weights.unsqueeze(-1) * torch.stack([fs[j] for j in window], dim=1)).sum(1)
+            x = x + c.solver_relaxation * (mixed - x)
+        new.solver_gram = gram
+        return self.bound(x).unsqueeze(1)
+
     def _geometry_at(self, z: torch.Tensor) -> tuple:
         """(gates, directions, gamma, U, rho) at states z [N, d] (None for absent modules)."""
         z_read = self.read(z)
@@ -157,6 +199,72 @@ class DRMModel(nn.Module):
             v = naturalize(v, gamma, u_factor, strength, self.config.metric_damping)
         return v
 
+    def _transition(self, z: torch.Tensor, geometry: tuple, token_part: torch.Tensor, strength: float) -> torch.Tensor:
+        """One-token endpoints from z [N..., d] with the geometry at z, under ``step_mode``.
+
+        token_part [N..., L, H] -> [N..., L, d]. ``velocity`` gives the Euler anchor
+        z^a = B(z + dt v); ``candidate`` and ``geodesic`` start from it (``solvers``).
+        """
+        v = self._velocity(z, geometry, token_part, strength)
+        start = z.unsqueeze(-2)
+        anchor = self.bound(start + self.config.dt * v)
+        if self.config.step_mode == "candidate":
+            return solvers.candidate_step(self, start, anchor, geometry)
+        if self.config.step_mode == "geodesic":
+            return solvers.geodesic_step(self, start, anchor, geometry)
+        return anchor
+
+    def _one_token(self, z: torch.Tensor, token_part: torch.Tensor, strength: float) -> torch.Tensor:
+        """F(z, e): the one-token transition with the geometry recomputed at z (notes/drm-solvers.md 0).
+
+        z [N..., d], token_part [N..., H] -> [N..., d]. In velocity mode F = B(z^a), the bound applied twice.
+        """
+        out = self._transition(z, self._geometry_at(z), token_part.unsqueeze(-2), strength).squeeze(-2)
+        return self.bound(out) if self.config.step_mode == "velocity" else out
+
+    def _refine_block(self, z, anchor, token_part, strength):
+        """Block refiners (notes 3.3, 3.4) of the cumsum states z [B, L, d]; returns (B(X), residual)."""
+        c = self.config
+
+        def phi(x):  # Phi(X)_t = F(X_{t-1}, e_t), X_0 = z_s
+            return self._one_token(torch.cat([anchor, x[:, :-1]], dim=1), token_part, strength)
+
+        if c.block_solver == "fixed_point":
+            x, residual = solvers.fixed_point(phi, z, c.solver_iters, c.solver_relaxation)
+        else:
+            x, residual = solvers.anderson(phi, z, c.solver_iters, c.anderson_history, c.anderson_ridge,
+                                           c.solver_relaxation, causal=c.solver_causal)
+        return self.bound(x), residual
+
+    def rollout(self, z_start: torch.Tensor, token_part: torch.Tensor, strength: float) -> torch.Tensor:
+        """The exact sequential rollout z_t = F(z_{t-1}, e_t) from z_start [B, d]: [B, L, d]."""
+        z, outputs = z_start, []
+        for t in range(token_part.shape[1]):
+            z = self._one_token(z, token_part[:, t], strength)
+            outputs.append(z)
+        return torch.stack(outputs, dim=1)
+
+    def _consistency(self, index, z_final, z_start, token_part, strength) -> dict:
+        """Notes section 4: MSE of the block's final states against a detached sequential rollout."""
+        c, out = self.config, {}
+        weights = c.loss_weights
+        if weights.get("block_consistency", 0):
+            with torch.no_grad():
+                target = self.rollout(z_start.detach(), token_part.detach(), strength)
+            err = c.block_consistency_weight * (z_final - target).pow(2).mean(-1)
+            out["block_consistency"] = (err.sum(), err.numel())
+        if weights.get("sampled_block_consistency", 0) and index % c.sampled_consistency_interval == 0:
+            length = z_final.shape[1]
+            size = min(c.sampled_consistency_size, length)
+            segments = -(-length // size)
+            begin = min(((index // c.sampled_consistency_interval) % segments) * size, length - size)
+            teacher_start = z_start if begin == 0 else z_final[:, begin - 1]
+            with torch.no_grad():
+                target = self.rollout(teacher_start.detach(), token_part[:, begin: begin + size].detach(), strength)
+            err = c.block_consistency_weight * (z_final[:, begin: begin + size] - target).pow(2).mean(-1)
+            out["sampled_block_consistency"] = (err.sum(), err.numel())
+        return out
+
     def _flow_token_part(self, e):
         module = self.flow if self.flow is not None else self.direct_transition
         return module.token_part(e)
@@ -178,8 +286,7 @@ class DRMModel(nn.Module):
         outputs, record = [], []
         for t in range(e.shape[1]):
             geometry = self._geometry_at(z)
-            v = self._velocity(z, geometry, flow_tokens[:, t: t + 1], strength)
-            z_next = self.bound(z + c.dt * v[:, 0])
+            z_next = self._transition(z, geometry, flow_tokens[:, t: t + 1], strength)[:, 0]
             record.append(BlockGeometry(1, *geometry, ((z_next - z) / c.dt).unsqueeze(1)))
             z = z_next
             outputs.append(z)
@@ -202,12 +309,14 @@ class DRMModel(nn.Module):
             anchor = z_start.unsqueeze(1)  # [B, 1, d]
             if geometry:
                 block_geometry = self._geometry_at(z_start)
-                v = self._velocity(z_start, block_geometry, flow_tokens[:, block], strength)
-                delta = self.bound(anchor + c.dt * v) - anchor
+                delta = self._transition(z_start, block_geometry, flow_tokens[:, block], strength) - anchor
                 z = self.bound(anchor + delta.cumsum(dim=1))
                 gates, rho = block_geometry[0], block_geometry[4]
                 dim_d = gates.sum(-1) if gates is not None else rho.new_zeros(batch)
                 record.append(BlockGeometry(delta.shape[1], *block_geometry, delta / c.dt))
+                if c.block_solver is not None:
+                    z, record[-1].solver_residual = self._refine_block(z, anchor, flow_tokens[:, block], strength)
+                    record[-1].refined_velocity = (z - torch.cat([anchor, z[:, :-1]], dim=1)) / c.dt
             else:
                 z, delta, rho, dim_d = anchor, None, z_start.new_zeros(batch), z_start.new_zeros(batch)
             if self.mixer is not None:
@@ -226,6 +335,8 @@ class DRMModel(nn.Module):
                 z = self.bound(z + self.memory.scale * m)
             for layer, tokens_part in zip(self.refinement, refine_tokens):
                 z = self._refine(layer, z, anchor, tokens_part[:, block], strength)
+            if geometry and self._has_consistency_loss:
+                record[-1].consistency = self._consistency(len(record) - 1, z, z_start, flow_tokens[:, block], strength)
             outputs.append(z)
             z_start = z[:, -1]
         return torch.cat(outputs, dim=1), record
@@ -253,6 +364,10 @@ class DRMModel(nn.Module):
         aux = {}
         if record:
             aux["dimD"] = _per_position(record, lambda g: g.gates.sum(-1) if g.gates is not None else g.rho * 0)
+        if self.config.block_solver is not None and record:
+            aux["solver_iterations"] = torch.tensor(self.config.solver_iters)
+            aux["solver_residual"] = torch.cat([g.solver_residual for g in record], dim=1).detach().mean()
+            aux["refined_action"] = _refined_action(self.config, record)
         if self.config.has_geometry and any(w != 0 for w in self.config.loss_weights.values()):
             aux.update(auxiliary_losses(self.config, record, states, logits))
         return ModelOutput(logits=logits, aux=aux)
@@ -278,8 +393,7 @@ class DRMModel(nn.Module):
         strength = self.naturalization_strength(step)
         if c.sequence_mode == "recurrent":
             z = state.z_start
-            v = self._velocity(z, self._geometry_at(z), self._flow_token_part(e), strength)
-            z = self.bound(z + c.dt * v[:, 0])
+            z = self._transition(z, self._geometry_at(z), self._flow_token_part(e), strength)[:, 0]
             return self.emitter(self.read(z)), DecodeState(z_start=z)
 
         z_start, batch = state.z_start, tokens_t.shape[0]
@@ -290,10 +404,12 @@ class DRMModel(nn.Module):
             new.geometry = self._geometry_at(z_start) if fresh else state.geometry
             gates, rho = new.geometry[0], new.geometry[4]
             dim_d = gates.sum(-1) if gates is not None else rho.new_zeros(batch)
-            v = self._velocity(z_start, new.geometry, self._flow_token_part(e), strength)
-            delta = self.bound(anchor + c.dt * v) - anchor
+            token_part = self._flow_token_part(e)
+            delta = self._transition(z_start, new.geometry, token_part, strength) - anchor
             new.delta_sum = delta if fresh else state.delta_sum + delta
             z = self.bound(anchor + new.delta_sum)
+            if c.block_solver is not None:
+                z = self._solver_step(state, new, z, anchor, token_part[:, 0], strength, fresh)
             z_prev = anchor if fresh else state.z_tilde_prev
             new.z_tilde_prev = z
         else:
@@ -325,6 +441,18 @@ class DRMModel(nn.Module):
             new = DecodeState(z_start=z)
         return self.emitter(self.read(z)), new
 
+
+
+def _refined_action(config: DRMConfig, record: list[BlockGeometry]) -> torch.Tensor:
+    """Mean over positions of the block-start metric energy of the refined path's velocities."""
+    energies = []
+    for g in record:
+        v = g.refined_velocity
+        if g.gamma is not None:
+            energies.append((solvers.metric_apply(v, g.gamma, g.u_factor) * v).sum(-1))
+        else:
+            energies.append(v.pow(2).sum(-1))
+    return torch.cat(energies, dim=1).mean().detach()
 
 
 def _per_position(record: list[BlockGeometry], value) -> torch.Tensor:
