@@ -6,3 +6,10 @@ Layers (imports flow one way, left to right):
 """
 
 __version__ = "0.1.0"
+
+
+def generate(*args, **kwargs):
+    """``drmlab.generate(model, tokenizer, prompt, ...)``: see :func:`drmlab.generation.generate`."""
+    from drmlab.generation import generate as _generate
+
+    return _generate(*args, **kwargs)

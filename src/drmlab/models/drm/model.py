@@ -378,6 +378,24 @@ class DRMModel(nn.Module):
         ref = self.embedding.weight
         return DecodeState(z_start=self.initial_state(batch_size).to(device=ref.device, dtype=ref.dtype))
 
+    @torch.no_grad()
+    def prefill(self, tokens: torch.Tensor) -> tuple[torch.Tensor, DecodeState]:
+        """Process a prompt [B, T]: the parallel forward over its complete blocks (only the last
+        state crosses a block boundary), then steps through the open block. Returns the logits
+        after the last token [B, vocab] and the state that continues the sequence."""
+        check_tokens(tokens, self.config.vocab_size)
+        c, length = self.config, tokens.shape[1]
+        done = length if c.sequence_mode == "recurrent" else (length // c.block_size) * c.block_size
+        state = self.init_state(tokens.shape[0])
+        logits = None
+        if done:
+            states, _ = self.states(tokens[:, :done])
+            state = DecodeState(z_start=states[:, -1])
+            logits = self.emitter(self.read(states[:, -1]))
+        for t in range(done, length):
+            logits, state = self.step(tokens[:, t], state)
+        return logits, state
+
     def step(self, tokens_t: torch.Tensor, state: DecodeState, step: int | None = None) -> tuple[torch.Tensor, DecodeState]:
         """Advance by one token: tokens_t [B] -> (logits [B, vocab], new state).
 
