@@ -1,11 +1,13 @@
 """Training throughput of DRM variants: tokens/s of forward + backward + AdamW.
 
 Run: python benchmarks/bench_models.py [--presets tiny,small] [--models J,J_NO_DIRECTION,SSM_CONTROL]
+     python benchmarks/bench_models.py --presets tiny --models RESOLVENT,RESOLVENT_SOFTMAX,RESOLVENT_ROPE \
+         --baseline RESOLVENT_SOFTMAX
 
 Each model trains a few steps on random bytes at its preset's sequence length;
 the median step time after one warm-up step gives tokens/s. Models are measured
 in interleaved rounds so machine noise hits them alike; the table reports each
-model's tokens/s and its ratio to SSM_CONTROL measured in the same run.
+model's tokens/s and its ratio to the baseline (default SSM_CONTROL) measured in the same run.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def main() -> None:
     parser.add_argument("--presets", default="micro,tiny,small")
     parser.add_argument("--models", default="J,J_NO_DIRECTION,SSM_CONTROL")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--baseline", default="SSM_CONTROL", help="model the ratios are taken against")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     for preset in args.presets.split(","):
@@ -54,13 +57,13 @@ def main() -> None:
             for n in names:
                 times[n].append(step_time(models[n], tokens))
         rate = {n: tokens[:, :-1].numel() / statistics.median(t) for n, t in times.items()}
-        base = rate.get("SSM_CONTROL")
+        base = rate.get(args.baseline)
         print(f"\npreset {preset}: batch {BATCH[preset]} x {length} tokens")
-        print(f"{'model':<22}{'params':>14}{'tok/s':>12}{'x SSM_CONTROL':>16}")
+        print(f"{'model':<22}{'params':>14}{'tok/s':>12}{'x ' + args.baseline:>20}")
         for n in names:
             params = sum(p.numel() for p in models[n].parameters())
             ratio = f"{rate[n] / base:.2f}" if base else "-"
-            print(f"{n:<22}{params:>14,}{rate[n]:>12,.0f}{ratio:>16}")
+            print(f"{n:<22}{params:>14,}{rate[n]:>12,.0f}{ratio:>20}")
 
 
 if __name__ == "__main__":
