@@ -1,0 +1,61 @@
+"""Training and evaluation batches as pure functions of their coordinates.
+
+The rows of the micro-batch ``micro`` of optimizer step ``step`` are windows of ``seq_len + 1``
+tokens starting at uniform random offsets of the training stream, drawn from
+``numpy.random.default_rng([seed, step, micro])`` (no epochs, no document alignment, as in the
+reference). Nothing is carried between steps, so a resumed run sees exactly the batches it would
+have seen, every model trained with a seed sees the same batches in the same order, and under
+``torchrun`` each process takes its contiguous share of the same global micro-batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# The sampled in-training evaluation uses one fixed set of validation windows for every model,
+# seed and step (seeded with this constant), so the curves of different runs are paired.
+EVAL_SAMPLE_SEED = 100_000
+
+
+def window_starts(seed: int, step: int, micro: int, rows: int, seq_len: int, stream_len: int) -> np.ndarray:
+    """The ``rows`` start offsets of micro-batch ``micro`` of step ``step`` (int64)."""
+    high = stream_len - seq_len  # a window spans [start, start + seq_len] inclusive
+    if high <= 0:
+        raise ValueError(f"the training stream ({stream_len} tokens) is shorter than one window of {seq_len + 1}")
+    rng = np.random.default_rng([seed, step, micro])
+    return rng.integers(0, high, size=rows, dtype=np.int64)
+
+
+def gather_windows(stream: np.ndarray, starts: np.ndarray, length: int) -> torch.Tensor:
+    """Rows ``stream[s : s + length]`` for each start, as an int64 tensor [len(starts), length]."""
+    index = starts[:, None] + np.arange(length, dtype=np.int64)[None, :]
+    return torch.from_numpy(np.asarray(stream[index], dtype=np.int64))
+
+
+def train_batch(
+    stream: np.ndarray,
+    *,
+    seed: int,
+    step: int,
+    micro: int,
+    batch_size: int,
+    seq_len: int,
+    rank: int = 0,
+    world_size: int = 1,
+) -> torch.Tensor:
+    """This process's rows [batch_size / world_size, seq_len + 1] of the global micro-batch."""
+    if batch_size % world_size:
+        raise ValueError(f"batch_size {batch_size} is not divisible by the number of processes {world_size}")
+    starts = window_starts(seed, step, micro, batch_size, seq_len, len(stream))
+    share = batch_size // world_size
+    return gather_windows(stream, starts[rank * share : (rank + 1) * share], seq_len + 1)
+
+
+def eval_sample(stream: np.ndarray, windows: int, seq_len: int) -> torch.Tensor:
+    """The fixed validation windows [n, seq_len + 1] of the sampled evaluation (same for every run)."""
+    length = min(seq_len, len(stream) - 1)
+    if windows <= 0 or length <= 0:
+        return torch.zeros(0, max(length, 0) + 1, dtype=torch.int64)
+    starts = np.random.default_rng(EVAL_SAMPLE_SEED).integers(0, len(stream) - length, size=windows, dtype=np.int64)
+    return gather_windows(stream, starts, length + 1)

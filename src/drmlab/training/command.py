@@ -1,0 +1,207 @@
+"""``drmlab train``: train one model on a corpus and write a run directory.
+
+Resolution order for every setting: the preset's defaults, then the explicit flags, then
+``--set key=value`` (train settings such as ``warmup_fraction`` or model settings such as
+``d_state``; unknown keys are an error naming the nearest one). With ``--resume`` the run's own
+``config.json`` supplies the model, preset, overrides, data and train settings, so
+``drmlab train --resume --out DIR`` is enough (``--tokens`` may raise the budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+from drmlab.training.config import PRESET_DEFAULTS, SCHEDULES, TRAIN_KEYS, parse_assignments, parse_tokens, resolve_train_config, split_overrides
+
+DEFAULT_MODEL = "J"
+DEFAULT_PRESET = "tiny"
+
+EPILOG = """\
+examples:
+  drmlab train                                   # model J, preset tiny, embedded corpus (a few minutes)
+  drmlab train --model GPT2 --preset tiny --tokens 5M --out runs/gpt2-tiny --seed 1
+  drmlab train --model J --set d_state=64 --set lr=5e-4 --tokens 500k
+  drmlab train --resume --out runs/gpt2-tiny     # continue an interrupted run exactly
+
+presets (tokens/step = batch x accum x seq_len; default budget if --tokens is omitted):
+{presets}
+
+files written to --out: config.json (resolved settings), metrics.jsonl (one row per step and per
+evaluation), model.safetensors + optimizer.safetensors + trainer_state.json (the checkpoint),
+summary.json (val_ce in nats/token, val_bpb in bits/byte, tokens, params, tokens_per_s).
+"""
+
+
+def _preset_table() -> str:
+    lines = []
+    for name, d in PRESET_DEFAULTS.items():
+        tps = d["batch_size"] * d["grad_accum"] * d["seq_len"]
+        lines.append(f"  {name:6s} batch {d['batch_size']} x accum {d['grad_accum']} x seq {d['seq_len']} "
+                     f"= {tps:,} tok/step, lr {d['lr']:g}, default {d['tokens']:,} tokens")
+    return "\n".join(lines)
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """--data / --tokenizer / --cache-dir, shared with ``drmlab eval`` and ``drmlab ablate``."""
+    parser.add_argument("--data", metavar="SRC", default=None,
+                        help="training text: a file, a folder, a glob, or hf:NAME (default: the embedded corpus, "
+                             "the Python standard library's source)")
+    parser.add_argument("--tokenizer", choices=("bytes", "gpt2"), default=None,
+                        help="bytes (256 ids, the default) or gpt2 (50,257 BPE ids; needs the hf extra)")
+    parser.add_argument("--cache-dir", metavar="DIR", default=None, help="where tokenized corpora are cached")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "train",
+        help="train one model and write a run directory (metrics, checkpoint, summary)",
+        description="Train one model with AdamW on next-token prediction, evaluate it on the validation "
+                    "split and write everything to a run directory.",
+        epilog=EPILOG.format(presets=_preset_table()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", default=None, metavar="NAME",
+                        help=f"registered model name, e.g. J, SSM_CONTROL, GPT2 (default {DEFAULT_MODEL}; "
+                             "see `drmlab inspect --list`)")
+    parser.add_argument("--preset", default=None, choices=tuple(PRESET_DEFAULTS),
+                        help=f"model size and training defaults (default {DEFAULT_PRESET})")
+    parser.add_argument("--tokens", default=None, metavar="N",
+                        help="token budget, e.g. 5M, 500k, 5_005_312 (rounded up to whole steps; default: the preset's)")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="run directory (default runs/MODEL-PRESET-seedS)")
+    add_data_arguments(parser)
+    parser.add_argument("--seed", type=int, default=None, help="seed of the model init and the batch order (default 0)")
+    parser.add_argument("--batch-size", type=int, default=None, help="sequences per micro-batch, all processes together")
+    parser.add_argument("--grad-accum", type=int, default=None, help="micro-batches per optimizer step")
+    parser.add_argument("--seq-len", type=int, default=None, help="training window length in tokens")
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    parser.add_argument("--schedule", choices=SCHEDULES, default=None,
+                        help="constant (the reference) or cosine (linear warm-up, cosine decay to 0.1 lr)")
+    parser.add_argument("--eval-every", default=None, metavar="TOKENS",
+                        help="tokens between sampled validation checks (default: a fifth of the budget; 0: never)")
+    parser.add_argument("--eval-tokens", default=None, metavar="N",
+                        help="cap on validation tokens scored at the end, or all (default: the whole validation stream)")
+    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a train or model setting, repeatable (values are JSON: 3, 0.5, true, \"x\")")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    parser.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast for the training forward")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def load_corpus_for(data: str | None, tokenizer: str | None, cache_dir: str | None):
+    """``drmlab.data.load_corpus`` with the CLI's arguments."""
+    from drmlab.data import load_corpus
+
+    return load_corpus(source=data, tokenizer=tokenizer or "bytes", cache_dir=cache_dir)
+
+
+def model_setting_names(name: str, preset: str, vocab_size: int) -> list[str]:
+    """The model's config keys (fields of ``model.config``), from a default build."""
+    from drmlab.models import build_model
+
+    model = build_model(name, preset, vocab_size=vocab_size, seed=0)
+    config = getattr(model, "config", None)
+    return [f.name for f in dataclasses.fields(config)] if config is not None and dataclasses.is_dataclass(config) else []
+
+
+def check_seq_len(model, seq_len: int) -> None:
+    limit = getattr(getattr(model, "config", None), "n_positions", None)
+    if isinstance(limit, int) and seq_len > limit:
+        raise ValueError(f"seq_len {seq_len} exceeds {model.model_name}'s n_positions={limit}; add --set n_positions={seq_len}")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from drmlab.evaluation.rescoring import byte_counter
+    from drmlab.models import build_model
+    from drmlab.training.trainer import CONFIG_FILE, NonFiniteLossError, train
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    main_process = os.environ.get("RANK", "0") == "0"  # under torchrun only process 0 reports
+    if not main_process:
+        args.quiet = True
+    saved = None
+    if args.resume:
+        if args.out is None:
+            raise ValueError("--resume needs --out DIR (the run to continue)")
+        path = Path(args.out) / CONFIG_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"nothing to resume: {path} does not exist")
+        saved = json.loads(path.read_text())
+
+    name = args.model or (saved or {}).get("model") or DEFAULT_MODEL
+    preset = args.preset or (saved or {}).get("preset") or DEFAULT_PRESET
+    data = args.data if args.data is not None else (saved or {}).get("data_source")
+    tokenizer = args.tokenizer or (saved or {}).get("tokenizer") or "bytes"
+    corpus = load_corpus_for(data, tokenizer, args.cache_dir)
+
+    assignments = parse_assignments(args.assignments)
+    model_keys = [] if all(k in TRAIN_KEYS for k in assignments) else model_setting_names(name, preset, corpus.vocab_size)
+    train_set, model_overrides = split_overrides(assignments, model_keys)
+    if saved is not None:
+        model_overrides = {**saved.get("overrides", {}), **model_overrides}
+
+    explicit = {
+        "tokens": parse_tokens(args.tokens) if args.tokens is not None else None,
+        "seed": args.seed,
+        "batch_size": args.batch_size,
+        "grad_accum": args.grad_accum,
+        "seq_len": args.seq_len,
+        "lr": args.lr,
+        "schedule": args.schedule,
+        "eval_every": None if args.eval_every is None else (0 if str(args.eval_every) == "0" else parse_tokens(args.eval_every)),
+        "eval_tokens": None if str(args.eval_tokens).lower() in ("none", "all") else parse_tokens(args.eval_tokens),
+        "bf16": args.bf16,
+    }
+    base = {}
+    if saved is not None:
+        base = {k: v for k, v in saved.get("train", {}).items() if k in TRAIN_KEYS}
+    values = {**base, **{k: v for k, v in explicit.items() if v is not None}, **train_set}
+    if str(args.eval_tokens).lower() == "all":
+        values.pop("eval_tokens", None)  # the whole stream, whatever the run had
+    cfg = resolve_train_config(preset, **values)
+
+    model = build_model(name, preset, vocab_size=corpus.vocab_size, seed=cfg.seed, **model_overrides)
+    check_seq_len(model, cfg.seq_len)
+    out = Path(args.out or f"runs/{name}-{preset}-seed{cfg.seed}")
+    run_info = {
+        "model": name,
+        "preset": preset,
+        "overrides": model_overrides,
+        "vocab_size": corpus.vocab_size,
+        "tokenizer": corpus.tokenizer.name,
+        "data_source": data,
+        "data": corpus.meta,
+    }
+    val_bytes = corpus.meta.get("val_bytes") if isinstance(corpus.meta, dict) else None
+    count_bytes = byte_counter(corpus.val, corpus.tokenizer, val_bytes)
+    n_params = sum(p.numel() for p in model.parameters())
+    if not args.quiet:
+        print(f"training {name} ({preset}, {n_params:,} parameters) on {cfg.total_steps * cfg.tokens_per_step:,} tokens "
+              f"({cfg.total_steps} steps of {cfg.tokens_per_step:,}), seed {cfg.seed}, writing to {out}", file=sys.stderr)
+    try:
+        summary = train(model, corpus.train, corpus.val, cfg, out, resume=args.resume, run_info=run_info,
+                        count_bytes=count_bytes, device=args.device, quiet=args.quiet)
+    except NonFiniteLossError as exc:
+        print(f"drmlab train: error: {exc}", file=sys.stderr)
+        return 1
+    summary.pop("rows", None)
+    if not main_process:
+        return 0
+    if summary.get("val_ce") is not None:
+        print(f"{name} {preset} seed {cfg.seed}: val CE {summary['val_ce']:.4f} nats/token, "
+              f"{summary['val_bpb']:.4f} bits/byte, ppl {summary['val_ppl']:.3f} over {summary['val_targets']:,} tokens; "
+              f"{summary['tokens']:,} tokens trained at {summary['tokens_per_s'] or 0:,.0f} tok/s")
+    print(f"results in {out}/: summary.json, metrics.jsonl, config.json, model.safetensors")
+    return 0

@@ -1,0 +1,198 @@
+"""Training settings: the :class:`TrainConfig` dataclass, preset defaults, token budgets, ``--set``.
+
+A run is fully described by (model name, preset, model overrides, :class:`TrainConfig`, data).
+``resolve_train_config`` layers them: the preset's defaults (``PRESET_DEFAULTS``), then explicit
+arguments; ``split_overrides`` routes ``--set key=value`` pairs to the train config or to the
+model builder and rejects unknown keys with the nearest known one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass
+
+from drmlab.models.registry import suggest
+
+SCHEDULES = ("constant", "cosine")
+
+
+@dataclass
+class TrainConfig:
+    """Everything the trainer needs besides the model and the data.
+
+    Sizes: one optimizer step consumes ``batch_size * grad_accum * seq_len`` target tokens;
+    ``batch_size`` is the *global* micro-batch (split across processes under torchrun). The run
+    takes ``ceil(tokens / tokens_per_step)`` steps, so ``tokens`` is rounded up to whole steps.
+    """
+
+    tokens: int = 1_000_000          # token budget (targets), rounded up to whole optimizer steps
+    batch_size: int = 32             # sequences per micro-batch, all processes together
+    grad_accum: int = 1              # micro-batches per optimizer step (loss divided by this)
+    seq_len: int = 256               # training window; each row is seq_len + 1 tokens
+    seed: int = 0                    # drives the model init and the batch order
+    lr: float = 1e-3                 # peak learning rate
+    schedule: str = "constant"       # "constant" or "cosine" (linear warm-up, cosine decay)
+    warmup_fraction: float | None = None  # share of steps warming up; None: 0 (constant), 0.05 (cosine)
+    min_lr_ratio: float = 0.1        # cosine: final lr = min_lr_ratio * lr
+    weight_decay: float = 0.01       # AdamW decoupled decay
+    decay_all_params: bool = True    # the reference decays every tensor; False skips 1-D ones (norms, biases)
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0           # global gradient-norm clip; 0 disables
+    bf16: bool = False               # bf16 autocast for the training forward (weights stay fp32)
+    eval_every: int | None = None    # tokens between sampled evaluations; None: tokens / 5; 0: never
+    eval_windows: int = 32           # validation windows of seq_len in the sampled evaluation (fixed set)
+    eval_tokens: int | None = None   # cap on targets in the final rescoring; None: whole validation stream
+    eval_batch_size: int = 8         # windows per forward when evaluating
+    checkpoint_every: int | None = None  # tokens between checkpoints; None: at every sampled evaluation
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.grad_accum * self.seq_len
+
+    @property
+    def total_steps(self) -> int:
+        return max(1, math.ceil(self.tokens / self.tokens_per_step))
+
+    def steps_between(self, tokens: int | None) -> int:
+        """A token interval as a whole number of optimizer steps (at least 1); 0 means never."""
+        if tokens == 0:
+            return 0
+        return max(1, round(tokens / self.tokens_per_step))
+
+    @property
+    def eval_every_steps(self) -> int:
+        tokens = self.eval_every if self.eval_every is not None else self.total_steps * self.tokens_per_step // 5
+        return self.steps_between(tokens)
+
+    @property
+    def checkpoint_every_steps(self) -> int:
+        if self.checkpoint_every is None:
+            return self.eval_every_steps
+        return self.steps_between(self.checkpoint_every)
+
+    @property
+    def warmup_steps(self) -> int:
+        fraction = self.warmup_fraction
+        if fraction is None:
+            fraction = 0.05 if self.schedule == "cosine" else 0.0
+        return int(round(fraction * self.total_steps))
+
+    def validate(self) -> "TrainConfig":
+        """Raise ValueError naming the first bad field; return self."""
+        for key in ("tokens", "batch_size", "grad_accum", "seq_len", "eval_batch_size"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}{suggest(self.schedule, SCHEDULES)}; known: {', '.join(SCHEDULES)}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if self.warmup_fraction is not None and not 0 <= self.warmup_fraction <= 1:
+            raise ValueError(f"warmup_fraction must lie in [0, 1], got {self.warmup_fraction!r}")
+        if self.grad_clip < 0 or self.weight_decay < 0 or self.eval_windows < 0:
+            raise ValueError("grad_clip, weight_decay and eval_windows must be >= 0")
+        for key in ("eval_every", "eval_tokens", "checkpoint_every"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"{key} must be a non-negative integer or null, got {value!r}")
+        return self
+
+
+TRAIN_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig))
+
+# Defaults per preset. tokens/step = batch_size * grad_accum * seq_len; 8,192 for tiny and up,
+# as in the reference (2 x 8 x 512), so 5,005,312 tokens = 611 steps.
+PRESET_DEFAULTS: dict[str, dict] = {
+    "micro": dict(batch_size=8, grad_accum=1, seq_len=32, lr=3e-3, tokens=65_536),
+    "tiny": dict(batch_size=32, grad_accum=1, seq_len=256, lr=2e-3, tokens=1_000_000),
+    "small": dict(batch_size=16, grad_accum=1, seq_len=512, lr=1e-3, tokens=5_005_312),
+    "125m": dict(batch_size=2, grad_accum=8, seq_len=512, lr=3e-4, tokens=5_005_312),
+}
+
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
+
+
+def parse_tokens(text: str | int) -> int:
+    """Parse a token count: ``5M``, ``500k``, ``5_005_312``, ``5,005,312``, ``1.5M``, ``2e6``."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        s = str(text).strip().replace("_", "").replace(",", "")
+        match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgb]?)", s, flags=re.IGNORECASE)
+        if not match:
+            raise ValueError(f"cannot read token count {text!r}; write e.g. 5M, 500k or 5_005_312")
+        number = float(match.group(1)) * _SUFFIX[match.group(2).lower()]
+        if number != int(number):
+            raise ValueError(f"token count {text!r} is not a whole number")
+        value = int(number)
+    if value <= 0:
+        raise ValueError(f"token count must be positive, got {text!r}")
+    return value
+
+
+def parse_value(text: str):
+    """A ``--set`` value: a JSON literal when it parses (``3``, ``0.5``, ``true``, ``null``, ``[1,2]``), else the string."""
+    aliases = {"True": True, "False": False, "None": None}
+    if text in aliases:
+        return aliases[text]
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_assignments(items: list[str] | None) -> dict:
+    """``["lr=3e-4", "d_state=64"]`` -> ``{"lr": 0.0003, "d_state": 64}``."""
+    out: dict = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        out[key] = parse_value(value.strip())
+    return out
+
+
+def split_overrides(assignments: dict, model_keys) -> tuple[dict, dict]:
+    """Route assignments to (train config, model config); unknown keys are an error with a suggestion."""
+    model_keys = set(model_keys)
+    train, model = {}, {}
+    for key, value in assignments.items():
+        if key in TRAIN_KEYS:
+            train[key] = value
+        elif key in model_keys:
+            model[key] = value
+        else:
+            known = set(TRAIN_KEYS) | model_keys
+            raise ValueError(
+                f"unknown setting {key!r}{suggest(key, known)}; train settings: {', '.join(TRAIN_KEYS)}; "
+                f"model settings: {', '.join(sorted(model_keys))}"
+            )
+    if "tokens" in train:
+        train["tokens"] = parse_tokens(train["tokens"])
+    for key in ("eval_every", "eval_tokens", "checkpoint_every"):
+        if isinstance(train.get(key), str):
+            train[key] = parse_tokens(train[key])
+    return train, model
+
+
+def resolve_train_config(preset: str, **values) -> TrainConfig:
+    """The preset's defaults updated with every non-None value in ``values``; validated."""
+    if preset not in PRESET_DEFAULTS:
+        raise ValueError(f"unknown preset {preset!r}{suggest(preset, PRESET_DEFAULTS)}; known: {', '.join(PRESET_DEFAULTS)}")
+    merged = dict(PRESET_DEFAULTS[preset])
+    for key, value in values.items():
+        if key not in TRAIN_KEYS:
+            raise ValueError(f"unknown train setting {key!r}{suggest(key, TRAIN_KEYS)}")
+        if value is not None:
+            merged[key] = value
+    if isinstance(merged.get("tokens"), str):
+        merged["tokens"] = parse_tokens(merged["tokens"])
+    return TrainConfig(**merged).validate()
