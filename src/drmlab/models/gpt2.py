@@ -14,6 +14,7 @@ is deterministic given the seed. ``transformers`` is imported lazily (the ``hf``
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -74,8 +75,18 @@ def count_parameters(settings: GPT2Settings) -> int:
     return v * d + p * d + n * per_layer + 2 * d + head
 
 
+@dataclass(frozen=True)
+class GPT2DecodeState:
+    """Per-layer (keys, values) [B, H, S, head_dim] of the tokens seen so far."""
+
+    layers: tuple = ()
+    length: int = 0
+
+
 class GPT2(nn.Module):
     """``GPT2LMHeadModel`` with the drmlab forward signature ``(tokens, step=None) -> ModelOutput``."""
+
+    has_position_limit = True  # a learned position table of n_positions rows
 
     def __init__(self, config: GPT2Settings, seed: int = 0, model_name: str = "GPT2", preset: str = "custom"):
         super().__init__()
@@ -120,6 +131,41 @@ class GPT2(nn.Module):
         # No labels: Hugging Face would shift them again (targets x_{t+2} for shifted labels).
         out = self.hf(input_ids=tokens.long(), use_cache=False)
         return ModelOutput(logits=out.logits, aux={})
+
+    # ------------------------------------------------------------------ incremental decoding
+    def init_state(self, batch_size: int) -> GPT2DecodeState:
+        return GPT2DecodeState()
+
+    def _cached_forward(self, tokens: torch.Tensor, state: GPT2DecodeState):
+        from transformers import DynamicCache
+
+        if state.length + tokens.shape[1] > self.config.n_positions:
+            raise ValueError(f"GPT2 has {self.config.n_positions} positions; cannot go past them "
+                             f"(use --set n_positions=N when training)")
+        cache = DynamicCache()
+        for i, (keys, values) in enumerate(state.layers):
+            cache.update(keys, values, i)  # the first update stores; forward then concatenates new tensors
+        # transformers 5 names the argument and the output `cache`; 4.x named them past_key_values
+        name = "cache" if "cache" in inspect.signature(self.hf.forward).parameters else "past_key_values"
+        out = self.hf(input_ids=tokens.long(), use_cache=True, **{name: cache})
+        returned = out["cache"] if "cache" in out else out["past_key_values"]
+        layers = tuple((layer.keys, layer.values) for layer in returned.layers)
+        return out.logits, GPT2DecodeState(layers=layers, length=state.length + tokens.shape[1])
+
+    def step(self, tokens_t: torch.Tensor, state: GPT2DecodeState) -> tuple[torch.Tensor, GPT2DecodeState]:
+        """One token [B] through the key/value cache -> (logits [B, vocab], new state)."""
+        if tokens_t.dim() != 1:
+            raise ValueError(f"step expects tokens of shape [batch], got shape {tuple(tokens_t.shape)}")
+        check_tokens(tokens_t.unsqueeze(1), self.config.vocab_size)
+        logits, state = self._cached_forward(tokens_t.unsqueeze(1), state)
+        return logits[:, -1], state
+
+    @torch.no_grad()
+    def prefill(self, tokens: torch.Tensor) -> tuple[torch.Tensor, GPT2DecodeState]:
+        """The parallel forward over a prompt [B, T], keeping its key/value cache."""
+        check_tokens(tokens, self.config.vocab_size)
+        logits, state = self._cached_forward(tokens, self.init_state(tokens.shape[0]))
+        return logits[:, -1], state
 
 
 def build_gpt2(name: str, preset: str = "tiny", vocab_size: int = 256, seed: int = 0, **overrides) -> GPT2:
