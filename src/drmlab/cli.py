@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"drmlab {args.verb}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -254,7 +254,7 @@ def load_corpus(
     }
     key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode("utf-8")).hexdigest()
     folder = cache_root(cache_dir) / f"{_slug(raw, tok)}-{key[:16]}"
-    hint = f"delete {folder} or rebuild it (load_corpus(..., rebuild=True), drmlab --rebuild)"
+    hint = f"delete {folder} (the next run rebuilds it) or call load_corpus(..., rebuild=True)"
     current = {**raw.meta(), "python_version": raw.info.get("python_version") or platform.python_version()}
 
     manifest = None if rebuild else read_manifest(folder)

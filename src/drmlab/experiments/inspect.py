@@ -61,6 +61,11 @@ def _print(report: dict, indent: str = "") -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.list:
+        from drmlab.models import list_models
+
+        print("\n".join(list_models()))
+        return 0
     report = inspect_model(args.model, args.preset, seed=args.seed, length=args.length)
     _print(report)
     if args.json:
@@ -80,4 +85,5 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--length", type=int, default=None, help="sequence length (default: the preset's)")
     p.add_argument("--json", default=None, help="also write the report as JSON to this path")
+    p.add_argument("--list", action="store_true", help="list every registered model name and exit")
     p.set_defaults(func=run)
