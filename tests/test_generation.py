@@ -65,3 +65,27 @@ def test_bad_prompts():
 
     with pytest.raises(ValueError, match="vocabulary"):
         generate(model, WideTokenizer(), "x")
+
+
+def test_generate_cli_reproduces_and_refuses_foreign_checkpoints(tmp_path, capsys, monkeypatch):
+    from drmlab.cli import main
+
+    monkeypatch.setenv("DRMLAB_CACHE", str(tmp_path / "cache"))
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n\n".join(f"def function_{i}(x):\n    return x * {i}" for i in range(400)))
+    run = tmp_path / "run"
+    assert main(["train", "--model", "J", "--preset", "micro", "--tokens", "1024", "--data", str(text),
+                 "--out", str(run), "--quiet", "--eval-tokens", "256"]) == 0
+    capsys.readouterr()
+    outputs = []
+    for _ in range(2):
+        assert main(["generate", "--ckpt", str(run), "--prompt", "def f(", "--max-tokens", "16", "--seed", "4"]) == 0
+        captured = capsys.readouterr()
+        outputs.append(captured.out)
+        assert "tok/s" in captured.err
+    assert outputs[0] == outputs[1] and outputs[0].startswith("def f(")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "pytorch_model.bin").write_bytes(b"not ours")
+    assert main(["generate", "--ckpt", str(foreign), "--prompt", "x"]) == 2
+    assert "not a run directory" in capsys.readouterr().err

@@ -17,6 +17,7 @@ VERB_MODULES = [
     "drmlab.experiments.inspect",      # drmlab inspect: build a model, run a forward, print diagnostics
     "drmlab.training.command",         # drmlab train
     "drmlab.evaluation.command",       # drmlab eval
+    "drmlab.generation.command",       # drmlab generate
     "drmlab.experiments.ablate",       # drmlab ablate
     "drmlab.experiments.loop_proofs",  # drmlab proofs
     "drmlab.experiments.residual_probe",  # drmlab residual-probe: residual-stream norms and update cosines at init
