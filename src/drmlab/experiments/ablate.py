@@ -105,6 +105,11 @@ class Study:
     model_overrides: dict[str, dict]
     data_source: str | None
     tokenizer: str
+    # label -> registry name, for studies whose entries are settings of one model (loop-study arms)
+    registry_names: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def registry_name(self, label: str) -> str:
+        return self.registry_names.get(label, label)
 
     def run_dir(self, out: Path, model: str, seed: int) -> Path:
         return out / "runs" / f"{model}-seed{seed}"
@@ -167,7 +172,7 @@ def run_study(study: Study, out: str | Path, corpus, *, device="auto", quiet=Fal
             continue
         cfg = TrainConfig(**dict(study.train, seed=seed)).validate()
         overrides = study.model_overrides.get(model, {})
-        net = build_model(model, study.preset, vocab_size=corpus.vocab_size, seed=seed, **overrides)
+        net = build_model(study.registry_name(model), study.preset, vocab_size=corpus.vocab_size, seed=seed, **overrides)
         limit = getattr(getattr(net, "config", None), "n_positions", None)
         if isinstance(limit, int) and cfg.seq_len > limit:
             raise ValueError(f"seq_len {cfg.seq_len} exceeds {model}'s n_positions={limit}; add --set {model}.n_positions={cfg.seq_len}")
@@ -176,7 +181,8 @@ def run_study(study: Study, out: str | Path, corpus, *, device="auto", quiet=Fal
         t0 = time.perf_counter()
         summary = train(net, corpus.train, corpus.val, cfg, run_dir, resume=resume, count_bytes=count_bytes,
                         device=device, quiet=quiet,
-                        run_info={"model": model, "preset": study.preset, "overrides": overrides,
+                        run_info={"model": study.registry_name(model), "label": model, "preset": study.preset,
+                                  "overrides": overrides,
                                   "vocab_size": corpus.vocab_size, "tokenizer": corpus.tokenizer.name,
                                   "data_source": study.data_source, "data": corpus.meta})
         log(f"{label}: val CE {summary['val_ce']:.4f} nats/token in {time.perf_counter() - t0:.0f} s")
