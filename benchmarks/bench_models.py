@@ -41,7 +41,10 @@ def main() -> None:
     parser.add_argument("--models", default="J,J_NO_DIRECTION,SSM_CONTROL")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline", default="SSM_CONTROL", help="model the ratios are taken against")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     for preset in args.presets.split(","):
         names = args.models.split(",")
