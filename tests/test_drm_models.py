@@ -1,12 +1,11 @@
 """DRM family: construction, parameter counts, causality, equivalences, bad input."""
 
-import dataclasses
 
 import pytest
 import torch
 
 from drmlab.models import build_model, list_models
-from drmlab.models.drm import VARIANTS, DRMModel, build_config, count_parameters
+from drmlab.models.drm import VARIANTS, build_config, count_parameters
 
 REFERENCE_125M = {
     "A": 127_266_438, "D": 129_625_734, "J": 126_080_896, "J_NO_METRIC": 72_652_160,

@@ -60,14 +60,6 @@ LOGGED_768 = {
 J_PARAMS = {"micro": 24_184, "tiny": 1_008_208, "small": 10_203_504, "125m": 126_080_896}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These tensors are tiny: one intra-op thread avoids thread-pool stalls on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def _params(model):
     return sum(p.numel() for p in model.parameters())

@@ -13,14 +13,6 @@ from drmlab.experiments.residual_probe import add_parser, residual_stream, resid
 from drmlab.models import build_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _tokens(batch=2, length=24, seed=0):
     return torch.randint(0, 256, (batch, length), generator=torch.Generator().manual_seed(seed))
 

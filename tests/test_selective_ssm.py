@@ -12,14 +12,6 @@ import torch.nn.functional as F
 from drmlab.models.selective_ssm import SelectiveSSM, ssm_parameter_count
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These tensors are tiny: one intra-op thread avoids thread-pool stalls on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def _randomized(variant, conv, d=4, n=3, seed=0):
     """A float64 mixer with parameters large enough for varied, fast decays."""

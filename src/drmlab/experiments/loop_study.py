@@ -11,7 +11,6 @@ against N, one line for the scaled arms and one for the unscaled).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

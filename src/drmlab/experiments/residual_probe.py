@@ -42,6 +42,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from drmlab.training.config import parse_value
+
 __all__ = ["residual_stream", "residual_stream_profile", "summarize", "add_parser", "run"]
 
 
@@ -160,16 +162,6 @@ def summarize(rows: list[dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------ CLI
-def _parse_value(text: str):
-    aliases = {"True": True, "False": False, "None": None}
-    if text in aliases:
-        return aliases[text]
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
 def _parse_sets(items: list[str]) -> dict:
     out = {}
     for item in items:
@@ -177,7 +169,7 @@ def _parse_sets(items: list[str]) -> dict:
         key = key.strip().replace("-", "_")
         if not sep or not key:
             raise ValueError(f"--set expects key=value, got {item!r}")
-        out[key] = _parse_value(value.strip())
+        out[key] = parse_value(value.strip())
     return out
 
 

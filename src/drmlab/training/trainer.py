@@ -11,6 +11,13 @@ Files written to ``out_dir`` (process 0 only): ``config.json`` (the resolved run
 (:mod:`drmlab.training.checkpoint`) every ``checkpoint_every`` tokens and at the end, and
 ``summary.json`` with the final deterministic rescoring of the validation stream.
 
+``batch_fn`` replaces the stream windows with the caller's own data (a probe task such as
+:mod:`drmlab.experiments.mqar`): ``batch_fn(seed, step, micro) -> (inputs [B, T], targets [B, T])``
+must be a pure function of its coordinates returning the global micro-batch (each process takes
+its contiguous share); the loss is :func:`targets_loss`, CE of ``logits[:, t]`` against
+``targets[:, t]`` averaged over the targets that are not ``IGNORE_INDEX`` (-100). Token counts
+(``tokens``, ``tok_s``) then count positions, batch x ``cfg.seq_len``, scored or not.
+
 ``resume=True`` reloads the checkpoint (weights, optimizer state, RNG) and continues; since the
 batches and the learning rate are functions of the step alone, the losses and weights are
 bit-identical to an uninterrupted run. A non-finite loss or gradient norm stops the run with
@@ -43,6 +50,10 @@ from drmlab.training.optim import build_optimizer, lr_at
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+IGNORE_INDEX = -100  # a target that is not scored (batch_fn batches)
+
+# batch_fn(seed, step, micro) -> (inputs [B, T], targets [B, T]): a caller-supplied batch source.
+BatchFn = Callable[[int, int, int], "tuple[torch.Tensor, torch.Tensor]"]
 
 # Train settings that may differ when resuming (they change neither the batches nor the updates).
 RESUMABLE_CHANGES = ("tokens", "eval_every", "eval_windows", "eval_tokens", "eval_batch_size", "checkpoint_every")
@@ -54,12 +65,18 @@ class NonFiniteLossError(RuntimeError):
 
 def lm_loss(model: torch.nn.Module, window: torch.Tensor, step: int | None = None, *, bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(total loss, next-token CE) of ``window`` [B, T + 1]: logits[:, t] are scored against window[:, t + 1]."""
-    inputs, targets = window[:, :-1], window[:, 1:]
+    return targets_loss(model, window[:, :-1], window[:, 1:], step, bf16=bf16)
+
+
+def targets_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, step: int | None = None, *,
+                 bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(total loss, CE) of ``model(inputs)``: logits[:, t] scored against targets[:, t], mean over the
+    targets that are not :data:`IGNORE_INDEX`; the total adds ``aux["loss_aux"]`` when the model gives one."""
     device_type = inputs.device.type
     with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=bf16):
         out = model(inputs, step=step)
     logits = out.logits.float()
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
     aux = out.aux.get("loss_aux") if out.aux else None
     loss = ce + aux.float() if aux is not None else ce
     return loss, ce
@@ -187,7 +204,7 @@ class _Logger:
 
 def train(
     model: torch.nn.Module,
-    train_tokens: np.ndarray,
+    train_tokens: np.ndarray | None,
     val_tokens: np.ndarray | None,
     cfg: TrainConfig,
     out_dir: str | Path | None = None,
@@ -199,6 +216,7 @@ def train(
     quiet: bool = False,
     stop_after_step: int | None = None,
     final_eval: bool = True,
+    batch_fn: BatchFn | None = None,
 ) -> dict:
     """Train ``model`` on ``train_tokens`` under ``cfg``; return the summary (also ``out_dir/summary.json``).
 
@@ -206,9 +224,14 @@ def train(
     meta, tokenizer). ``count_bytes`` converts a number of scored validation targets to bytes for
     bits per byte (None: one byte per token). ``stop_after_step`` ends the run early with a
     checkpoint (an interruption, for tests); ``final_eval=False`` skips the final rescoring.
+    ``batch_fn`` (see the module docstring) supplies the training batches instead of
+    ``train_tokens`` (then None); the sampled evaluation and the final rescoring need
+    ``val_tokens`` and are skipped when it is None.
     The returned dict also holds ``"rows"``: every metrics row written in this call.
     """
     cfg.validate()
+    if (train_tokens is None) == (batch_fn is None):
+        raise ValueError("train needs exactly one of train_tokens and batch_fn")
     if resume and out_dir is None:
         raise ValueError("resume needs an output directory")
     info, dev = dist_utils.setup(str(device) if isinstance(device, torch.device) else device)
@@ -245,7 +268,10 @@ def train(
         ckpt.write_json_atomic(out / CONFIG_FILE, fresh_config)
     dist_utils.barrier(info)
 
-    probe = torch.as_tensor(np.asarray(train_tokens[: min(cfg.seq_len, 16)], dtype=np.int64))[None]
+    if batch_fn is None:
+        probe = torch.as_tensor(np.asarray(train_tokens[: min(cfg.seq_len, 16)], dtype=np.int64))[None]
+    else:
+        probe = _own_share(batch_fn(cfg.seed, 1, 0), 0, 1)[0][:1]
     net = dist_utils.wrap_model(core, info, dev, probe=probe)
     eval_windows = eval_sample(val_tokens, cfg.eval_windows, cfg.seq_len) if val_tokens is not None and cfg.eval_windows else None
 
@@ -298,11 +324,17 @@ def train(
             total = torch.zeros((), device=dev)
             total_ce = torch.zeros((), device=dev)
             for micro in range(cfg.grad_accum):
-                window = train_batch(train_tokens, seed=cfg.seed, step=step, micro=micro, batch_size=cfg.batch_size,
-                                     seq_len=cfg.seq_len, rank=info.rank, world_size=info.world_size).to(dev)
+                if batch_fn is None:
+                    window = train_batch(train_tokens, seed=cfg.seed, step=step, micro=micro, batch_size=cfg.batch_size,
+                                         seq_len=cfg.seq_len, rank=info.rank, world_size=info.world_size).to(dev)
+                else:
+                    inputs, targets = _own_share(batch_fn(cfg.seed, step, micro), info.rank, info.world_size)
                 sync = info.enabled and micro < cfg.grad_accum - 1
                 with net.no_sync() if sync else contextlib.nullcontext():
-                    loss, ce = lm_loss(net, window, step, bf16=cfg.bf16)
+                    if batch_fn is None:
+                        loss, ce = lm_loss(net, window, step, bf16=cfg.bf16)
+                    else:
+                        loss, ce = targets_loss(net, inputs.to(dev), targets.to(dev), step, bf16=cfg.bf16)
                     (loss / cfg.grad_accum).backward()
                 total += loss.detach() / cfg.grad_accum
                 total_ce += ce.detach() / cfg.grad_accum
@@ -377,6 +409,19 @@ def train(
         ckpt.write_json_atomic(out / SUMMARY_FILE, summary)
     dist_utils.teardown(info)
     return dict(summary, rows=logger.rows)
+
+
+def _own_share(batch: tuple, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This process's contiguous rows of a ``batch_fn`` micro-batch (inputs, targets) as int64."""
+    inputs, targets = (torch.as_tensor(t).long() for t in batch)
+    if inputs.dim() != 2 or inputs.shape != targets.shape:
+        raise ValueError(f"batch_fn must return inputs and targets of one shape [B, T], got "
+                         f"{tuple(inputs.shape)} and {tuple(targets.shape)}")
+    rows = inputs.shape[0]
+    if rows % world_size:
+        raise ValueError(f"batch_fn gave {rows} rows, not divisible by the number of processes {world_size}")
+    share = rows // world_size
+    return inputs[rank * share : (rank + 1) * share], targets[rank * share : (rank + 1) * share]
 
 
 def rescore_for_summary(model, val_tokens, cfg: TrainConfig, count_bytes, device, progress: bool = False) -> dict:

@@ -116,7 +116,7 @@ def anderson(phi: Phi, x: torch.Tensor, iterations: int, history: int = 4, ridge
     only): one Gamma summed over batch, time and features -- every position then depends on
     future tokens and on the other rows. The first iteration is a Picard step.
     """
-    xs, fs, rs = [], [], []
+    fs, rs = [], []
     residual = x.new_zeros(x.shape[:-1])
     for _ in range(iterations):
         f = phi(x)
