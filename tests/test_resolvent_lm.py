@@ -32,7 +32,7 @@ def test_prefix_causality(name):
 
 
 def test_every_gate_parameter_and_switch_gets_gradient_at_init():
-    model = build_model("RESOLVENT", preset="micro", seed=0)
+    model = build_model("RESOLVENT", preset="micro", seed=0, gate_phase=True)
     tokens = torch.randint(0, 256, (2, 24))
     logits = model(tokens).logits
     torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 256), tokens[:, 1:].reshape(-1)).backward()
