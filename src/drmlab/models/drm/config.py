@@ -138,6 +138,10 @@ class DRMConfig:
         return self.use_drm_geometry and self.use_relational_metric
 
     @property
+    def has_consistency_loss(self) -> bool:
+        return any(self.loss_weights.get(k, 0) for k in ("block_consistency", "sampled_block_consistency"))
+
+    @property
     def d_read(self) -> int:
         """Width of the state as its readers see it (toroidal coordinates become cos/sin)."""
         return self.d_state + self.toroidal_dims
@@ -195,8 +199,7 @@ class DRMConfig:
                 "endpoint_correction_weight > 0 is refused: the reference's endpoint correction is not causal "
                 "(every earlier position of a block is moved by a term that depends on the block's last token); "
                 "use block_solver='anderson' or 'fixed_point', which are causal")
-        uses_solver = self.step_mode != "velocity" or self.block_solver is not None or any(
-            self.loss_weights.get(k, 0) for k in ("block_consistency", "sampled_block_consistency"))
+        uses_solver = self.step_mode != "velocity" or self.block_solver is not None or self.has_consistency_loss
         if uses_solver and not self.use_drm_geometry:
             raise ValueError("step modes, block solvers and consistency losses need the DRM geometry "
                              "(a geometry-free model such as SSM_CONTROL has no transition to solve)")

@@ -120,7 +120,6 @@ class DRMModel(nn.Module):
             RefinementLayer(c) for _ in range(c.refinement_layers if c.has_geometry else 0)))
         self.direct_transition = (seeded("direct_transition", lambda: DirectStateTransition(c))
                                   if c.has_direct_transition else None)
-        self._has_consistency_loss = any(c.loss_weights.get(k, 0) for k in ("block_consistency", "sampled_block_consistency"))
 
     # ------------------------------------------------------------------ small helpers
     def read(self, z: torch.Tensor) -> torch.Tensor:
@@ -335,7 +334,7 @@ class DRMModel(nn.Module):
                 z = self.bound(z + self.memory.scale * m)
             for layer, tokens_part in zip(self.refinement, refine_tokens):
                 z = self._refine(layer, z, anchor, tokens_part[:, block], strength)
-            if geometry and self._has_consistency_loss:
+            if geometry and c.has_consistency_loss:
                 record[-1].consistency = self._consistency(len(record) - 1, z, z_start, flow_tokens[:, block], strength)
             outputs.append(z)
             z_start = z[:, -1]
