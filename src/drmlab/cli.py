@@ -20,6 +20,7 @@ VERB_MODULES = [
     "drmlab.generation.command",       # drmlab generate
     "drmlab.experiments.ablate",       # drmlab ablate
     "drmlab.experiments.loop_study",   # drmlab loop-study
+    "drmlab.experiments.mqar",         # drmlab mqar
     "drmlab.experiments.loop_proofs",  # drmlab proofs
     "drmlab.experiments.residual_probe",  # drmlab residual-probe: residual-stream norms and update cosines at init
 ]

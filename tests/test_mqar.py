@@ -1,0 +1,267 @@
+"""The MQAR probe (drmlab.experiments.mqar): data rules of notes/looped-study.md §8, accuracy on the
+query positions only, chance, the anchor arms, the trainer's batch_fn hook and a tiny CLI run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from drmlab.experiments import mqar
+from drmlab.models.output import ModelOutput
+from drmlab.training.config import TrainConfig
+from drmlab.training.trainer import IGNORE_INDEX, targets_loss, train
+
+torch.set_num_threads(1)
+
+
+# ---------------------------------------------------------------------------------- data
+def test_task_sizes_follow_the_notes():
+    t4, t16 = mqar.MQARTask(kv=4), mqar.MQARTask(kv=16)
+    assert (t4.length, t16.length) == (16, 52)  # 3 kv + 4
+    assert t4.vocab_size == 130 and t4.first_value == 66
+    assert t4.chance == pytest.approx(1 / 64)
+    assert (t4.n_train, t4.n_test, t4.test_seed_offset) == (4096, 1024, 999)
+    assert mqar.MQARTask(kv=8, queries=3).length == 2 * 8 + 3 + 4
+    with pytest.raises(ValueError):
+        mqar.MQARTask(kv=4, queries=5).validate()
+    with pytest.raises(ValueError):
+        mqar.MQARTask(kv=4, seq_len=11).validate()
+
+
+def _reference(n: int, kv: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The notes' rule written out: per sequence keys, values, permutation, in that order."""
+    rng = np.random.default_rng(seed)
+    xs, ys = [], []
+    for _ in range(n):
+        keys = rng.choice(np.arange(2, 66), size=kv, replace=False)
+        values = rng.integers(66, 130, size=kv)
+        perm = rng.permutation(kv)
+        x = [t for pair in zip(keys, values) for t in pair] + list(keys[perm]) + [0] * 4
+        y = [-100] * (2 * kv) + list(values[perm]) + [-100] * 4
+        xs.append(x)
+        ys.append(y)
+    return np.array(xs), np.array(ys)
+
+
+@pytest.mark.parametrize("kv", [4, 16])
+def test_generation_matches_the_rule_and_is_deterministic(kv):
+    task = mqar.MQARTask(kv=kv)
+    x, y = mqar.generate(task, 50, seed=3)
+    rx, ry = _reference(50, kv, seed=3)
+    assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (50, 3 * kv + 4)
+    np.testing.assert_array_equal(x.numpy(), rx)
+    np.testing.assert_array_equal(y.numpy(), ry)
+    x2, y2 = mqar.generate(task, 50, seed=3)
+    assert torch.equal(x, x2) and torch.equal(y, y2)
+    assert not torch.equal(x, mqar.generate(task, 50, seed=4)[0])
+    for row, tgt in zip(x.tolist(), y.tolist()):
+        keys, values = row[0 : 2 * kv : 2], row[1 : 2 * kv : 2]
+        assert len(set(keys)) == kv and all(2 <= k <= 65 for k in keys)
+        assert all(66 <= v <= 129 for v in values)
+        queries = row[2 * kv : 3 * kv]
+        assert sorted(queries) == sorted(keys) and row[3 * kv :] == [0, 0, 0, 0]
+        lookup = dict(zip(keys, values))
+        assert tgt[2 * kv : 3 * kv] == [lookup[q] for q in queries]
+        assert set(tgt[: 2 * kv] + tgt[3 * kv :]) == {IGNORE_INDEX}
+
+
+def test_pinned_first_sequence_and_split_seeds():
+    task = mqar.MQARTask(kv=4)
+    x, y = mqar.train_set(task, 0)
+    assert x.shape == (4096, 16)
+    assert x[0].tolist() == [19, 67, 34, 77, 53, 118, 41, 107, 19, 53, 41, 34, 0, 0, 0, 0]
+    assert y[0].tolist() == [-100] * 8 + [67, 118, 107, 77] + [-100] * 4
+    xt, _ = mqar.test_set(task, 0)
+    assert xt.shape == (1024, 16)
+    assert torch.equal(xt, mqar.generate(task, 1024, seed=999)[0])
+
+
+def test_fewer_queries_take_the_first_of_the_permutation():
+    x, y = mqar.generate(mqar.MQARTask(kv=4, queries=2), 20, seed=1)
+    full_x, full_y = mqar.generate(mqar.MQARTask(kv=4), 20, seed=1)
+    assert x.shape == (20, 14)
+    assert torch.equal(x[:, :10], full_x[:, :10]) and torch.equal(y[:, :10], full_y[:, :10])
+    assert ((y != -100).sum(1) == 2).all()
+
+
+def test_batch_sampler_is_a_pure_function_of_its_coordinates():
+    x, y = mqar.generate(mqar.MQARTask(kv=4), 64, seed=0)
+    fn = mqar.batch_sampler(x, y, 16)
+    a, b = fn(0, 5, 0), fn(0, 5, 0)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[0].shape == (16, 16)
+    assert not torch.equal(fn(0, 6, 0)[0], a[0]) and not torch.equal(fn(1, 5, 0)[0], a[0])
+    rows = {tuple(r) for r in x.tolist()}
+    assert all(tuple(r) in rows for r in a[0].tolist())
+
+
+# ---------------------------------------------------------------------------------- accuracy
+class CopyModel(nn.Module):
+    """Solves MQAR causally: at position t predicts the token after the last earlier occurrence of
+    tokens[t] at a key position (even index); everywhere else it predicts token 1 (never a target)."""
+
+    def __init__(self, vocab: int = 130):
+        super().__init__()
+        self.vocab = vocab
+        self.dummy = nn.Parameter(torch.zeros(()))
+
+    def forward(self, tokens, step=None):
+        B, T = tokens.shape
+        pred = torch.ones(B, T, dtype=torch.long)
+        for b in range(B):
+            row = tokens[b].tolist()
+            for t in range(T):
+                for j in range(t - 1, -1, -1):
+                    if j % 2 == 0 and row[j] == row[t] and j + 1 < t:
+                        pred[b, t] = row[j + 1]
+                        break
+        return ModelOutput(logits=F.one_hot(pred, self.vocab).float() + 0 * self.dummy, aux={})
+
+
+class ConstantModel(nn.Module):
+    def __init__(self, token: int, vocab: int = 130):
+        super().__init__()
+        self.token, self.vocab = token, vocab
+        self.dummy = nn.Parameter(torch.zeros(()))
+
+    def forward(self, tokens, step=None):
+        return ModelOutput(logits=F.one_hot(torch.full_like(tokens, self.token), self.vocab).float(), aux={})
+
+
+def test_copy_model_scores_100_and_constant_model_scores_chance():
+    task = mqar.MQARTask(kv=4)
+    x, y = mqar.test_set(task, 0)
+    copy = mqar.accuracy(CopyModel(), x[:128], y[:128])
+    assert copy == {"acc": 1.0, "correct": 512, "total": 512}  # only the 4 query positions per sequence
+    const = mqar.accuracy(ConstantModel(66), x, y)
+    assert const["total"] == 4096
+    assert 0.5 * task.chance < const["acc"] < 2 * task.chance
+    # a model right on every non-query position but wrong on the queries scores 0
+    shifted = mqar.accuracy(ConstantModel(0), x, y)  # predicts the pad: right at the 4 pad positions only
+    assert shifted["acc"] == 0.0
+
+
+# ---------------------------------------------------------------------------------- models
+def test_anchor_arms_have_the_study_parameter_counts():
+    task = mqar.MQARTask(kv=4)
+    for name, expected in mqar.ANCHOR_PARAMS.items():
+        model, registry, kw = mqar.build(name, "tiny", task, seed=0)
+        assert registry == "LOOPED" and kw["positions"] == "none" and kw["d_model"] == 128
+        assert sum(p.numel() for p in model.parameters()) == expected
+    eps = {arm: mqar.build(f"{arm}_ds8", "tiny", task, 0)[0].body.eps for arm in ("L1", "L4", "L4u")}
+    assert eps == {"L1": 1.0, "L4": 0.25, "L4u": 1.0}
+    tied, _, _ = mqar.build("L4_ds8", "tiny", task, 0, arm_model="registry")
+    assert sum(p.numel() for p in tied.parameters()) == mqar.ANCHOR_PARAMS["L4_ds8"] - 130 * 128
+    a, b = mqar.build("L4_ds8", "tiny", task, 0)[0], mqar.build("L4_ds8", "tiny", task, 0)[0]
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert a.body.tok_emb.weight.std() > 0.5  # torch's default N(0, 1) embedding, not the GPT init
+    out = a(mqar.generate(task, 2, 0)[0])
+    assert out.logits.shape == (2, 16, 130)
+
+
+def test_width_mapping_and_position_table():
+    task = mqar.MQARTask(kv=16)  # 52 tokens: longer than the micro presets' 32 positions
+    # (GPT2 is left out: building it imports transformers, seconds; its field is checked below)
+    assert mqar.width_overrides({"n_embd": 26, "n_head": 2}, 40) == {"n_embd": 40}
+    assert mqar.width_overrides({"d_token": 16, "d_state": 16, "d_model": 3}, 40) == {"d_token": 40, "d_state": 40}
+    assert mqar.width_overrides({"d_model": 16}, None) == {}
+    with pytest.raises(ValueError, match="--width"):
+        mqar.width_overrides({"hidden": 16}, 40)
+    expect = {"J": {"d_token": 40, "d_state": 40}, "LOOPED": {"d_model": 40},
+              "MAMBA": {"d_model": 40}, "L4_ds64": {"d_model": 40}}
+    for name, fields in expect.items():
+        registry, kw = mqar.resolve_model(name, "micro", task, width=40, overrides={})
+        config = mqar._config_fields(registry, "micro", task.vocab_size, kw)
+        assert {k: config[k] for k in fields} == fields, name
+        for key in mqar.POSITION_FIELDS:
+            if key in config and name != "L4_ds64":
+                assert config[key] >= 52, (name, key)
+    _, kw = mqar.resolve_model("LOOPED", "micro", task, width=None, overrides={"d_model": 24})
+    assert kw["d_model"] == 24 and kw["max_seq_len"] == 52
+
+
+# ---------------------------------------------------------------------------------- trainer hook
+def test_targets_loss_scores_only_the_unignored_targets():
+    torch.manual_seed(0)
+    model = nn.Module()
+    logits = torch.randn(2, 5, 7)
+    model.forward = lambda tokens, step=None: ModelOutput(logits=logits, aux={})
+    targets = torch.tensor([[-100, 3, -100, 1, -100], [2, -100, -100, -100, 6]])
+    _, ce = targets_loss(model, torch.zeros(2, 5, dtype=torch.long), targets)
+    mask = targets != -100
+    assert ce.item() == pytest.approx(F.cross_entropy(logits[mask], targets[mask]).item())
+
+
+def test_train_with_batch_fn_is_deterministic_and_checks_its_arguments(tmp_path):
+    task = mqar.MQARTask(kv=2, n_train=32)
+    x, y = mqar.train_set(task, 0)
+    cfg = TrainConfig(tokens=4 * 8 * task.length, batch_size=8, seq_len=task.length, eval_every=0, eval_windows=0,
+                      checkpoint_every=0)
+    losses = []
+    for run in range(2):
+        model, _, _ = mqar.build("LOOPED", "micro", task, seed=0)
+        summary = train(model, None, None, cfg, tmp_path / f"r{run}", batch_fn=mqar.batch_sampler(x, y, 8), quiet=True)
+        assert summary["steps"] == 4 and summary["finished"] and "val_ce" not in summary
+        losses.append([r["loss"] for r in summary["rows"]])
+    assert losses[0] == losses[1]
+    with pytest.raises(ValueError, match="exactly one"):
+        train(model, np.zeros(100, dtype=np.int64), None, cfg, batch_fn=mqar.batch_sampler(x, y, 8), quiet=True)
+
+
+# ---------------------------------------------------------------------------------- CLI
+def _cli(argv):
+    parser = argparse.ArgumentParser()
+    mqar.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["mqar", *argv])
+    return args.func(args)
+
+
+def test_cli_end_to_end_and_reuse(tmp_path, capsys):
+    out = tmp_path / "mqar"
+    argv = ["--models", "L4_ds8,LOOPED", "--kv", "2,4", "--seeds", "0,1", "--steps", "2", "--batch-size", "8",
+            "--n-train", "32", "--n-test", "16", "--preset", "micro", "--width", "16", "--set", "lr=3e-3",
+            "--out", str(out), "--quiet"]
+    assert _cli(argv) == 0
+    printed = capsys.readouterr().out
+    assert "chance = 1/64 = 1.56%" in printed and "| L4_ds8 |" in printed and "| LOOPED |" in printed
+    assert not re.search(r"\[study: \d", printed)  # width 16 is not the study's model
+    summary = json.loads((out / "mqar.json").read_text())
+    cell = summary["models"]["LOOPED"]["cells"]["4"]
+    assert cell["n_seeds"] == 2 and cell["chance"] == pytest.approx(1 / 64) and 0 <= cell["acc_mean"] <= 1
+    run = json.loads((out / "runs" / "LOOPED_kv4_s1" / "result.json").read_text())
+    assert run["test_queries"] == 16 * 4 and run["steps"] == 2 and run["spec"]["train"]["lr"] == 3e-3
+    assert (out / "mqar.png").stat().st_size > 0 and (out / "mqar.md").is_file()
+    assert _cli(argv) == 0  # every run reused
+    assert json.loads((out / "mqar.json").read_text())["models"] == summary["models"]
+    assert all(r.get("reused") for r in json.loads((out / "mqar.json").read_text())["runs"])
+
+
+def test_table_shows_the_study_value_only_for_the_study_setting():
+    def fake(seed, acc):
+        return {"model": "L4_ds64", "kv": 4, "seed": seed, "test_acc": acc, "train_acc": 0.9, "chance": 1 / 64,
+                "seconds_per_step": 0.4, "params": 215_873, "final_loss": 1.0}
+
+    study = mqar.MQARStudy(models=["L4_ds64"], kvs=[4], seeds=[0, 1])
+    summary = mqar.summarize(study, [fake(0, 0.5), fake(1, 0.7)])
+    cell = summary["models"]["L4_ds64"]["cells"]["4"]
+    assert cell["acc_mean"] == pytest.approx(0.6) and cell["acc_std"] == pytest.approx(0.1)  # population std
+    text = mqar.markdown(summary)
+    assert "| L4_ds64 | 215,873 | 60.0% +- 10.0 (2) [study: 59.8%] |" in text and "| chance | | 1.56% |" in text
+    other = mqar.MQARStudy(models=["L4_ds64"], kvs=[4], seeds=[0, 1], arm_model="registry")
+    assert mqar.summarize(other, [fake(0, 0.5)])["models"]["L4_ds64"]["cells"]["4"]["anchor_acc"] is None
+
+
+def test_cli_rejects_bad_settings(tmp_path):
+    base = ["--steps", "1", "--out", str(tmp_path), "--quiet"]
+    with pytest.raises(ValueError, match="unknown model"):
+        _cli(["--models", "L4_ds65", *base])
+    with pytest.raises(ValueError, match="seq_len"):
+        _cli(["--models", "L4_ds8", "--set", "seq_len=20", *base])
+    with pytest.raises(ValueError, match="unknown setting"):
+        _cli(["--models", "L4_ds8", "--set", "d_stat=4", *base])
