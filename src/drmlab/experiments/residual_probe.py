@@ -42,7 +42,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from drmlab.training.config import parse_value
+from drmlab.training.config import parse_assignments
 
 __all__ = ["residual_stream", "residual_stream_profile", "summarize", "add_parser", "run"]
 
@@ -162,17 +162,6 @@ def summarize(rows: list[dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------ CLI
-def _parse_sets(items: list[str]) -> dict:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        out[key] = parse_value(value.strip())
-    return out
-
-
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -180,7 +169,7 @@ def _fmt(value, spec: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from drmlab.models import build_model
 
-    overrides = _parse_sets(args.set)
+    overrides = parse_assignments(args.set)
     model = build_model(args.model, preset=args.preset, vocab_size=256, seed=args.seed, **overrides)
     config = getattr(model, "config", None)
     limit = getattr(config, "max_seq_len", None) or getattr(config, "n_positions", None) or 128
