@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def find_gpt2_dir() -> Path | None:
-    """$DRMLAB_GPT2_DIR, <repo>/shared/data/gpt2 or <repo>/../shared/data/gpt2 if it holds the files."""
+    """$DRMLAB_GPT2_DIR, <repo>/shared/data/gpt2 or the sibling shared/data/gpt2 of the checkout if it holds the files (optional: skipped when absent)."""
     cands = [Path(os.environ["DRMLAB_GPT2_DIR"])] if os.environ.get("DRMLAB_GPT2_DIR") else []
     cands += [REPO / "shared" / "data" / "gpt2", REPO.parent / "shared" / "data" / "gpt2"]
     return next((c for c in cands if (c / "encoder.json").is_file() and (c / "vocab.bpe").is_file()), None)

@@ -1,7 +1,7 @@
 """Tokenizers: bytes, GPT-2 from local files / the tiktoken cache, and the errors when neither exists.
 
 The GPT-2 checks need the two GPT-2 files; they look in $DRMLAB_GPT2_DIR, then <repo>/shared/data/gpt2
-and <repo>/../shared/data/gpt2, and skip when none has them. Nothing here touches the network.
+and the sibling shared/data/gpt2 of the checkout, and skip when none has them. Nothing here touches the network.
 """
 
 from __future__ import annotations
