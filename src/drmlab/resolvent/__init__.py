@@ -23,14 +23,4 @@ from drmlab.resolvent.reference import (
     path_product,
     readout,
 )
-
-__all__ = [
-    "Switches",
-    "NonFinite",
-    "blend",
-    "gate",
-    "path_product",
-    "operator",
-    "readout",
-    "chain_label",
-]
+from drmlab.resolvent.reference import __all__  # the public names are the reference's

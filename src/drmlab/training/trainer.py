@@ -273,6 +273,16 @@ def train(
     else:
         probe = _own_share(batch_fn(cfg.seed, 1, 0), 0, 1)[0][:1]
     net = dist_utils.wrap_model(core, info, dev, probe=probe)
+
+    def next_batch(step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This process's (inputs, targets) of micro-batch ``micro`` of ``step``: stream windows
+        scored against the next token, or the caller's ``batch_fn`` rows."""
+        if batch_fn is not None:
+            return _own_share(batch_fn(cfg.seed, step, micro), info.rank, info.world_size)
+        window = train_batch(train_tokens, seed=cfg.seed, step=step, micro=micro, batch_size=cfg.batch_size,
+                             seq_len=cfg.seq_len, rank=info.rank, world_size=info.world_size)
+        return window[:, :-1], window[:, 1:]
+
     eval_windows = eval_sample(val_tokens, cfg.eval_windows, cfg.seq_len) if val_tokens is not None and cfg.eval_windows else None
 
     logger = _Logger(out / METRICS_FILE if (out is not None and main) else None)
@@ -324,17 +334,10 @@ def train(
             total = torch.zeros((), device=dev)
             total_ce = torch.zeros((), device=dev)
             for micro in range(cfg.grad_accum):
-                if batch_fn is None:
-                    window = train_batch(train_tokens, seed=cfg.seed, step=step, micro=micro, batch_size=cfg.batch_size,
-                                         seq_len=cfg.seq_len, rank=info.rank, world_size=info.world_size).to(dev)
-                else:
-                    inputs, targets = _own_share(batch_fn(cfg.seed, step, micro), info.rank, info.world_size)
+                inputs, targets = next_batch(step, micro)
                 sync = info.enabled and micro < cfg.grad_accum - 1
                 with net.no_sync() if sync else contextlib.nullcontext():
-                    if batch_fn is None:
-                        loss, ce = lm_loss(net, window, step, bf16=cfg.bf16)
-                    else:
-                        loss, ce = targets_loss(net, inputs.to(dev), targets.to(dev), step, bf16=cfg.bf16)
+                    loss, ce = targets_loss(net, inputs.to(dev), targets.to(dev), step, bf16=cfg.bf16)
                     (loss / cfg.grad_accum).backward()
                 total += loss.detach() / cfg.grad_accum
                 total_ce += ce.detach() / cfg.grad_accum
