@@ -13,7 +13,9 @@ over time (``loop``, the default) or, when the ``mambapy`` package is importable
 ``use_mambapy=True``, with mamba.py's parallel scan (``pscan``). Both are slow, so each is
 timed over ``--hf-steps`` steps (after a short untimed call that triggers its lazy imports);
 ours is timed before and after them (the median over both blocks), so the ratios come from
-one run under the same machine load. ``--ceiling`` also times our model with the selective
+one run under the same machine load. Ours is also timed with its selective scan forced onto the
+chunked ``linear_scan`` path (``backend="torch"``, the path off the CPU), which measures the fused
+C kernel's gain inside the whole step. ``--ceiling`` also times our model with the selective
 scan replaced by a zero-cost stand-in (y = x dt): what the projections, the convolution and
 the optimizer cost alone, an upper bound for any scan.
 """
@@ -28,7 +30,8 @@ import torch
 import torch.nn.functional as F
 
 import drmlab.models.mamba as mamba_module
-from drmlab.models.mamba import AUTO_CHUNK_ELEMENTS, MambaLM, config_from_hf, load_hf_state_dict
+from drmlab.models.mamba import MambaLM, config_from_hf, load_hf_state_dict
+from drmlab.ops.selective import AUTO_CHUNK_ELEMENTS, selective_scan, selective_scan_backend
 
 BATCH, LENGTH, VOCAB = 8, 256, 65
 DIMS = dict(vocab_size=VOCAB, hidden_size=384, num_hidden_layers=6, state_size=16, expand=2, conv_kernel=4)
@@ -78,6 +81,23 @@ def zero_cost_scan(x, dt, A, Bm, Cm, h0=None, chunk=0, recompute=False):
     return x * dt, None
 
 
+def torch_path_scan(*args, **kwargs):
+    return selective_scan(*args, **kwargs, backend="torch")
+
+
+def time_with_scan(scan, config, window, steps):
+    """Step times (after one warm-up step) of a fresh model whose mixer calls ``scan``."""
+    saved = mamba_module.selective_scan
+    mamba_module.selective_scan = scan
+    try:
+        model = MambaLM(config)
+        step = make_step(model, ours_logits)
+        step(window)
+        return [step(window)[0] for _ in range(steps)]
+    finally:
+        mamba_module.selective_scan = saved
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4, help="timed steps of ours per block (two blocks)")
@@ -102,8 +122,8 @@ def main() -> None:
     params = sum(p.numel() for p in ours.parameters())
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}")
     print(f"config: d_model 384, n_layer 6, d_state 16, expand 2, d_conv 4, dt_rank {ours.config.dt_rank}, "
-          f"vocab {VOCAB}; {params:,} parameters; batch {BATCH} x {LENGTH}; AdamW; scan chunk "
-          f"{chunk}{' (auto)' if not args.chunk else ''}")
+          f"vocab {VOCAB}; {params:,} parameters; batch {BATCH} x {LENGTH}; AdamW; our scan: "
+          f"{selective_scan_backend(window.float())} (torch-path chunk {chunk}{' auto' if not args.chunk else ''})")
 
     ours_step = make_step(ours, ours_logits)
     _, first_loss = ours_step(window)  # warm-up (builds the C scan kernel on first use)
@@ -131,22 +151,19 @@ def main() -> None:
     rates["drmlab MAMBA"] = tokens / statistics.median(times)
     notes["drmlab MAMBA"] = f"{len(times)} steps, first loss {first_loss:.6f}"
 
+    torch_times = time_with_scan(torch_path_scan, config, window, args.steps)
+    rates["ours, torch-path scan"] = tokens / statistics.median(torch_times)
+    notes["ours, torch-path scan"] = "the chunked linear_scan path"
     if args.ceiling:
-        saved = mamba_module.selective_scan
-        mamba_module.selective_scan = zero_cost_scan
-        try:
-            stub = MambaLM(config_from_hf(transformers.MambaConfig(**DIMS)))
-            stub_step = make_step(stub, ours_logits)
-            stub_step(window)
-            stub_times = [stub_step(window)[0] for _ in range(args.steps)]
-        finally:
-            mamba_module.selective_scan = saved
+        stub_times = time_with_scan(zero_cost_scan, config_from_hf(transformers.MambaConfig(**DIMS)), window,
+                                    args.steps)
         rates["ours, zero-cost scan"] = tokens / statistics.median(stub_times)
         notes["ours, zero-cost scan"] = "upper bound for any scan"
 
     print(f"\n{'model':<24}{'tok/s':>10}   notes")
     for name, rate in rates.items():
         print(f"{name:<24}{rate:>10,.1f}   {notes[name]}")
+    print(f"fused C scan / torch-path scan, whole step: {rates['drmlab MAMBA'] / rates['ours, torch-path scan']:.2f}x")
     for name, rate in rates.items():
         if name.startswith("HF"):
             print(f"drmlab MAMBA / {name}: {rates['drmlab MAMBA'] / rate:.1f}x")

@@ -280,7 +280,7 @@ def test_concurrent_builds_are_atomic(tmp_path):
 
     def build():
         try:
-            scan_mod._compile(cc, scan_mod._SOURCE, dest)
+            scan_mod._compile(cc, scan_mod._SOURCES, dest)
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 

@@ -17,16 +17,11 @@ with a final RMSNorm and an LM head tied to the embedding (as Hugging Face's
 loads a ``MambaForCausalLM`` state dict by dropping its ``backbone.`` prefix; with the same
 weights the logits agree to float32 rounding (``tests/test_mamba.py``).
 
-The selective scan runs on :func:`drmlab.ops.linear_scan` with (d_inner, d_state) flattened
-into the channel dimension (:func:`selective_scan`). The [B, T, d_inner, d_state] tensors
-(exp(dt A), dt B x and the states) are Mamba's cost on a CPU, so time is processed in chunks
-of ``scan_chunk`` steps, each chunk's scan starting from the previous chunk's last state: the
-temporaries of a chunk stay in cache, and three small autograd functions give the gradients
-of exp(dt A), of the outer product dt x B^T and of the read-out y = C . h as batched matrix
-products (no [B, T, d_inner, d_state] broadcast reductions). ``scan_recompute`` trades the
-saved states for recomputation in the backward (activation checkpointing per chunk). Forward
-and gradients are exact: the same sequential recurrence, no division by cumulative gate
-products, no logarithm of a gate.
+The selective scan is :func:`drmlab.ops.selective.selective_scan`: on a CPU a fused C
+kernel that never materialises the [B, T, d_inner, d_state] states (Mamba's cost on a CPU); on
+other devices time chunks of ``scan_chunk`` steps on :func:`drmlab.ops.linear_scan`
+(``scan_recompute`` = activation checkpointing per chunk). Forward and gradients are exact: the
+same sequential recurrence, no division by cumulative gate products, no logarithm of a gate.
 
 Generation: ``init_state(batch)`` / ``step(tokens_t, state)`` advance one token in O(1)
 (per layer: the last ``d_conv - 1`` conv inputs and the [B, d_inner, d_state] SSM state);
@@ -42,12 +37,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint
-from torch.autograd.function import once_differentiable
 
 from drmlab.models.output import ModelOutput, check_tokens
 from drmlab.models.registry import register, suggest
-from drmlab.ops import causal_depthwise_conv1d, causal_depthwise_conv1d_step, linear_scan
+from drmlab.ops import causal_depthwise_conv1d, causal_depthwise_conv1d_step
+from drmlab.ops.selective import selective_scan, selective_scan_reference
 
 __all__ = [
     "MambaConfig",
@@ -89,8 +83,8 @@ class MambaConfig:
     dt_init_floor: float = 1e-4
     embedding_std: float = 0.02
     rescale_prenorm_residual: bool = True
-    # the selective scan's time chunk (0: auto, about 2^21 state elements per chunk) and
-    # activation checkpointing; speed and memory only, results identical: see selective_scan
+    # the torch selective scan's (off-CPU) time chunk (0: auto, about 2^21 state elements per
+    # chunk) and activation checkpointing; speed and memory only, results identical
     scan_chunk: int = 0
     scan_recompute: bool = False
 
@@ -145,148 +139,6 @@ def count_parameters(config: MambaConfig) -> int:
                  + d)  # norm
     head = 0 if c.tie_embeddings else c.vocab_size * d
     return c.vocab_size * d + c.n_layer * per_layer + d + head
-
-
-# ------------------------------------------------------------------------------------------
-# The selective scan
-# ------------------------------------------------------------------------------------------
-
-
-class _Decay(torch.autograd.Function):
-    """exp(dt A) as [B, L, E * N] from dt [B, L, E] and A [E, N]; the backward contracts over
-    the state index with one einsum each for d dt and d A."""
-
-    @staticmethod
-    def forward(ctx, dt, A):
-        b, length, e = dt.shape
-        out = torch.mul(dt.unsqueeze(-1), A).exp_()
-        ctx.save_for_backward(dt, A, out)
-        return out.view(b, length, -1)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        dt, A, out = ctx.saved_tensors
-        w = torch.mul(grad.view(out.shape), out)  # d(dt A)
-        return torch.einsum("blen,en->ble", w, A), torch.einsum("blen,ble->en", w, dt)
-
-
-class _Drive(torch.autograd.Function):
-    """(dt x) B as [B, L, E * N] from dtx [B, L, E] and Bm [B, L, N] (an outer product per
-    position); the backward is two batched matrix products."""
-
-    @staticmethod
-    def forward(ctx, dtx, Bm):
-        b, length, e = dtx.shape
-        ctx.save_for_backward(dtx, Bm)
-        return torch.mul(dtx.unsqueeze(-1), Bm.unsqueeze(2)).view(b, length, -1)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        dtx, Bm = ctx.saved_tensors
-        b, length, e = dtx.shape
-        n, rows = Bm.shape[-1], b * length
-        g = grad.reshape(rows, e, n)
-        d_dtx = torch.bmm(g, Bm.reshape(rows, n, 1)).view(b, length, e)
-        dB = torch.bmm(dtx.reshape(rows, 1, e), g).view(b, length, n)
-        return d_dtx, dB
-
-
-class _Readout(torch.autograd.Function):
-    """y[b, t, e] = sum_n h[b, t, e, n] C[b, t, n] (one batched matrix-vector product) and the
-    last state h[:, -1] (which starts the next chunk), from states [B, L, E * N]."""
-
-    @staticmethod
-    def forward(ctx, states, Cm):
-        b, length, n = Cm.shape
-        rows = b * length
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(states, Cm)
-        y = torch.bmm(states.view(rows, -1, n), Cm.reshape(rows, n, 1)).view(b, length, -1)
-        return y, states[:, -1].clone()
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy, dlast):
-        states, Cm = ctx.saved_tensors
-        b, length, n = Cm.shape
-        rows = b * length
-        if dy is None:
-            dstates = torch.zeros_like(states)
-            dC = torch.zeros_like(Cm)
-        else:
-            e = dy.shape[-1]
-            dstates = torch.mul(dy.unsqueeze(-1), Cm.unsqueeze(2)).view(b, length, e * n)
-            dC = torch.bmm(dy.reshape(rows, 1, e), states.view(rows, e, n)).view(b, length, n)
-        if dlast is not None:
-            dstates[:, -1] += dlast
-        return dstates, dC
-
-
-AUTO_CHUNK_ELEMENTS = 1 << 21
-
-
-def _scan_chunk(dtx, dt, A, Bm, Cm, h):
-    """One chunk of the selective scan: (y [B, L, E], last state [B, E * N])."""
-    decay = _Decay.apply(dt, A)
-    drive = _Drive.apply(dtx, Bm)
-    return _Readout.apply(linear_scan(decay, drive, h), Cm)
-
-
-def selective_scan(x, dt, A, Bm, Cm, h0=None, chunk: int = 0, recompute: bool = False):
-    """The selective scan y_t = C_t . h_t, h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t.
-
-    x, dt: [B, T, E]; A: [E, N]; Bm, Cm: [B, T, N]; h0: [B, E, N] or None (zeros).
-    Returns (y [B, T, E], h_{T-1} [B, E, N]).
-
-    Time is processed in chunks of ``chunk`` steps (0: about 2^21 state elements B * chunk * E * N
-    per chunk), each a :func:`drmlab.ops.linear_scan` over the flattened (E, N) channels started
-    from the previous chunk's last state, so the [B, chunk, E * N] temporaries stay in cache
-    while the number of small operations stays low. For the backward each chunk keeps exp(dt A)
-    and its states (O(B T E N) memory); with ``recompute`` it keeps only its inputs and the
-    state entering it, O(B T (E + E N / chunk)), and recomputes the rest (activation
-    checkpointing). Forward and gradient are exact; ``chunk`` and ``recompute`` change only
-    speed and memory.
-    """
-    if chunk < 0:
-        raise ValueError(f"chunk must be positive (0 = auto), got {chunk}")
-    dtype = torch.promote_types(x.dtype, torch.float32)
-    x, dt, A, Bm, Cm = (t.to(dtype) for t in (x, dt, A, Bm, Cm))
-    b, length, e = x.shape
-    n = A.shape[1]
-    if chunk == 0:
-        chunk = max(1, AUTO_CHUNK_ELEMENTS // max(1, b * e * n))
-    h = None if h0 is None else h0.to(dtype).reshape(b, e * n)
-    if length == 0:
-        return x.new_zeros(b, 0, e), (x.new_zeros(b, e, n) if h is None else h.view(b, e, n))
-    checkpointing = recompute and torch.is_grad_enabled()
-    ys = []
-    # the scan runs in float32/float64 whatever autocast is active around the model
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        # split (not slicing in a loop): its backward is one concatenation, where per-chunk
-        # slices would each scatter into a zero-filled full-length gradient
-        pieces = zip(*(t.split(chunk, dim=1) for t in (dt * x, dt, Bm, Cm)))
-        for dtx_c, dt_c, B_c, C_c in pieces:
-            if checkpointing:
-                y, h = torch.utils.checkpoint.checkpoint(_scan_chunk, dtx_c, dt_c, A, B_c, C_c, h,
-                                                         use_reentrant=False)
-            else:
-                y, h = _scan_chunk(dtx_c, dt_c, A, B_c, C_c, h)
-            ys.append(y)
-        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
-    return y, h.view(b, e, n)
-
-
-def selective_scan_reference(x, dt, A, Bm, Cm, h0=None):
-    """The same map written as a plain loop over time (for tests)."""
-    b, length, e = x.shape
-    h = x.new_zeros(b, e, A.shape[1]) if h0 is None else h0
-    ys = []
-    for t in range(length):
-        h = torch.exp(dt[:, t, :, None] * A) * h + (dt[:, t] * x[:, t])[:, :, None] * Bm[:, t, None, :]
-        ys.append((h * Cm[:, t, None, :]).sum(-1))
-    return torch.stack(ys, dim=1), h
 
 
 # ------------------------------------------------------------------------------------------

@@ -61,9 +61,12 @@ __all__ = [
 
 _DISABLE_ENV = "DRMLAB_NO_CKERNEL"
 _CACHE_ENV = "DRMLAB_CACHE_DIR"
-_SOURCE = Path(__file__).resolve().parent / "csrc" / "scan.c"
-_CFLAGS = ["-O3", "-std=c99", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno"]
-_ABI_VERSION = 1
+_CSRC = Path(__file__).resolve().parent / "csrc"
+# one shared object built from every kernel source (drmlab.ops.selective binds its own symbols)
+_SOURCES = (_CSRC / "scan.c", _CSRC / "selective_scan.c")
+_CFLAGS = ["-O3", "-std=c99", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math"]
+_LDLIBS = ["-lm"]
+_ABI_VERSION = 2
 
 # Below this many elements per call the work is not split between threads.
 _PARALLEL_MIN_NUMEL = 1 << 16
@@ -128,15 +131,15 @@ class _CompileError(RuntimeError):
     """The compiler ran and failed (no point retrying in another cache directory)."""
 
 
-def _compile(cc: str, src: Path, dest: Path) -> None:
-    """Compile ``src`` to ``dest`` atomically (temporary name in the same directory, then
+def _compile(cc: str, sources, dest: Path) -> None:
+    """Compile ``sources`` into ``dest`` atomically (temporary name in the same directory, then
     ``os.replace``), so concurrent processes never load a half-written file."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=dest.stem + ".", suffix=".tmp.so", dir=dest.parent)
     os.close(fd)
     try:
         proc = subprocess.run(
-            [cc, *_CFLAGS, "-o", tmp, str(src)],
+            [cc, *_CFLAGS, "-o", tmp, *map(str, sources), *_LDLIBS],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -197,8 +200,9 @@ def _load_library() -> Optional[ctypes.CDLL]:
         if _lib_tried:
             return _lib
         try:
-            if not _SOURCE.is_file():
-                raise RuntimeError(f"kernel source missing: {_SOURCE}")
+            missing = [str(src) for src in _SOURCES if not src.is_file()]
+            if missing:
+                raise RuntimeError(f"kernel source missing: {', '.join(missing)}")
             cc = _find_compiler()
             if cc is None:
                 raise RuntimeError("no C compiler found (set CC, or install gcc/clang)")
@@ -210,10 +214,11 @@ def _load_library() -> Optional[ctypes.CDLL]:
             except (OSError, subprocess.SubprocessError) as exc:
                 raise RuntimeError(f"cannot run {cc}: {exc}") from exc
             key = hashlib.sha256()
-            key.update(_SOURCE.read_bytes())
+            for src in _SOURCES:
+                key.update(src.read_bytes())
             key.update(cc.encode())
             key.update(version.encode())
-            key.update(" ".join(_CFLAGS).encode())
+            key.update(" ".join(_CFLAGS + _LDLIBS).encode())
             key.update(f"{platform.machine()}|{sys.platform}|{_ABI_VERSION}".encode())
             name = f"drm_scan_{key.hexdigest()[:20]}.so"
             errors = []
@@ -222,7 +227,7 @@ def _load_library() -> Optional[ctypes.CDLL]:
                 path = cache_dir / name
                 try:
                     if not path.is_file():
-                        _compile(cc, _SOURCE, path)
+                        _compile(cc, _SOURCES, path)
                     lib = ctypes.CDLL(str(path))
                     _lib_path = str(path)
                     break
@@ -266,7 +271,7 @@ def c_kernel_status() -> dict:
         "disabled_by_env": disabled,
         "path": _lib_path,
         "error": _lib_error,
-        "source": str(_SOURCE),
+        "source": ", ".join(map(str, _SOURCES)),
     }
 
 

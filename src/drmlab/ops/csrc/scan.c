@@ -215,4 +215,4 @@ CPLX_KERNELS(float, c64)
 CPLX_KERNELS(double, c128)
 
 /* ABI version, checked by the loader. */
-int drm_scan_abi_version(void) { return 1; }
+int drm_scan_abi_version(void) { return 2; }
