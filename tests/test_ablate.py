@@ -118,3 +118,22 @@ def test_bad_arguments(corpus_file, tmp_path, capsys):
     assert "did you mean 'd_state'" in capsys.readouterr().err
     assert main(base + ["--models", "J", "--set", "X.d_state=3"]) == 2
     assert main(base + ["--models", "J", "--seeds", "1,a"]) == 2
+    assert main(base + ["--models", "J,LOOPED:Q"]) == 2
+    assert "unknown LOOPED arm 'Q'" in capsys.readouterr().err
+
+
+def test_a_named_arm_is_its_own_row(corpus_file, tmp_path):
+    """``LOOPED:B`` trains LOOPED's arm B under the label LOOPED:B (run folder LOOPED-B-seedS)."""
+    from drmlab.cli import main
+
+    out = tmp_path / "study"
+    assert main(["ablate", "--models", "LOOPED:B,LOOPED", "--seeds", "1", "--preset", "micro", "--tokens", "256",
+                 "--out", str(out), "--data", str(corpus_file), "--cache-dir", str(tmp_path / "c"),
+                 "--eval-tokens", "512", "--quiet"]) == 0
+    config = json.loads((out / "runs" / "LOOPED-B-seed1" / "config.json").read_text())
+    assert config["model"] == "LOOPED" and config["label"] == "LOOPED:B" and config["overrides"] == {"arm": "B"}
+    assert config["model_config"]["eps"] == 1.0
+    default = json.loads((out / "runs" / "LOOPED-seed1" / "config.json").read_text())
+    assert default["overrides"] == {} and default["model_config"]["eps"] == "1/N"
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["models"]) == {"LOOPED:B", "LOOPED"}

@@ -224,7 +224,7 @@ def _cli(argv):
 
 def test_cli_end_to_end_and_reuse(tmp_path, capsys):
     out = tmp_path / "mqar"
-    argv = ["--models", "L4_ds8,LOOPED", "--kv", "2,4", "--seeds", "0,1", "--steps", "2", "--batch-size", "8",
+    argv = ["--models", "L4_ds8,LOOPED,LOOPED:B", "--kv", "2,4", "--seeds", "0,1", "--steps", "2", "--batch-size", "8",
             "--n-train", "32", "--n-test", "16", "--preset", "micro", "--width", "16", "--set", "lr=3e-3",
             "--out", str(out), "--quiet"]
     assert _cli(argv) == 0
@@ -236,6 +236,8 @@ def test_cli_end_to_end_and_reuse(tmp_path, capsys):
     assert cell["n_seeds"] == 2 and cell["chance"] == pytest.approx(1 / 64) and 0 <= cell["acc_mean"] <= 1
     run = json.loads((out / "runs" / "LOOPED_kv4_s1" / "result.json").read_text())
     assert run["test_queries"] == 16 * 4 and run["steps"] == 2 and run["spec"]["train"]["lr"] == 3e-3
+    arm_b = json.loads((out / "runs" / "LOOPED-B_kv4_s1" / "result.json").read_text())  # NAME:ARM
+    assert arm_b["registry_model"] == "LOOPED" and arm_b["overrides"]["arm"] == "B" and "| LOOPED:B |" in printed
     assert (out / "mqar.png").stat().st_size > 0 and (out / "mqar.md").is_file()
     assert _cli(argv) == 0  # every run reused
     assert json.loads((out / "mqar.json").read_text())["models"] == summary["models"]
@@ -261,6 +263,8 @@ def test_cli_rejects_bad_settings(tmp_path):
     base = ["--steps", "1", "--out", str(tmp_path), "--quiet"]
     with pytest.raises(ValueError, match="unknown model"):
         _cli(["--models", "L4_ds65", *base])
+    with pytest.raises(ValueError, match="unknown LOOPED arm 'Q'"):
+        _cli(["--models", "LOOPED:Q", *base])
     with pytest.raises(ValueError, match="seq_len"):
         _cli(["--models", "L4_ds8", "--set", "seq_len=20", *base])
     with pytest.raises(ValueError, match="unknown setting"):

@@ -112,7 +112,14 @@ class Study:
         return self.registry_names.get(label, label)
 
     def run_dir(self, out: Path, model: str, seed: int) -> Path:
-        return out / "runs" / f"{model}-seed{seed}"
+        return run_dir(out, model, seed)
+
+
+def run_dir(out: Path, label: str, seed: int) -> Path:
+    """Where the run of ``label`` (a model name, ``NAME:ARM`` or an arm label) at ``seed`` lives."""
+    from drmlab.models.registry import spec_path_name
+
+    return Path(out) / "runs" / f"{spec_path_name(label)}-seed{seed}"
 
 
 def _check_study(out: Path, study: Study, data_meta: dict) -> None:
@@ -164,9 +171,9 @@ def run_study(study: Study, out: str | Path, corpus, *, device="auto", quiet=Fal
     count_bytes = byte_counter(corpus.val, corpus.tokenizer, corpus.meta.get("val_bytes"))
     todo = [(seed, model) for seed in study.seeds for model in study.models]
     for i, (seed, model) in enumerate(todo, 1):
-        run_dir = study.run_dir(out, model, seed)
+        path = study.run_dir(out, model, seed)
         label = f"[{i}/{len(todo)}] {model} seed {seed}"
-        done = _finished(run_dir)
+        done = _finished(path)
         if done is not None:
             log(f"{label}: done before (val CE {done['val_ce']:.4f}), skipped")
             continue
@@ -176,10 +183,10 @@ def run_study(study: Study, out: str | Path, corpus, *, device="auto", quiet=Fal
         limit = getattr(getattr(net, "config", None), "n_positions", None)
         if isinstance(limit, int) and cfg.seq_len > limit:
             raise ValueError(f"seq_len {cfg.seq_len} exceeds {model}'s n_positions={limit}; add --set {model}.n_positions={cfg.seq_len}")
-        resume = ckpt.has_checkpoint(run_dir)
+        resume = ckpt.has_checkpoint(path)
         log(f"{label}: {'resuming' if resume else 'training'} ({sum(p.numel() for p in net.parameters()):,} parameters)")
         t0 = time.perf_counter()
-        summary = train(net, corpus.train, corpus.val, cfg, run_dir, resume=resume, count_bytes=count_bytes,
+        summary = train(net, corpus.train, corpus.val, cfg, path, resume=resume, count_bytes=count_bytes,
                         device=device, quiet=quiet,
                         run_info={"model": study.registry_name(model), "label": model, "preset": study.preset,
                                   "overrides": overrides,
@@ -197,11 +204,11 @@ def collect_runs(out: Path) -> list[dict]:
     runs = []
     for model in study["models"]:
         for seed in study["seeds"]:
-            run_dir = out / "runs" / f"{model}-seed{seed}"
-            summary = _finished(run_dir)
+            path = run_dir(out, model, seed)
+            summary = _finished(path)
             if summary is None:
                 continue
-            curve = [(r["tokens"], r["val_ce"]) for r in read_metrics(run_dir) if r.get("kind") == "eval"]
+            curve = [(r["tokens"], r["val_ce"]) for r in read_metrics(path) if r.get("kind") == "eval"]
             runs.append({"model": model, "seed": seed, "params": summary["params"], "val_ce": summary["val_ce"],
                          "val_bpb": summary["val_bpb"], "tokens": summary["tokens"],
                          "tokens_per_s": summary["tokens_per_s"], "train_seconds": summary["train_seconds"],
@@ -368,7 +375,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated model names (default {DEFAULT_MODELS})")
+    parser.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated model names, NAME or NAME:ARM for a named arm such as LOOPED:B "
+                             f"(default {DEFAULT_MODELS})")
     parser.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"comma-separated seeds (default {DEFAULT_SEEDS})")
     parser.add_argument("--preset", default="tiny", help="model size and training defaults (default tiny)")
     parser.add_argument("--tokens", default=None, metavar="N", help="token budget per run (default 5,005,312 = 611 x 8,192)")
@@ -395,21 +403,27 @@ def _split_list(text: str, what: str) -> list[str]:
     return items
 
 
+def check_model_builds(name: str, preset: str, vocab_size: int, overrides: dict) -> None:
+    """Build ``name`` on the meta device (no memory, no init): raises what a real build would."""
+    import torch
+
+    from drmlab.models import build_model
+
+    with torch.device("meta"):
+        build_model(name, preset, vocab_size=vocab_size, **overrides)
+
+
 def build_study(args: argparse.Namespace, vocab_size: int) -> Study:
-    from drmlab.models import list_models
-    from drmlab.models.registry import suggest
+    from drmlab.models.registry import parse_model_spec, suggest
     from drmlab.training.command import model_setting_names
 
     models = _split_list(args.models, "models")
-    known = list_models()
-    for model in models:
-        if model not in known:
-            raise ValueError(f"unknown model {model!r}{suggest(model, known)}; known: {', '.join(known)}")
+    specs = {model: parse_model_spec(model) for model in models}  # label -> (registry name, arm)
     try:
         seeds = [int(s) for s in _split_list(args.seeds, "seeds")]
     except ValueError as exc:
         raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from exc
-    train_set, model_overrides = {}, {m: {} for m in models}
+    train_set, model_overrides = {}, {m: dict(specs[m][1]) for m in models}
     for key, value in parse_assignments(args.assignments).items():
         prefix, dot, name = key.partition(".")
         if dot:
@@ -417,7 +431,7 @@ def build_study(args: argparse.Namespace, vocab_size: int) -> Study:
                 raise ValueError(f"--set {key}: {prefix!r} is not one of --models{suggest(prefix, models)}")
             from drmlab.training.config import split_overrides
 
-            _, model_kw = split_overrides({name: value}, model_setting_names(prefix, args.preset, vocab_size))
+            _, model_kw = split_overrides({name: value}, model_setting_names(specs[prefix][0], args.preset, vocab_size))
             if not model_kw:
                 raise ValueError(f"--set {key}: {name!r} is a train setting; write it without the model prefix")
             model_overrides[prefix].update(model_kw)
@@ -438,9 +452,12 @@ def build_study(args: argparse.Namespace, vocab_size: int) -> Study:
     }
     cfg = resolve_train_config(args.preset, **values)
     train = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "seed"}
+    for model in models:  # a bad arm or setting fails now, not after the first runs
+        check_model_builds(specs[model][0], args.preset, vocab_size, model_overrides[model])
     return Study(models=models, seeds=seeds, preset=args.preset, train=train,
                  model_overrides={m: o for m, o in model_overrides.items() if o}, data_source=args.data,
-                 tokenizer=args.tokenizer or "bytes")
+                 tokenizer=args.tokenizer or "bytes",
+                 registry_names={m: specs[m][0] for m in models if specs[m][0] != m})
 
 
 def run(args: argparse.Namespace) -> int:

@@ -245,13 +245,19 @@ def width_overrides(fields, width: int | None) -> dict:
     raise ValueError(f"--width: the model's config has none of {', '.join(f for g in WIDTH_FIELDS for f in g)}")
 
 
+def _registry_entry(name: str) -> tuple[str, dict]:
+    """(registered name, settings) of an anchor arm, ``NAME`` or ``NAME:ARM``."""
+    from drmlab.models.registry import parse_model_spec
+
+    if name in ANCHOR_ARMS:
+        return "LOOPED", dict(ANCHOR_ARMS[name])
+    return parse_model_spec(name)
+
+
 def resolve_model(name: str, preset: str, task: MQARTask, width: int | None, overrides: dict) -> tuple[str, dict]:
     """(registered name, overrides) for ``name``: anchor-arm settings or the width, then ``overrides``,
     then a position table at least as long as the sequence."""
-    if name in ANCHOR_ARMS:
-        registry, kw = "LOOPED", dict(ANCHOR_ARMS[name])
-    else:
-        registry, kw = name, {}
+    registry, kw = _registry_entry(name)
     fields = _config_fields(registry, preset, task.vocab_size, kw)
     kw.update(width_overrides(fields, width))
     kw.update(overrides)
@@ -315,7 +321,9 @@ def run_one(study: MQARStudy, name: str, kv: int, seed: int, out: Path, *, devic
 
     task = study.task(kv)
     cfg = study.train_config(task, seed)
-    run_dir = out / "runs" / f"{name}_kv{kv}_s{seed}"
+    from drmlab.models.registry import spec_path_name
+
+    run_dir = out / "runs" / f"{spec_path_name(name)}_kv{kv}_s{seed}"
     spec = _jsonable({"model": name, "preset": study.preset, "width": study.width, "arm_model": study.arm_model,
                       "overrides": study.model_overrides, "task": dataclasses.asdict(task),
                       "train": dataclasses.asdict(cfg)})
@@ -497,7 +505,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                "  drmlab mqar --models GPT2,MAMBA,J --width 128 --kv 4,8,16",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=DEFAULT_MODELS,
-                        help=f"comma-separated registered models and/or anchor arms (default {DEFAULT_MODELS})")
+                        help=f"comma-separated registered models (NAME or NAME:ARM, e.g. LOOPED:B) and/or "
+                             f"anchor arms (default {DEFAULT_MODELS})")
     parser.add_argument("--kv", default="4,16", help="comma-separated numbers of key-value pairs (default 4,16)")
     parser.add_argument("--seeds", default="0,1", help="comma-separated run seeds (default 0,1)")
     parser.add_argument("--preset", default="tiny", help="model preset for the non-width dimensions (default tiny)")
@@ -532,10 +541,12 @@ def build_study(args: argparse.Namespace) -> MQARStudy:
         raise ValueError("--models is empty")
     known = set(list_models()) | set(ANCHOR_ARMS)
     for name in models:
-        if name not in known:
+        if name.partition(":")[0] not in known:
             from drmlab.models.registry import suggest
 
             raise ValueError(f"unknown model {name!r}{suggest(name, known)}; anchor arms: {', '.join(ANCHOR_ARMS)}")
+        registry, kw = _registry_entry(name)
+        _config_fields(registry, args.preset, 2 * args.vocab_kv + 2, kw)  # a bad arm fails now
     kvs, seeds = _int_list(args.kv, "--kv"), _int_list(args.seeds, "--seeds")
     if args.arm_model not in ARM_MODELS:
         raise ValueError(f"--arm-model must be one of {ARM_MODELS}")
@@ -548,7 +559,7 @@ def build_study(args: argparse.Namespace) -> MQARStudy:
     if assignments:
         fields = set()
         for name in models:
-            registry, kw = (("LOOPED", ANCHOR_ARMS[name]) if name in ANCHOR_ARMS else (name, {}))
+            registry, kw = _registry_entry(name)
             fields |= set(_config_fields(registry, args.preset, 2 * args.vocab_kv + 2, kw))
         train_kw, model_kw = split_overrides(assignments, fields)
         for key in ("tokens", "seq_len", "seed"):

@@ -1,7 +1,9 @@
 """The model registry: every model family registers a builder under one or more names.
 
 ``build_model(name, preset, vocab_size, seed, **overrides)`` is the one way to build a
-model; ``list_models()`` lists every registered name. A builder is a callable
+model; ``list_models()`` lists every registered name. Where a command takes model names, a
+name may carry a named arm, ``NAME:ARM`` (e.g. ``LOOPED:B`` = ``build_model("LOOPED", arm="B")``;
+:func:`parse_model_spec`). A builder is a callable
 ``builder(name, preset=..., vocab_size=..., seed=..., **overrides) -> nn.Module``.
 """
 
@@ -54,3 +56,23 @@ def build_model(name: str, preset: str = "tiny", vocab_size: int = 256, seed: in
     if not isinstance(vocab_size, int) or vocab_size <= 0:
         raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
     return _BUILDERS[name](name, preset=preset, vocab_size=vocab_size, seed=seed, **overrides)
+
+
+def parse_model_spec(spec: str) -> tuple[str, dict]:
+    """``NAME`` or ``NAME:ARM`` -> (registered name, overrides): ``LOOPED:B`` is the looped model's
+    arm B, ``({"arm": "B"})``. An unknown name raises ValueError with the nearest one; whether the
+    model has that arm is checked when it is built."""
+    _ensure_loaded()
+    name, colon, arm = spec.strip().partition(":")
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown model {name!r}{suggest(name, _BUILDERS)}; known: {', '.join(sorted(_BUILDERS))}")
+    if not colon:
+        return name, {}
+    if not arm or ":" in arm:
+        raise ValueError(f"model {spec!r}: write NAME or NAME:ARM (e.g. LOOPED:B)")
+    return name, {"arm": arm}
+
+
+def spec_path_name(spec: str) -> str:
+    """``spec`` as a file-name component (``LOOPED:B`` -> ``LOOPED-B``)."""
+    return spec.replace(":", "-")
