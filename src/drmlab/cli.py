@@ -21,6 +21,7 @@ VERB_MODULES = [
     "drmlab.experiments.ablate",       # drmlab ablate
     "drmlab.experiments.loop_study",   # drmlab loop-study
     "drmlab.experiments.mqar",         # drmlab mqar
+    "drmlab.experiments.compare",      # drmlab compare: bits per byte beside MQAR accuracy
     "drmlab.experiments.loop_proofs",  # drmlab proofs
     "drmlab.experiments.residual_probe",  # drmlab residual-probe: residual-stream norms and update cosines at init
 ]
