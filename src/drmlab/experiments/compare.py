@@ -19,20 +19,22 @@ import sys
 from pathlib import Path
 
 
-def load_ablate(path: str | Path) -> dict:
+def _load(path: str | Path, filename: str, verb: str) -> dict:
     path = Path(path)
-    file = path / "results.json" if path.is_dir() else path
+    file = path / filename if path.is_dir() else path
     if not file.is_file():
-        raise FileNotFoundError(f"{file}: no results.json (run `drmlab ablate --out {path}` first)")
+        raise FileNotFoundError(f"{file}: no {filename} (run `drmlab {verb} --out {path}` first)")
     return json.loads(file.read_text())
+
+
+def load_ablate(path: str | Path) -> dict:
+    """The ``results.json`` of a ``drmlab ablate`` study (its folder or the file)."""
+    return _load(path, "results.json", "ablate")
 
 
 def load_mqar(path: str | Path) -> dict:
-    path = Path(path)
-    file = path / "mqar.json" if path.is_dir() else path
-    if not file.is_file():
-        raise FileNotFoundError(f"{file}: no mqar.json (run `drmlab mqar --out {path}` first)")
-    return json.loads(file.read_text())
+    """The ``mqar.json`` of a ``drmlab mqar`` output folder (or the file)."""
+    return _load(path, "mqar.json", "mqar")
 
 
 def join(ablates: list[dict], mqar: dict | None, kv: int | None) -> tuple[list[dict], int | None]:
