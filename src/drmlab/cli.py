@@ -34,13 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     for path in VERB_MODULES:
-        try:
-            module = importlib.import_module(path)
-        except ModuleNotFoundError as exc:  # a verb whose module is not written yet
-            if exc.name == path:
-                continue
-            raise
-        module.add_parser(sub)
+        importlib.import_module(path).add_parser(sub)
     return parser
 
 
