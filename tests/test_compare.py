@@ -28,8 +28,10 @@ def _mqar(tmp_path, cells):
     study = {"kvs": [4, 8], "vocab_kv": 64, "n_train": 4096, "n_test": 1024, "steps": 10, "batch_size": 64,
              "preset": "tiny", "width": None, "seeds": [1, 2], "train_overrides": {}}
     models = {m: {"cells": {"4": {"acc_mean": acc, "acc_std": 0.05, "n_seeds": 2, "train_acc_mean": 0.9,
+                                  "first_query_mean": acc + 0.01, "first_query_std": 0.02,
                                   "params": 1000, "chance": 1 / 64}}} for m, acc in cells.items()}
-    (folder / "mqar.json").write_text(json.dumps({"study": study, "chance": 1 / 64, "models": models}))
+    levels = {"4": {"chance": 1 / 64, "context_guess": 0.26171875, "elimination_guess": 0.5283203125}}
+    (folder / "mqar.json").write_text(json.dumps({"study": study, "chance": 1 / 64, "levels": levels, "models": models}))
     return folder
 
 
@@ -42,8 +44,9 @@ def test_join_orders_by_bits_per_byte_and_keeps_mqar_only_rows(tmp_path, capsys)
     assert text == capsys.readouterr().out
     lines = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert [line.split(" | ")[0][2:] for line in lines] == ["MAMBA", "J", "GPT2", "L4_ds64"]
-    assert "| MAMBA | 105 | 2.7000 +- 0.0100 (2) | 50.0% +- 5.0 (2) | 90.0% | 1,000 |" in text
-    assert "| GPT2 | 110 | 3.5000 +- 0.0100 (2) | -- | -- | -- |" in text
+    assert "| MAMBA | 105 | 2.7000 +- 0.0100 (2) | 50.0% +- 5.0 (2) | 51.0% +- 2.0 | 90.0% | 1,000 |" in text
+    assert "| GPT2 | 110 | 3.5000 +- 0.0100 (2) | -- | -- | -- | -- |" in text
+    assert "26.2% by answering with a random value" in text and "52.8%" in text
     assert "| L4_ds64 | -- | -- | 70.0% +- 5.0 (2) |" in text
     assert "chance 1.56%" in text and "1,000 tokens per run" in text
     assert (out / "compare.png").stat().st_size > 0

@@ -138,13 +138,53 @@ def test_copy_model_scores_100_and_constant_model_scores_chance():
     task = mqar.MQARTask(kv=4)
     x, y = mqar.test_set(task, 0)
     copy = mqar.accuracy(CopyModel(), x[:128], y[:128])
-    assert copy == {"acc": 1.0, "correct": 512, "total": 512}  # only the 4 query positions per sequence
+    assert copy == {"acc": 1.0, "correct": 512, "total": 512,  # only the 4 query positions per sequence
+                    "by_query": [1.0, 1.0, 1.0, 1.0]}
     const = mqar.accuracy(ConstantModel(66), x, y)
     assert const["total"] == 4096
     assert 0.5 * task.chance < const["acc"] < 2 * task.chance
     # a model right on every non-query position but wrong on the queries scores 0
     shifted = mqar.accuracy(ConstantModel(0), x, y)  # predicts the pad: right at the 4 pad positions only
     assert shifted["acc"] == 0.0
+
+
+class GuessModel(nn.Module):
+    """Binds nothing: at a query answers with a uniformly drawn value slot of the context, or (with
+    ``eliminate``) one whose key has not been queried yet in this sequence."""
+
+    def __init__(self, kv: int, eliminate: bool, vocab: int = 130, seed: int = 0):
+        super().__init__()
+        self.kv, self.eliminate, self.vocab = kv, eliminate, vocab
+        self.gen = torch.Generator().manual_seed(seed)
+        self.dummy = nn.Parameter(torch.zeros(()))
+
+    def forward(self, tokens, step=None):
+        B, T = tokens.shape
+        pred = torch.ones(B, T, dtype=torch.long)
+        for b in range(B):
+            row = tokens[b].tolist()
+            slots = list(range(self.kv))  # pair j: key at 2j, value at 2j + 1
+            for t in range(2 * self.kv, T - 1):
+                if row[t] == mqar.PAD:
+                    break
+                pick = slots[int(torch.randint(len(slots), (1,), generator=self.gen))]
+                pred[b, t] = row[2 * pick + 1]
+                if self.eliminate:
+                    slots = [j for j in slots if row[2 * j] != row[t]]
+        return ModelOutput(logits=F.one_hot(pred, self.vocab).float(), aux={})
+
+
+@pytest.mark.parametrize("kv", [4, 8])
+def test_the_no_binding_levels_are_what_guessers_score(kv):
+    task = mqar.MQARTask(kv=kv)
+    x, y = mqar.test_set(task, 0)
+    context = mqar.accuracy(GuessModel(kv, eliminate=False), x, y)
+    eliminate = mqar.accuracy(GuessModel(kv, eliminate=True), x, y)
+    assert context["acc"] == pytest.approx(task.context_guess, abs=0.025)
+    assert eliminate["acc"] == pytest.approx(task.elimination_guess, abs=0.025)
+    assert eliminate["by_query"][-1] > 0.95  # the last query has one candidate left
+    assert eliminate["by_query"][0] == pytest.approx(task.context_guess, abs=0.05)  # the first has them all
+    assert task.context_guess < task.elimination_guess
 
 
 # ---------------------------------------------------------------------------------- models
@@ -239,7 +279,11 @@ def test_cli_end_to_end_and_reuse(tmp_path, capsys):
     arm_b = json.loads((out / "runs" / "LOOPED-B_kv4_s1" / "result.json").read_text())  # NAME:ARM
     assert arm_b["registry_model"] == "LOOPED" and arm_b["overrides"]["arm"] == "B" and "| LOOPED:B |" in printed
     assert (out / "mqar.png").stat().st_size > 0 and (out / "mqar.md").is_file()
+    # a result written before per-query accuracy existed is completed from its saved weights
+    stripped = {k: v for k, v in run.items() if k != "test_by_query"}
+    (out / "runs" / "LOOPED_kv4_s1" / "result.json").write_text(json.dumps(stripped))
     assert _cli(argv) == 0  # every run reused
+    assert json.loads((out / "runs" / "LOOPED_kv4_s1" / "result.json").read_text())["test_by_query"] == run["test_by_query"]
     assert json.loads((out / "mqar.json").read_text())["models"] == summary["models"]
     assert all(r.get("reused") for r in json.loads((out / "mqar.json").read_text())["runs"])
 
@@ -254,7 +298,8 @@ def test_table_shows_the_study_value_only_for_the_study_setting():
     cell = summary["models"]["L4_ds64"]["cells"]["4"]
     assert cell["acc_mean"] == pytest.approx(0.6) and cell["acc_std"] == pytest.approx(0.1)  # population std
     text = mqar.markdown(summary)
-    assert "| L4_ds64 | 215,873 | 60.0% +- 10.0 (2) [study: 59.8%] |" in text and "| chance | | 1.56% |" in text
+    assert "| L4_ds64 | 215,873 | 60.0% +- 10.0 (2) [study: 59.8%] | -- |" in text
+    assert "| chance | | 1.56% | 1.56% |" in text and "| elimination (no binding) | | 52.83% | 26.17% |" in text
     other = mqar.MQARStudy(models=["L4_ds64"], kvs=[4], seeds=[0, 1], arm_model="registry")
     assert mqar.summarize(other, [fake(0, 0.5)])["models"]["L4_ds64"]["cells"]["4"]["anchor_acc"] is None
 

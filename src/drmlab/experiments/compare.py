@@ -59,6 +59,7 @@ def join(ablates: list[dict], mqar: dict | None, kv: int | None) -> tuple[list[d
                 continue
             row = rows.setdefault(name, {"model": name})
             row.update(acc_mean=cell["acc_mean"], acc_std=cell["acc_std"], acc_seeds=cell["n_seeds"],
+                       first_mean=cell.get("first_query_mean"), first_std=cell.get("first_query_std"),
                        train_acc=cell["train_acc_mean"], mqar_params=cell["params"], chance=cell["chance"])
     ordered = sorted((r for r in rows.values() if "bpb_mean" in r), key=lambda r: r["bpb_mean"])
     ordered += [r for r in rows.values() if "bpb_mean" not in r]
@@ -82,6 +83,12 @@ def _protocols(ablates: list[dict], mqar: dict | None, kv: int | None) -> list[s
                      f"preset `{s['preset']}`{width}, seeds "
                      f"{', '.join(map(str, s['seeds']))}; accuracy on the query positions only, chance "
                      f"{100 * mqar['chance']:.2f}%.")
+        level = mqar.get("levels", {}).get(str(kv))
+        if level:
+            lines.append(f"* Without any key-value binding a model scores {100 * level['context_guess']:.1f}% by answering "
+                         f"with a random value from its context and {100 * level['elimination_guess']:.1f}% by also "
+                         f"skipping values already queried; the first query of a sequence allows no elimination, so "
+                         f"first-query accuracy above {100 * level['context_guess']:.1f}% is recall.")
     return lines
 
 
@@ -97,13 +104,15 @@ def markdown(rows: list[dict], ablates: list[dict], mqar: dict | None, kv: int |
     out += ["", "Mean +- population std over seeds (number of seeds in brackets). Lower bits per byte is better; "
             "higher MQAR accuracy is better. MQAR parameters differ from the LM ones only through the "
             "vocabulary (and the anchor arms' own width).", ""]
-    out += [f"| model | params (LM) | val bits/byte | MQAR kv={kv} test acc | MQAR train acc | params (MQAR) |",
-            "|---|---:|---|---|---:|---:|"]
+    out += [f"| model | params (LM) | val bits/byte | MQAR kv={kv} test acc | first query | MQAR train acc | params (MQAR) |",
+            "|---|---:|---|---|---:|---:|---:|"]
     for r in rows:
         out.append(
             f"| {r['model']} | {r['lm_params']:,} | " if "lm_params" in r else f"| {r['model']} | -- | ")
         out[-1] += _pm(r.get("bpb_mean"), r.get("bpb_std"), r.get("lm_seeds")) + " | "
         out[-1] += (_pm(r["acc_mean"], r["acc_std"], r["acc_seeds"], 100, 1, "%") if "acc_mean" in r else "--") + " | "
+        first = r.get("first_mean")
+        out[-1] += ("--" if first is None else f"{100 * first:.1f}% +- {100 * r['first_std']:.1f}") + " | "
         out[-1] += (f"{100 * r['train_acc']:.1f}%" if "train_acc" in r else "--") + " | "
         out[-1] += (f"{r['mqar_params']:,}" if "mqar_params" in r else "--") + " |"
     out.append("")

@@ -129,6 +129,20 @@ class MQARTask:
         """Accuracy of a uniform guess among the values."""
         return 1.0 / self.vocab_kv
 
+    @property
+    def context_guess(self) -> float:
+        """Expected accuracy of answering with a uniformly drawn one of the kv values in the
+        context (no key-value binding): (1 + (kv - 1) / vocab_kv) / kv, values being drawn with
+        replacement."""
+        return (1 + (self.kv - 1) / self.vocab_kv) / self.kv
+
+    @property
+    def elimination_guess(self) -> float:
+        """Expected accuracy of the same guess restricted to the values not yet queried (every key
+        is queried at most once, so the j-th query has kv - j candidates left): still no binding."""
+        left = [self.kv - j for j in range(self.n_queries)]
+        return sum((1 + (r - 1) / self.vocab_kv) / r for r in left) / len(left)
+
     def validate(self) -> "MQARTask":
         for name in ("kv", "vocab_kv", "n_queries", "length", "n_train", "n_test"):
             value = getattr(self, name)
@@ -184,21 +198,28 @@ def batch_sampler(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int):
 
 @torch.no_grad()
 def accuracy(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 1024) -> dict:
-    """Argmax over all logits against the targets, pooled over the scored (query) positions only."""
+    """Argmax over all logits against the targets, pooled over the scored (query) positions only,
+    and per query (``by_query[j]``: the j-th scored position of the sequences, in order)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    correct = total = 0
+    col_correct = torch.zeros(inputs.shape[1], dtype=torch.long)
+    col_total = torch.zeros(inputs.shape[1], dtype=torch.long)
     try:
-        for i in range(0, inputs.shape[0], batch_size):
-            x, y = inputs[i : i + batch_size].to(device), targets[i : i + batch_size].to(device)
-            pred = model(x, step=None).logits.argmax(dim=-1)
-            scored = y != IGNORE
-            correct += int((pred[scored] == y[scored]).sum())
-            total += int(scored.sum())
+        with torch.no_grad():
+            for i in range(0, inputs.shape[0], batch_size):
+                x, y = inputs[i : i + batch_size].to(device), targets[i : i + batch_size].to(device)
+                pred = model(x, step=None).logits.argmax(dim=-1)
+                scored = y != IGNORE
+                col_correct += ((pred == y) & scored).sum(0).cpu()
+                col_total += scored.sum(0).cpu()
     finally:
         model.train(was_training)
-    return {"acc": correct / total if total else float("nan"), "correct": correct, "total": total}
+    correct, total = int(col_correct.sum()), int(col_total.sum())
+    cols = col_total > 0
+    by_query = (col_correct[cols].double() / col_total[cols].double()).tolist()
+    return {"acc": correct / total if total else float("nan"), "correct": correct, "total": total,
+            "by_query": by_query}
 
 
 # ---------------------------------------------------------------------------------- models
@@ -331,6 +352,17 @@ def run_one(study: MQARStudy, name: str, kv: int, seed: int, out: Path, *, devic
     if result_path.is_file():
         saved = json.loads(result_path.read_text())
         if saved.get("spec") == spec:
+            if "test_by_query" not in saved:  # written before per-query accuracy: score the saved weights
+                from drmlab.training.checkpoint import load_checkpoint
+
+                model = build(name, study.preset, task, seed, study.width, study.model_overrides, study.arm_model)[0]
+                load_checkpoint(run_dir, model)
+                test = accuracy(model, *test_set(task, seed))
+                if test["correct"] != saved["test_correct"]:
+                    raise RuntimeError(f"{run_dir}: the saved weights score {test['correct']} test queries, "
+                                       f"result.json says {saved['test_correct']}")
+                saved["test_by_query"] = test["by_query"]
+                result_path.write_text(json.dumps(saved, indent=2) + "\n")
             return dict(saved, reused=True)
     model, registry, kw = build(name, study.preset, task, seed, study.width, study.model_overrides, study.arm_model)
     x_train, y_train = train_set(task, seed)
@@ -347,6 +379,7 @@ def run_one(study: MQARStudy, name: str, kv: int, seed: int, out: Path, *, devic
         "model": name, "registry_model": registry, "overrides": _jsonable(kw), "kv": kv, "seed": seed,
         "params": summary["params"], "steps": summary["steps"], "final_loss": summary["final_loss"],
         "test_acc": test["acc"], "test_correct": test["correct"], "test_queries": test["total"],
+        "test_by_query": test["by_query"],
         "train_acc": train_acc["acc"], "chance": task.chance, "seq_len": task.length,
         "train_seconds": summary["train_seconds"], "seconds_per_step": summary["train_seconds"] / max(summary["steps"], 1),
         "wall_seconds": wall, "spec": spec,
@@ -386,14 +419,20 @@ def summarize(study: MQARStudy, results: list[dict]) -> dict:
                 continue
             accs = [r["test_acc"] for r in rows]
             mean, std = mean_std(accs)
+            by_query = [r["test_by_query"] for r in rows if r.get("test_by_query")]
+            first_mean, first_std = mean_std([q[0] for q in by_query]) if by_query else (None, None)
             cells[str(kv)] = {"acc_mean": mean, "acc_std": std, "n_seeds": len(rows), "accs": accs,
+                              "first_query_mean": first_mean, "first_query_std": first_std,
+                              "by_query_mean": [sum(col) / len(col) for col in zip(*by_query)] if by_query else None,
                               "seeds": [r["seed"] for r in rows], "train_acc_mean": mean_std([r["train_acc"] for r in rows])[0],
                               "chance": rows[0]["chance"], "anchor_acc": ANCHOR_ACC.get((name, kv)) if comparable else None,
                               "seconds_per_step": mean_std([r["seconds_per_step"] for r in rows])[0],
                               "params": rows[0]["params"]}
         models[name] = {"cells": cells}
-    return {"study": _jsonable(dataclasses.asdict(study)), "chance": 1.0 / study.vocab_kv, "models": models,
-            "runs": [{k: v for k, v in r.items() if k != "spec"} for r in results]}
+    levels = {str(kv): {"chance": study.task(kv).chance, "context_guess": study.task(kv).context_guess,
+                        "elimination_guess": study.task(kv).elimination_guess} for kv in study.kvs}
+    return {"study": _jsonable(dataclasses.asdict(study)), "chance": 1.0 / study.vocab_kv, "levels": levels,
+            "models": models, "runs": [{k: v for k, v in r.items() if k != "spec"} for r in results]}
 
 
 def markdown(summary: dict) -> str:
@@ -407,28 +446,47 @@ def markdown(summary: dict) -> str:
         + (f", width {s['width']}" if s["width"] else "") + f"; arm model {s['arm_model']}; seeds "
         + ", ".join(map(str, s["seeds"])) + ".",
         f"Test accuracy on the query (value) positions only, mean +- population std over seeds; "
-        f"chance = 1/{s['vocab_kv']} = {100 * chance:.2f}%. [study: ...] = the reference study's value (notes §8).", "",
-        "| model | params | " + " | ".join(f"kv={kv}" for kv in kvs) + " |",
-        "|---|---:|" + "---:|" * len(kvs),
+        f"chance = 1/{s['vocab_kv']} = {100 * chance:.2f}%. [study: ...] = the reference study's value (notes §8).",
+        "Two levels need no key-value binding at all: answering with a random one of the kv values in "
+        "the context (*context guess*), and doing so among the values not yet queried (*elimination*; "
+        "every key is queried once). The first query of a sequence cannot use elimination, so its "
+        "accuracy above the context guess is recall.", "",
+        "| model | params | " + " | ".join(f"kv={kv} | kv={kv} first query" for kv in kvs) + " |",
+        "|---|---:|" + "---:|---:|" * len(kvs),
     ]
     for name, m in summary["models"].items():
         cells, params = [], ""
         for kv in kvs:
             c = m["cells"].get(str(kv))
             if c is None:
-                cells.append("--")
+                cells += ["--", "--"]
                 continue
             params = params or f"{c['params']:,}"
             text = f"{100 * c['acc_mean']:.1f}% +- {100 * c['acc_std']:.1f} ({c['n_seeds']})"
             if c["anchor_acc"] is not None:
                 text += f" [study: {c['anchor_acc']:.1f}%]"
             cells.append(text)
+            first = c.get("first_query_mean")
+            cells.append("--" if first is None else f"{100 * first:.1f}% +- {100 * c['first_query_std']:.1f}")
         lines.append(f"| {name} | {params} | " + " | ".join(cells) + " |")
-    lines.append("| chance | | " + " | ".join(f"{100 * chance:.2f}%" for _ in kvs) + " |")
-    lines += ["", "Per seed (test acc / train acc, seconds per step):", ""]
+    levels = summary.get("levels", {})
+    for key, label in (("chance", "chance"), ("context_guess", "context guess (no binding)"),
+                       ("elimination_guess", "elimination (no binding)")):
+        row = []
+        for kv in kvs:
+            lv = levels.get(str(kv))
+            if lv is None:
+                row += ["", ""]
+                continue
+            first = lv["context_guess"] if key == "elimination_guess" else lv[key]
+            row += [f"{100 * lv[key]:.2f}%", f"{100 * first:.2f}%"]
+        lines.append(f"| {label} | | " + " | ".join(row) + " |")
+    lines += ["", "Per seed (test acc / train acc, seconds per step; test accuracy of the 1st, 2nd, ... query):", ""]
     for r in summary["runs"]:
+        per_query = ", ".join(f"{100 * a:.0f}" for a in r.get("test_by_query") or [])
         lines.append(f"* {r['model']} kv={r['kv']} seed {r['seed']}: {100 * r['test_acc']:.1f}% / "
-                     f"{100 * r['train_acc']:.1f}%, {r['seconds_per_step']:.3f} s/step, final loss {r['final_loss']:.3f}")
+                     f"{100 * r['train_acc']:.1f}%, {r['seconds_per_step']:.3f} s/step, final loss {r['final_loss']:.3f}"
+                     + (f"; test by query {per_query}%" if per_query else ""))
     return "\n".join(lines) + "\n"
 
 
