@@ -314,3 +314,24 @@ def test_cli_rejects_bad_settings(tmp_path):
         _cli(["--models", "L4_ds8", "--set", "seq_len=20", *base])
     with pytest.raises(ValueError, match="unknown setting"):
         _cli(["--models", "L4_ds8", "--set", "d_stat=4", *base])
+
+
+def test_fresh_batches_every_step(tmp_path, capsys):
+    """--n-train 0: every step draws new sequences (a pure function of seed, step, micro), never
+    the test set's; no train accuracy is reported."""
+    task = mqar.MQARTask(kv=4, n_train=0).validate()
+    fn = mqar.fresh_sampler(task, 8)
+    a, b = fn(1, 0, 0), fn(1, 1, 0)
+    assert torch.equal(a[0], fn(1, 0, 0)[0]) and not torch.equal(a[0], b[0])
+    x_test, _ = mqar.test_set(task, 1)
+    test_rows = {tuple(r) for r in x_test.tolist()}
+    assert not any(tuple(r) in test_rows for r in a[0].tolist())
+    with pytest.raises(ValueError, match="n_train"):
+        mqar.MQARTask(n_train=-1).validate()
+    out = tmp_path / "fresh"
+    assert _cli(["--models", "L4_ds8", "--kv", "4", "--seeds", "0", "--steps", "2", "--batch-size", "8",
+                 "--n-train", "0", "--n-test", "16", "--preset", "micro", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "train fresh every step" in printed and "% / --," in printed
+    run = json.loads((out / "runs" / "L4_ds8_kv4_s0" / "result.json").read_text())
+    assert run["train_acc"] is None and run["steps"] == 2

@@ -78,7 +78,8 @@ def _protocols(ablates: list[dict], mqar: dict | None, kv: int | None) -> list[s
         s = mqar["study"]
         lr = s.get("train_overrides", {}).get("lr", 1e-3)
         width = "" if s["width"] is None else f", width {s['width']}"
-        lines.append(f"* MQAR: `drmlab mqar`, {kv} key-value pairs, {s['vocab_kv']} keys, {s['n_train']:,} training / "
+        train = "fresh training sequences every step" if s["n_train"] == 0 else f"{s['n_train']:,} training"
+        lines.append(f"* MQAR: `drmlab mqar`, {kv} key-value pairs, {s['vocab_kv']} keys, {train} / "
                      f"{s['n_test']:,} test sequences, {s['steps']:,} steps at batch {s['batch_size']}, lr {lr:g}, "
                      f"preset `{s['preset']}`{width}, seeds "
                      f"{', '.join(map(str, s['seeds']))}; accuracy on the query positions only, chance "
@@ -113,7 +114,7 @@ def markdown(rows: list[dict], ablates: list[dict], mqar: dict | None, kv: int |
         out[-1] += (_pm(r["acc_mean"], r["acc_std"], r["acc_seeds"], 100, 1, "%") if "acc_mean" in r else "--") + " | "
         first = r.get("first_mean")
         out[-1] += ("--" if first is None else f"{100 * first:.1f}% +- {100 * r['first_std']:.1f}") + " | "
-        out[-1] += (f"{100 * r['train_acc']:.1f}%" if "train_acc" in r else "--") + " | "
+        out[-1] += (f"{100 * r['train_acc']:.1f}%" if r.get("train_acc") is not None else "--") + " | "
         out[-1] += (f"{r['mqar_params']:,}" if "mqar_params" in r else "--") + " |"
     out.append("")
     return "\n".join(out)

@@ -10,12 +10,14 @@ up to ``seq_len`` (default 2·kv + queries + 4 = 3·kv + 4: 16 for kv = 4, 52 fo
 at a query position is that key's value (``logits[:, t]`` is scored against ``targets[:, t]``, the
 model reads the key and names its value); every other target is -100 (ignored). Train set
 ``n_train`` = 4,096 sequences with seed = the run seed, test set ``n_test`` = 1,024 with seed +
-999. Accuracy (:func:`accuracy`) = argmax over *all* logits equals the value, pooled over the
+999; ``n_train = 0`` draws a fresh batch for every step instead (no sequence is seen twice, so
+the model cannot memorise its way to a low loss; no train accuracy is then reported). Accuracy (:func:`accuracy`) = argmax over *all* logits equals the value, pooled over the
 query positions of the test set only; chance = 1 / vocab_kv, printed beside every accuracy.
 
 **Training** goes through :func:`drmlab.training.trainer.train` with its ``batch_fn`` hook: the
 micro-batch of step k is ``batch_size`` rows drawn with replacement from the train set by
-``default_rng([seed, k, micro])`` (a pure function of the coordinates, like the LM batches).
+``default_rng([seed, k, micro])`` (a pure function of the coordinates, like the LM batches), or
+with ``n_train = 0`` generated from that same generator.
 Defaults are the study's: AdamW lr 1e-3 constant, wd 0.01 on every tensor, batch 256, 1,500
 steps, clip 1.0, fp32, seeds 0 and 1. There is no LM evaluation; the test accuracy is computed
 here after training. Each run's trainer files (config.json, metrics.jsonl, checkpoint,
@@ -144,10 +146,13 @@ class MQARTask:
         return sum((1 + (r - 1) / self.vocab_kv) / r for r in left) / len(left)
 
     def validate(self) -> "MQARTask":
-        for name in ("kv", "vocab_kv", "n_queries", "length", "n_train", "n_test"):
+        for name in ("kv", "vocab_kv", "n_queries", "length", "n_test"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"MQAR {name} must be a positive integer, got {value!r}")
+        if not isinstance(self.n_train, int) or isinstance(self.n_train, bool) or self.n_train < 0:
+            raise ValueError(f"MQAR n_train must be a non-negative integer (0 = a fresh batch every step), "
+                             f"got {self.n_train!r}")
         if self.kv > self.vocab_kv:
             raise ValueError(f"kv ({self.kv}) needs that many distinct keys; vocab_kv is {self.vocab_kv}")
         if self.n_queries > self.kv:
@@ -192,6 +197,16 @@ def batch_sampler(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int):
     def batch_fn(seed: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = torch.from_numpy(np.random.default_rng([seed, step, micro]).integers(0, n, size=batch_size))
         return inputs[rows], targets[rows]
+
+    return batch_fn
+
+
+def fresh_sampler(task: MQARTask, batch_size: int):
+    """The trainer's ``batch_fn`` for ``n_train = 0``: ``batch_size`` new sequences of ``task`` from
+    ``default_rng([seed, step, micro])`` (never the test set's generator, an integer seed)."""
+
+    def batch_fn(seed: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return generate(task, batch_size, [seed, step, micro])
 
     return batch_fn
 
@@ -365,16 +380,18 @@ def run_one(study: MQARStudy, name: str, kv: int, seed: int, out: Path, *, devic
                 result_path.write_text(json.dumps(saved, indent=2) + "\n")
             return dict(saved, reused=True)
     model, registry, kw = build(name, study.preset, task, seed, study.width, study.model_overrides, study.arm_model)
-    x_train, y_train = train_set(task, seed)
+    fresh = task.n_train == 0
+    x_train, y_train = (None, None) if fresh else train_set(task, seed)
     x_test, y_test = test_set(task, seed)
+    batch_fn = fresh_sampler(task, cfg.batch_size) if fresh else batch_sampler(x_train, y_train, cfg.batch_size)
     t0 = time.perf_counter()
-    summary = train(model, None, None, cfg, run_dir, batch_fn=batch_sampler(x_train, y_train, cfg.batch_size),
+    summary = train(model, None, None, cfg, run_dir, batch_fn=batch_fn,
                     run_info={"model": name, "preset": study.preset, "overrides": kw,
                               "registry_model": registry, "mqar": dataclasses.asdict(task), "arm_model": study.arm_model},
                     device=device, quiet=quiet, final_eval=False)
     wall = time.perf_counter() - t0
     test = accuracy(model, x_test, y_test)
-    train_acc = accuracy(model, x_train, y_train)
+    train_acc = {"acc": None} if fresh else accuracy(model, x_train, y_train)
     result = {
         "model": name, "registry_model": registry, "overrides": _jsonable(kw), "kv": kv, "seed": seed,
         "params": summary["params"], "steps": summary["steps"], "final_loss": summary["final_loss"],
@@ -424,7 +441,8 @@ def summarize(study: MQARStudy, results: list[dict]) -> dict:
             cells[str(kv)] = {"acc_mean": mean, "acc_std": std, "n_seeds": len(rows), "accs": accs,
                               "first_query_mean": first_mean, "first_query_std": first_std,
                               "by_query_mean": [sum(col) / len(col) for col in zip(*by_query)] if by_query else None,
-                              "seeds": [r["seed"] for r in rows], "train_acc_mean": mean_std([r["train_acc"] for r in rows])[0],
+                              "seeds": [r["seed"] for r in rows], "train_acc_mean": (None if any(r["train_acc"] is None for r in rows)
+                                                 else mean_std([r["train_acc"] for r in rows])[0]),
                               "chance": rows[0]["chance"], "anchor_acc": ANCHOR_ACC.get((name, kv)) if comparable else None,
                               "seconds_per_step": mean_std([r["seconds_per_step"] for r in rows])[0],
                               "params": rows[0]["params"]}
@@ -435,13 +453,18 @@ def summarize(study: MQARStudy, results: list[dict]) -> dict:
             "models": models, "runs": [{k: v for k, v in r.items() if k != "spec"} for r in results]}
 
 
+def _percent(value) -> str:
+    return "--" if value is None else f"{100 * value:.1f}%"
+
+
 def markdown(summary: dict) -> str:
     s = summary["study"]
     kvs = s["kvs"]
     chance = summary["chance"]
     lines = [
         "# MQAR probe", "",
-        f"vocab_kv {s['vocab_kv']} (vocabulary {2 * s['vocab_kv'] + 2}); train {s['n_train']:,} / test {s['n_test']:,} "
+        f"vocab_kv {s['vocab_kv']} (vocabulary {2 * s['vocab_kv'] + 2}); train "
+        f"{'fresh every step' if s['n_train'] == 0 else format(s['n_train'], ',')} / test {s['n_test']:,} "
         f"sequences; {s['steps']:,} steps at batch {s['batch_size']}; preset {s['preset']}"
         + (f", width {s['width']}" if s["width"] else "") + f"; arm model {s['arm_model']}; seeds "
         + ", ".join(map(str, s["seeds"])) + ".",
@@ -485,7 +508,7 @@ def markdown(summary: dict) -> str:
     for r in summary["runs"]:
         per_query = ", ".join(f"{100 * a:.0f}" for a in r.get("test_by_query") or [])
         lines.append(f"* {r['model']} kv={r['kv']} seed {r['seed']}: {100 * r['test_acc']:.1f}% / "
-                     f"{100 * r['train_acc']:.1f}%, {r['seconds_per_step']:.3f} s/step, final loss {r['final_loss']:.3f}"
+                     f"{_percent(r['train_acc'])}, {r['seconds_per_step']:.3f} s/step, final loss {r['final_loss']:.3f}"
                      + (f"; test by query {per_query}%" if per_query else ""))
     return "\n".join(lines) + "\n"
 
@@ -528,7 +551,7 @@ def run_study(study: MQARStudy, out: str | Path, *, device="auto", quiet=True, l
                 r = run_one(study, name, kv, seed, out, device=device, quiet=quiet)
                 results.append(r)
                 log(f"mqar {name} kv={kv} seed={seed}: test acc {100 * r['test_acc']:.1f}% (chance "
-                    f"{100 * r['chance']:.1f}%), train acc {100 * r['train_acc']:.1f}%, "
+                    f"{100 * r['chance']:.1f}%), train acc {_percent(r['train_acc'])}, "
                     f"{r['seconds_per_step']:.3f} s/step" + (" (reused)" if r.get("reused") else ""))
     summary = summarize(study, results)
     (out / "mqar.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -578,7 +601,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--vocab-kv", type=int, default=64, help="number of keys = number of values (default 64)")
     parser.add_argument("--queries", type=int, default=None, help="queries per sequence (default kv)")
     parser.add_argument("--seq-len", type=int, default=None, help="sequence length (default 2*kv + queries + 4)")
-    parser.add_argument("--n-train", type=int, default=4096, help="training sequences (default 4096)")
+    parser.add_argument("--n-train", type=int, default=4096,
+                        help="training sequences (default 4096); 0 = a fresh batch every step")
     parser.add_argument("--n-test", type=int, default=1024, help="test sequences (default 1024)")
     parser.add_argument("--set", dest="assignments", action="append", metavar="KEY=VALUE",
                         help="a TrainConfig or model-config setting for every run (repeatable), e.g. lr=3e-4, d_state=16")
