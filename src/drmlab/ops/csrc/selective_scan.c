@@ -33,7 +33,7 @@ typedef long long i64;
 
 /* x86-64 with GCC: an AVX2 clone of every kernel next to the baseline one, chosen at load time
  * (ifunc); other compilers and machines build the portable version only. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#if defined(__x86_64__) && defined(__GNUC__) && __GNUC__ >= 6 && !defined(__clang__) && defined(__linux__)
 #define DRM_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define DRM_CLONES
