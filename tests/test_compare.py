@@ -48,7 +48,7 @@ def test_join_orders_by_bits_per_byte_and_keeps_mqar_only_rows(tmp_path, capsys)
     assert "| GPT2 | 110 | 3.5000 +- 0.0100 (2) | -- | -- | -- | -- |" in text
     assert "26.2% by answering with a random value" in text and "52.8%" in text
     assert "| L4_ds64 | -- | -- | 70.0% +- 5.0 (2) |" in text
-    assert "chance 1.56%" in text and "1,000 tokens per run" in text
+    assert "chance 1.56%" in text and "a 1,000-token budget per run" in text
     assert (out / "compare.png").stat().st_size > 0
 
 

@@ -70,7 +70,7 @@ def _protocols(ablates: list[dict], mqar: dict | None, kv: int | None) -> list[s
     lines = []
     for results in ablates:
         s, t = results["study"], results["study"]["train"]
-        lines.append(f"* Bits per byte: `drmlab ablate`, preset `{s['preset']}`, {t['tokens']:,} tokens per run "
+        lines.append(f"* Bits per byte: `drmlab ablate`, preset `{s['preset']}`, a {t['tokens']:,}-token budget per run "
                      f"(batch {t['batch_size']} x {t['seq_len']}), lr {t['lr']:g} {t['schedule']}, seeds "
                      f"{', '.join(map(str, s['seeds']))}; data `{s.get('data_source') or 'stdlib'}` "
                      f"({s['tokenizer']} tokenizer); whole validation stream rescored.")
@@ -120,7 +120,8 @@ def markdown(rows: list[dict], ablates: list[dict], mqar: dict | None, kv: int |
     return "\n".join(out)
 
 
-def plot(rows: list[dict], path: Path, kv: int | None, chance: float | None) -> bool:
+def plot(rows: list[dict], path: Path, kv: int | None, levels: dict | None) -> bool:
+    """MQAR accuracy against bits per byte, one point per model with both, and the no-binding levels."""
     both = [r for r in rows if "bpb_mean" in r and "acc_mean" in r]
     if not both:
         return False
@@ -130,13 +131,17 @@ def plot(rows: list[dict], path: Path, kv: int | None, chance: float | None) -> 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
-    for r in both:
+    offsets = [(5, 4), (5, -11), (5, 15), (5, -22)]  # staggered so neighbouring labels stay readable
+    for i, r in enumerate(sorted(both, key=lambda r: r["bpb_mean"])):
         ax.errorbar(r["bpb_mean"], 100 * r["acc_mean"], xerr=r["bpb_std"], yerr=100 * r["acc_std"], fmt="o", capsize=3)
-        ax.annotate(r["model"], (r["bpb_mean"], 100 * r["acc_mean"]), textcoords="offset points", xytext=(5, 4),
-                    fontsize=8)
-    if chance is not None:
-        ax.axhline(100 * chance, color="grey", lw=0.8, ls="--", label="chance")
-        ax.legend(loc="best", fontsize=8)
+        ax.annotate(r["model"], (r["bpb_mean"], 100 * r["acc_mean"]), textcoords="offset points",
+                    xytext=offsets[i % len(offsets)], fontsize=8)
+    for key, label, style in (("chance", "chance", ":"), ("context_guess", "context guess (no binding)", "--"),
+                              ("elimination_guess", "elimination (no binding)", "-.")):
+        if levels and key in levels:
+            ax.axhline(100 * levels[key], color="grey", lw=0.8, ls=style, label=label)
+    if levels:
+        ax.legend(loc="upper right", fontsize=8)
     ax.set_xlabel("validation bits per byte (lower is better)")
     ax.set_ylabel(f"MQAR test accuracy, kv={kv} (%)")
     ax.set_title("Language modelling vs associative recall")
@@ -171,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(text)
-    plotted = plot(rows, out / "compare.png", kv, None if mqar is None else mqar["chance"])
+    levels = None if mqar is None else mqar.get("levels", {}).get(str(kv), {"chance": mqar["chance"]})
+    plotted = plot(rows, out / "compare.png", kv, levels)
     print(text, end="")
     print(f"wrote {out / 'compare.md'}" + (", compare.png" if plotted else ""), file=sys.stderr)
     return 0
