@@ -14,7 +14,7 @@ time) beside them:
   sequence in a running buffer and stores only y, the last state and the state entering every
   segment of ``K`` steps; the backward recomputes one segment at a time and runs the adjoint
   recurrence (formulas in the C file). Memory O(B T (E + N E / K)); sequences are split across
-  ``torch.get_num_threads()`` threads. float32 uses a vectorisable exp accurate to about 1 ulp.
+  ``torch.get_num_threads()`` threads. float32 uses a vectorisable exp (within 1.35 ulp; torch.exp: 1.03).
 * ``"torch"`` (every device): time in chunks, each chunk one
   :func:`drmlab.ops.linear_scan` over the flattened (E, N) channels, with three small autograd
   functions for exp(dt A), the outer product (dt x) B^T and the read-out (``chunk``,

@@ -23,7 +23,8 @@
  * caller gives each thread its own dA accumulator and workspaces.
  *
  * float32 uses a branch-free exp (Cody-Waite range reduction and Cephes' degree-6 polynomial,
- * about 1 ulp; exactly 0 below -87.3) so the loops vectorise; float64 calls libm's exp.
+ * within 1.35 ulp of exp over [-87, 88], exactly 0 below -87.3) so the loops vectorise; float64 calls
+ * libm's exp.
  */
 #include <math.h>
 #include <stddef.h>
