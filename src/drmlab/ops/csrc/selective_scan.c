@@ -66,6 +66,20 @@ static inline double drm_exp(double x) { return exp(x); }
 
 #define LANES 8
 
+/* One channel i of the adjoint step at time t, state n (partial sums in lane j). */
+#define SSCAN_ADJOINT(T_, i, j)                                                                \
+    do {                                                                                       \
+        const T_ d_ = dtt[i];                                                                  \
+        const T_ gv_ = gn[i] + dyt[i] * cn;             /* g_t = carried + dy_t C_t */         \
+        accC[j] += dyt[i] * htn[i];                                                            \
+        accB[j] += gv_ * (d_ * xt[i]);                                                         \
+        dxt[i] += gv_ * bn;                             /* d(dt x) */                          \
+        const T_ w_ = gv_ * hpn[i] * dcn[i];            /* g_t h_{t-1} exp(dt A) */            \
+        dAn[i] += w_ * d_;                                                                     \
+        ddtt[i] += w_ * An[i];                                                                 \
+        gn[i] = gv_ * dcn[i];                           /* carried to t - 1 */                 \
+    } while (0)
+
 #define SSCAN_KERNELS(T_, SUF, EXP)                                                             \
 DRM_CLONES void drm_sscan_fwd_##SUF(const T_ *restrict x, const T_ *restrict dt, const T_ *restrict At,  \
                          const T_ *restrict Bm, const T_ *restrict Cm, const T_ *restrict h0, \
@@ -149,31 +163,10 @@ DRM_CLONES void drm_sscan_bwd_##SUF(const T_ *restrict x, const T_ *restrict dt,
                     T_ *gn = g + n * E, *dAn = dA + n * E;                                    \
                     T_ accC[LANES] = {0}, accB[LANES] = {0};                                  \
                     i64 e = 0;                                                                \
-                    for (; e + LANES <= E; e += LANES) {                                      \
-                        for (int j = 0; j < LANES; ++j) {                                     \
-                            const i64 i = e + j;                                              \
-                            T_ d = dtt[i];                                                    \
-                            T_ gv = gn[i] + dyt[i] * cn;                                      \
-                            accC[j] += dyt[i] * htn[i];                                       \
-                            accB[j] += gv * (d * xt[i]);                                      \
-                            dxt[i] += gv * bn;                                                \
-                            T_ w = gv * hpn[i] * dcn[i];                                      \
-                            dAn[i] += w * d;                                                  \
-                            ddtt[i] += w * An[i];                                             \
-                            gn[i] = gv * dcn[i];                                              \
-                        }                                                                     \
-                    }                                                                         \
-                    for (; e < E; ++e) {                                                      \
-                        T_ d = dtt[e];                                                        \
-                        T_ gv = gn[e] + dyt[e] * cn;                                          \
-                        accC[0] += dyt[e] * htn[e];                                           \
-                        accB[0] += gv * (d * xt[e]);                                          \
-                        dxt[e] += gv * bn;                                                    \
-                        T_ w = gv * hpn[e] * dcn[e];                                          \
-                        dAn[e] += w * d;                                                      \
-                        ddtt[e] += w * An[e];                                                 \
-                        gn[e] = gv * dcn[e];                                                  \
-                    }                                                                         \
+                    /* LANES independent partial sums for dC and dB, so the loop vectorises */ \
+                    for (; e + LANES <= E; e += LANES)                                        \
+                        for (int j = 0; j < LANES; ++j) SSCAN_ADJOINT(T_, e + j, j);          \
+                    for (; e < E; ++e) SSCAN_ADJOINT(T_, e, 0);                               \
                     T_ sc = 0, sb = 0;                                                        \
                     for (int j = 0; j < LANES; ++j) { sc += accC[j]; sb += accB[j]; }         \
                     dC[(b * T + t) * N + n] = sc;                                             \
