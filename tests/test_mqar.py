@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from drmlab.experiments import mqar
 from drmlab.models.output import ModelOutput
+from drmlab.models.registry import config_fields
 from drmlab.training.config import TrainConfig
 from drmlab.training.trainer import IGNORE_INDEX, targets_loss, train
 
@@ -217,7 +218,7 @@ def test_width_mapping_and_position_table():
               "MAMBA": {"d_model": 40}, "L4_ds64": {"d_model": 40}}
     for name, fields in expect.items():
         registry, kw = mqar.resolve_model(name, "micro", task, width=40, overrides={})
-        config = mqar._config_fields(registry, "micro", task.vocab_size, kw)
+        config = config_fields(registry, "micro", task.vocab_size, **kw)
         assert {k: config[k] for k in fields} == fields, name
         for key in mqar.POSITION_FIELDS:
             if key in config and name != "L4_ds64":

@@ -403,18 +403,8 @@ def _split_list(text: str, what: str) -> list[str]:
     return items
 
 
-def check_model_builds(name: str, preset: str, vocab_size: int, overrides: dict) -> None:
-    """Build ``name`` on the meta device (no memory, no init): raises what a real build would."""
-    import torch
-
-    from drmlab.models import build_model
-
-    with torch.device("meta"):
-        build_model(name, preset, vocab_size=vocab_size, **overrides)
-
-
 def build_study(args: argparse.Namespace, vocab_size: int) -> Study:
-    from drmlab.models.registry import parse_model_spec, suggest
+    from drmlab.models.registry import config_fields, parse_model_spec, suggest
     from drmlab.training.command import model_setting_names
 
     models = _split_list(args.models, "models")
@@ -453,7 +443,7 @@ def build_study(args: argparse.Namespace, vocab_size: int) -> Study:
     cfg = resolve_train_config(args.preset, **values)
     train = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "seed"}
     for model in models:  # a bad arm or setting fails now, not after the first runs
-        check_model_builds(specs[model][0], args.preset, vocab_size, model_overrides[model])
+        config_fields(specs[model][0], args.preset, vocab_size, **model_overrides[model])
     return Study(models=models, seeds=seeds, preset=args.preset, train=train,
                  model_overrides={m: o for m, o in model_overrides.items() if o}, data_source=args.data,
                  tokenizer=args.tokenizer or "bytes",

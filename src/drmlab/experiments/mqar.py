@@ -65,6 +65,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from drmlab.models.registry import config_fields
+
 PAD = 0
 IGNORE = -100
 FIRST_KEY = 2
@@ -261,16 +263,6 @@ class StudyMQARModel(nn.Module):
         return ModelOutput(logits=self.lm_head(self.body.ln_f(x)), aux={})
 
 
-def _config_fields(name: str, preset: str, vocab_size: int, overrides: dict) -> dict:
-    """The config of ``name`` built on the meta device (no memory, no init cost) as a dict."""
-    from drmlab.models import build_model
-
-    with torch.device("meta"):
-        model = build_model(name, preset=preset, vocab_size=vocab_size, **overrides)
-    config = getattr(model, "config", None)
-    return dataclasses.asdict(config) if config is not None and dataclasses.is_dataclass(config) else {}
-
-
 def width_overrides(fields, width: int | None) -> dict:
     """The config fields ``--width`` sets for a model whose config has ``fields``."""
     if width is None:
@@ -294,10 +286,10 @@ def resolve_model(name: str, preset: str, task: MQARTask, width: int | None, ove
     """(registered name, overrides) for ``name``: anchor-arm settings or the width, then ``overrides``,
     then a position table at least as long as the sequence."""
     registry, kw = _registry_entry(name)
-    fields = _config_fields(registry, preset, task.vocab_size, kw)
+    fields = config_fields(registry, preset, task.vocab_size, **kw)
     kw.update(width_overrides(fields, width))
     kw.update(overrides)
-    fields = _config_fields(registry, preset, task.vocab_size, kw)
+    fields = config_fields(registry, preset, task.vocab_size, **kw)
     for key in POSITION_FIELDS:
         if key in fields and key not in overrides and isinstance(fields[key], int) and fields[key] < task.length:
             kw[key] = task.length
@@ -622,13 +614,14 @@ def build_study(args: argparse.Namespace) -> MQARStudy:
     if not models:
         raise ValueError("--models is empty")
     known = set(list_models()) | set(ANCHOR_ARMS)
+    fields: set = set()  # every model's config keys, for --set
     for name in models:
         if name.partition(":")[0] not in known:
             from drmlab.models.registry import suggest
 
             raise ValueError(f"unknown model {name!r}{suggest(name, known)}; anchor arms: {', '.join(ANCHOR_ARMS)}")
         registry, kw = _registry_entry(name)
-        _config_fields(registry, args.preset, 2 * args.vocab_kv + 2, kw)  # a bad arm fails now
+        fields |= set(config_fields(registry, args.preset, 2 * args.vocab_kv + 2, **kw))  # a bad arm fails now
     kvs, seeds = _int_list(args.kv, "--kv"), _int_list(args.seeds, "--seeds")
     if args.arm_model not in ARM_MODELS:
         raise ValueError(f"--arm-model must be one of {ARM_MODELS}")
@@ -639,10 +632,6 @@ def build_study(args: argparse.Namespace) -> MQARStudy:
         raise ValueError(f"--steps must be positive, got {args.steps}")
     assignments = parse_assignments(args.assignments)
     if assignments:
-        fields = set()
-        for name in models:
-            registry, kw = _registry_entry(name)
-            fields |= set(_config_fields(registry, args.preset, 2 * args.vocab_kv + 2, kw))
         train_kw, model_kw = split_overrides(assignments, fields)
         for key in ("tokens", "seq_len", "seed"):
             if key in train_kw:

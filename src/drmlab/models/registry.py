@@ -9,9 +9,11 @@ name may carry a named arm, ``NAME:ARM`` (e.g. ``LOOPED:B`` = ``build_model("LOO
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from typing import Callable
 
+import torch
 import torch.nn as nn
 
 PRESETS = ("micro", "tiny", "small", "125m")
@@ -56,6 +58,16 @@ def build_model(name: str, preset: str = "tiny", vocab_size: int = 256, seed: in
     if not isinstance(vocab_size, int) or vocab_size <= 0:
         raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
     return _BUILDERS[name](name, preset=preset, vocab_size=vocab_size, seed=seed, **overrides)
+
+
+def config_fields(name: str, preset: str = "tiny", vocab_size: int = 256, **overrides) -> dict:
+    """The config of ``build_model(name, preset, vocab_size, **overrides)`` as a dict, from a build
+    on the meta device (no memory, no initialisation): raises whatever a real build would. A model
+    whose ``config`` is not a dataclass gives {}."""
+    with torch.device("meta"):
+        model = build_model(name, preset, vocab_size=vocab_size, **overrides)
+    config = getattr(model, "config", None)
+    return dataclasses.asdict(config) if config is not None and dataclasses.is_dataclass(config) else {}
 
 
 def parse_model_spec(spec: str) -> tuple[str, dict]:

@@ -165,8 +165,9 @@ def selective_scan(x, dt, A, Bm, Cm, h0=None, *, chunk: int = 0, recompute: bool
             raise ValueError(f"{name} must be [B, T, N] = {(b, length, n)}, got {tuple(t.shape)}")
     if h0 is not None and h0.shape != (b, e, n):
         raise ValueError(f"h0 must be [B, E, N] = {(b, e, n)}, got {tuple(h0.shape)}")
-    chosen = selective_scan_backend(x) if backend == "auto" else backend
-    if chosen == "c" and selective_scan_backend(x) != "c":
+    available = selective_scan_backend(x)
+    chosen = available if backend == "auto" else backend
+    if chosen == "c" and available != "c":
         raise RuntimeError("the C selective-scan kernel is not available for these inputs "
                            f"(device {x.device.type}, dtype {x.dtype}; drmlab.ops.scan.c_kernel_status())")
     if chosen == "torch" or length == 0 or b == 0:

@@ -10,7 +10,6 @@ Resolution order for every setting: the preset's defaults, then the explicit fla
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -105,12 +104,10 @@ def load_corpus_for(data: str | None, tokenizer: str | None, cache_dir: str | No
 
 
 def model_setting_names(name: str, preset: str, vocab_size: int) -> list[str]:
-    """The model's config keys (fields of ``model.config``), from a default build."""
-    from drmlab.models import build_model
+    """The model's config keys (fields of ``model.config``), from a default build on the meta device."""
+    from drmlab.models.registry import config_fields
 
-    model = build_model(name, preset, vocab_size=vocab_size, seed=0)
-    config = getattr(model, "config", None)
-    return [f.name for f in dataclasses.fields(config)] if config is not None and dataclasses.is_dataclass(config) else []
+    return list(config_fields(name, preset, vocab_size))
 
 
 def check_seq_len(model, seq_len: int) -> None:
