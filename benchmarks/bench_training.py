@@ -35,7 +35,7 @@ def main() -> None:
         cfg = resolve_train_config(args.preset, tokens=cfg.tokens_per_step * (args.steps + 1), eval_every=0)
         model = build_model(name, args.preset)
         wall, cpu = time.perf_counter(), time.process_time()
-        summary = train(model, stream, None, cfg, quiet=True, final_eval=False)
+        summary = train(model, stream, None, cfg, quiet=True)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         rows = [r for r in summary["rows"] if r["kind"] == "train"][1:]  # first step warms up
         step_rate = np.median([r["tok_s"] for r in rows])

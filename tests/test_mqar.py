@@ -1,5 +1,5 @@
 """The MQAR probe (drmlab.experiments.mqar): data rules of notes/looped-study.md §8, accuracy on the
-query positions only, chance, the anchor arms, the trainer's batch_fn hook and a tiny CLI run."""
+query positions only, chance, the anchor arms, the trainer's batch sources and a tiny CLI run."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from drmlab.experiments import mqar
 from drmlab.models.output import ModelOutput
 from drmlab.models.registry import config_fields
+from drmlab.training.batches import FixedSetBatches
 from drmlab.training.config import TrainConfig
 from drmlab.training.trainer import IGNORE_INDEX, targets_loss, train
 
@@ -94,7 +95,7 @@ def test_fewer_queries_take_the_first_of_the_permutation():
 
 def test_batch_sampler_is_a_pure_function_of_its_coordinates():
     x, y = mqar.generate(mqar.MQARTask(kv=4), 64, seed=0)
-    fn = mqar.batch_sampler(x, y, 16)
+    fn = FixedSetBatches(x, y, 16).global_batch
     a, b = fn(0, 5, 0), fn(0, 5, 0)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[0].shape == (16, 16)
     assert not torch.equal(fn(0, 6, 0)[0], a[0]) and not torch.equal(fn(1, 5, 0)[0], a[0])
@@ -239,7 +240,7 @@ def test_targets_loss_scores_only_the_unignored_targets():
     assert ce.item() == pytest.approx(F.cross_entropy(logits[mask], targets[mask]).item())
 
 
-def test_train_with_batch_fn_is_deterministic_and_checks_its_arguments(tmp_path):
+def test_train_with_a_batch_source_is_deterministic_and_checks_its_rows(tmp_path):
     task = mqar.MQARTask(kv=2, n_train=32)
     x, y = mqar.train_set(task, 0)
     cfg = TrainConfig(tokens=4 * 8 * task.length, batch_size=8, seq_len=task.length, eval_every=0, eval_windows=0,
@@ -247,12 +248,14 @@ def test_train_with_batch_fn_is_deterministic_and_checks_its_arguments(tmp_path)
     losses = []
     for run in range(2):
         model, _, _ = mqar.build("LOOPED", "micro", task, seed=0)
-        summary = train(model, None, None, cfg, tmp_path / f"r{run}", batch_fn=mqar.batch_sampler(x, y, 8), quiet=True)
+        summary = train(model, FixedSetBatches(x, y, 8), None, cfg, tmp_path / f"r{run}", quiet=True)
         assert summary["steps"] == 4 and summary["finished"] and "val_ce" not in summary
         losses.append([r["loss"] for r in summary["rows"]])
     assert losses[0] == losses[1]
-    with pytest.raises(ValueError, match="exactly one"):
-        train(model, np.zeros(100, dtype=np.int64), None, cfg, batch_fn=mqar.batch_sampler(x, y, 8), quiet=True)
+    with pytest.raises(ValueError, match="not divisible by the number of processes"):
+        FixedSetBatches(x, y, 6).batch(0, 1, 0, rank=0, world_size=4)
+    with pytest.raises(ValueError, match=r"one shape \[B, T\]"):
+        FixedSetBatches(x, y[:, :-1], 8).batch(0, 1, 0)
 
 
 # ---------------------------------------------------------------------------------- CLI
@@ -321,7 +324,7 @@ def test_fresh_batches_every_step(tmp_path, capsys):
     """--n-train 0: every step draws new sequences (a pure function of seed, step, micro), never
     the test set's; no train accuracy is reported."""
     task = mqar.MQARTask(kv=4, n_train=0).validate()
-    fn = mqar.fresh_sampler(task, 8)
+    fn = mqar.FreshMQARBatches(task, 8).global_batch
     a, b = fn(1, 0, 0), fn(1, 1, 0)
     assert torch.equal(a[0], fn(1, 0, 0)[0]) and not torch.equal(a[0], b[0])
     x_test, _ = mqar.test_set(task, 1)

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from drmlab.models import build_model, list_models
 from drmlab.models.output import ModelOutput
 from drmlab.training import NonFiniteLossError, TrainConfig, lm_loss, parse_tokens, read_metrics, train
-from drmlab.training import checkpoint as ckpt
+from drmlab.evaluation import rescorer
+from drmlab.runs import STATE_FILE, RunDir, write_json_atomic
 from drmlab.training.batches import eval_sample, train_batch, window_starts
 from drmlab.training.config import parse_assignments, resolve_train_config, split_overrides
 from drmlab.training.optim import lr_at
@@ -176,9 +177,9 @@ def test_tiny_model_loss_includes_aux():
 
 def test_seeded_runs_reproduce(tmp_path):
     tr, va = _data()
-    a = train(TinyLM(seed=1), tr, va, _cfg(seed=1), quiet=True, final_eval=False)
-    b = train(TinyLM(seed=1), tr, va, _cfg(seed=1), quiet=True, final_eval=False)
-    c = train(TinyLM(seed=1), tr, va, _cfg(seed=2), quiet=True, final_eval=False)
+    a = train(TinyLM(seed=1), tr, va, _cfg(seed=1), quiet=True)
+    b = train(TinyLM(seed=1), tr, va, _cfg(seed=1), quiet=True)
+    c = train(TinyLM(seed=1), tr, va, _cfg(seed=2), quiet=True)
     losses = lambda s: [r["loss"] for r in s["rows"] if r["kind"] == "train"]
     assert losses(a) == losses(b)
     assert losses(a) != losses(c)
@@ -189,12 +190,13 @@ def test_resume_is_bit_exact(tmp_path):
     tr, va = _data()
     cfg = _cfg(tokens=8 * 16 * 8, grad_accum=2, batch_size=4, schedule="cosine", eval_every=4 * 2 * 16 * 2)
     straight_model = TinyLM(seed=5)
-    straight = train(straight_model, tr, va, cfg, tmp_path / "straight", quiet=True)
+    evaluate = rescorer(va, cfg.seq_len, batch_size=cfg.eval_batch_size)
+    straight = train(straight_model, tr, va, cfg, tmp_path / "straight", quiet=True, evaluate=evaluate)
     first = train(TinyLM(seed=5), tr, va, cfg, tmp_path / "split", quiet=True, stop_after_step=3)
     assert first["steps"] == 3 and not first["finished"] and "val_ce" not in first
-    assert ckpt.read_state(tmp_path / "split")["step"] == 3
+    assert RunDir(tmp_path / "split").read_state()["step"] == 3
     resumed_model = TinyLM(seed=99)  # different init: everything must come from the checkpoint
-    second = train(resumed_model, tr, va, cfg, tmp_path / "split", resume=True, quiet=True)
+    second = train(resumed_model, tr, va, cfg, tmp_path / "split", resume=True, quiet=True, evaluate=evaluate)
     assert second["finished"] and second["steps"] == 8
 
     rows_a = [r for r in read_metrics(tmp_path / "straight")]
@@ -224,11 +226,11 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     cfg = _cfg(tokens=8 * 16 * 6, checkpoint_every=8 * 16 * 2)
     with pytest.raises(NonFiniteLossError, match=r"step 5 .*last good checkpoint \(step 4\)"):
         train(TinyLM(seed=2, nan_at_step=5), tr, va, cfg, tmp_path / "bad", quiet=True)
-    assert ckpt.read_state(tmp_path / "bad")["step"] == 4
+    assert RunDir(tmp_path / "bad").read_state()["step"] == 4
     reference = TinyLM(seed=2)
     train(reference, tr, va, cfg, tmp_path / "ref", quiet=True, stop_after_step=4)
     loaded = TinyLM(seed=0)
-    ckpt.load_checkpoint(tmp_path / "bad", loaded)
+    RunDir(tmp_path / "bad").load_checkpoint(loaded)
     for p, q in zip(reference.parameters(), loaded.parameters()):
         assert torch.equal(p, q)
     assert all(math.isfinite(r["loss"]) for r in read_metrics(tmp_path / "bad") if r["kind"] == "train")
@@ -237,12 +239,12 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
 def test_huge_learning_rate_is_caught(tmp_path):
     tr, va = _data()
     with pytest.raises(NonFiniteLossError, match="non-finite"):
-        train(TinyLM(), tr, va, _cfg(lr=1e30, tokens=8 * 16 * 10), quiet=True, final_eval=False)
+        train(TinyLM(), tr, va, _cfg(lr=1e30, tokens=8 * 16 * 10), quiet=True)
 
 
 def test_run_directory_contents(tmp_path):
     tr, va = _data()
-    summary = train(TinyLM(), tr, va, _cfg(eval_every=8 * 16 * 3), tmp_path, quiet=True,
+    summary = train(TinyLM(), tr, va, _cfg(eval_every=8 * 16 * 3), tmp_path, quiet=True, evaluate=rescorer(va, 16),
                     run_info={"model": "TINY", "preset": "micro", "data": {"content_sha256": "x"}})
     names = {p.name for p in tmp_path.iterdir()}
     assert {"config.json", "metrics.jsonl", "summary.json", "model.safetensors", "optimizer.safetensors",
@@ -265,16 +267,16 @@ def test_run_directory_contents(tmp_path):
 def test_inconsistent_checkpoint_is_refused(tmp_path):
     tr, va = _data()
     train(TinyLM(), tr, va, _cfg(), tmp_path, quiet=True, stop_after_step=2)
-    state = ckpt.read_state(tmp_path)
-    ckpt.write_json_atomic(tmp_path / ckpt.STATE_FILE, dict(state, step=3))
+    state = RunDir(tmp_path).read_state()
+    write_json_atomic(tmp_path / STATE_FILE, dict(state, step=3))
     with pytest.raises(ValueError, match="inconsistent"):
-        ckpt.load_checkpoint(tmp_path, TinyLM())
+        RunDir(tmp_path).load_checkpoint(TinyLM())
 
 
 def test_bf16_autocast_trains():
     tr, va = _data()
-    fp32 = train(TinyLM(), tr, va, _cfg(), quiet=True, final_eval=False)
-    bf16 = train(TinyLM(), tr, va, _cfg(bf16=True), quiet=True, final_eval=False)
+    fp32 = train(TinyLM(), tr, va, _cfg(), quiet=True)
+    bf16 = train(TinyLM(), tr, va, _cfg(bf16=True), quiet=True)
     a = [r["loss"] for r in fp32["rows"] if r["kind"] == "train"]
     b = [r["loss"] for r in bf16["rows"] if r["kind"] == "train"]
     assert all(math.isfinite(x) for x in b)

@@ -21,6 +21,7 @@ SCRIPT = textwrap.dedent(
     import torch
     import torch.nn as nn
     from drmlab.models.output import ModelOutput
+    from drmlab.evaluation import rescorer
     from drmlab.training import TrainConfig, train
 
     torch.set_num_threads(1)
@@ -52,7 +53,8 @@ SCRIPT = textwrap.dedent(
     if __name__ == "__main__":
         tr, va = data()
         out = sys.argv[1]
-        summary = train(SmallLM(seed=3), tr, va, TrainConfig(**CFG), out, quiet=True, device="cpu")
+        summary = train(SmallLM(seed=3), tr, va, TrainConfig(**CFG), out, quiet=True, device="cpu",
+                        evaluate=rescorer(va, CFG["seq_len"]))
         if summary["world_size"] > 1 and torch.distributed.is_available():
             pass
         with open(out + "/losses.json", "w") as f:
@@ -80,7 +82,7 @@ def test_two_gloo_processes_match_one(tmp_path):
     try:
         tr, va = namespace["data"]()
         single = train(namespace["SmallLM"](seed=3), tr, va, TrainConfig(**namespace["CFG"]), tmp_path / "single",
-                       quiet=True, device="cpu")
+                       quiet=True, device="cpu", evaluate=namespace["rescorer"](va, namespace["CFG"]["seq_len"]))
     finally:
         torch.set_num_threads(old)
     pick = lambda rows, kind, field: [r[field] for r in rows if r["kind"] == kind]

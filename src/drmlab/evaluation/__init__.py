@@ -1,5 +1,5 @@
-"""Evaluation: deterministic rescoring of a token stream (``rescoring``) and ``drmlab eval`` (``command``)."""
+"""Evaluation: deterministic rescoring of a token stream (``rescoring``); the ``drmlab eval`` verb is :mod:`drmlab.cli.eval`."""
 
-from drmlab.evaluation.rescoring import byte_counter, rescore
+from drmlab.evaluation.rescoring import byte_counter, rescore, rescorer
 
-__all__ = ["byte_counter", "rescore"]
+__all__ = ["byte_counter", "rescore", "rescorer"]

@@ -144,7 +144,7 @@ def _check_study(out: Path, study: Study, data_meta: dict) -> None:
         overrides = {**saved.get("model_overrides", {}), **study.model_overrides}
     else:
         models, seeds, overrides = study.models, study.seeds, study.model_overrides
-    from drmlab.training.checkpoint import write_json_atomic
+    from drmlab.runs import write_json_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, dict(record, models=models, seeds=seeds, model_overrides=overrides))
@@ -160,9 +160,9 @@ def _finished(run_dir: Path) -> dict | None:
 
 def run_study(study: Study, out: str | Path, corpus, *, device="auto", quiet=False, log=print) -> dict:
     """Run (or resume) every (seed, model) of ``study`` on ``corpus``; write and return the results."""
-    from drmlab.evaluation.rescoring import byte_counter
+    from drmlab.evaluation.rescoring import byte_counter, rescorer
     from drmlab.models import build_model
-    from drmlab.training import checkpoint as ckpt
+    from drmlab.runs import RunDir
     from drmlab.training.config import TrainConfig
     from drmlab.training.trainer import train
 
@@ -183,10 +183,12 @@ def run_study(study: Study, out: str | Path, corpus, *, device="auto", quiet=Fal
         limit = getattr(getattr(net, "config", None), "n_positions", None)
         if isinstance(limit, int) and cfg.seq_len > limit:
             raise ValueError(f"seq_len {cfg.seq_len} exceeds {model}'s n_positions={limit}; add --set {model}.n_positions={cfg.seq_len}")
-        resume = ckpt.has_checkpoint(path)
+        resume = RunDir(path).has_checkpoint()
         log(f"{label}: {'resuming' if resume else 'training'} ({sum(p.numel() for p in net.parameters()):,} parameters)")
         t0 = time.perf_counter()
-        summary = train(net, corpus.train, corpus.val, cfg, path, resume=resume, count_bytes=count_bytes,
+        summary = train(net, corpus.train, corpus.val, cfg, path, resume=resume,
+                        evaluate=rescorer(corpus.val, cfg.seq_len, batch_size=cfg.eval_batch_size,
+                                          max_targets=cfg.eval_tokens, count_bytes=count_bytes),
                         device=device, quiet=quiet,
                         run_info={"model": study.registry_name(model), "label": model, "preset": study.preset,
                                   "overrides": overrides,
@@ -198,7 +200,7 @@ def run_study(study: Study, out: str | Path, corpus, *, device="auto", quiet=Fal
 
 def collect_runs(out: Path) -> list[dict]:
     """Every finished run under ``out/runs``, with its sampled validation curve."""
-    from drmlab.training.trainer import read_metrics
+    from drmlab.runs import read_metrics
 
     study = json.loads((out / STUDY_FILE).read_text())
     runs = []
@@ -255,7 +257,7 @@ def write_results(out: str | Path) -> dict:
                       "max_std": GATE_MAX_STD, "std": "population"},
         "complete": len(runs) == len(study["models"]) * len(study["seeds"]),
     }
-    from drmlab.training.checkpoint import write_json_atomic
+    from drmlab.runs import write_json_atomic
 
     write_json_atomic(out / "results.json", results)
     buffer = io.StringIO()
@@ -365,7 +367,7 @@ def plot(results: dict, out: Path) -> None:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from drmlab.training.command import add_data_arguments
+    from drmlab.cli.common import add_data_arguments
 
     parser = subparsers.add_parser(
         "ablate",
@@ -405,7 +407,7 @@ def _split_list(text: str, what: str) -> list[str]:
 
 def build_study(args: argparse.Namespace, vocab_size: int) -> Study:
     from drmlab.models.registry import config_fields, parse_model_spec, suggest
-    from drmlab.training.command import model_setting_names
+    from drmlab.cli.common import model_setting_names
 
     models = _split_list(args.models, "models")
     specs = {model: parse_model_spec(model) for model in models}  # label -> (registry name, arm)
@@ -453,7 +455,7 @@ def build_study(args: argparse.Namespace, vocab_size: int) -> Study:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from drmlab.training.command import load_corpus_for
+    from drmlab.cli.common import load_corpus_for
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -68,7 +68,7 @@ def loop_report(out: Path, results: dict, preset: str) -> str:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from drmlab.training.command import add_data_arguments
+    from drmlab.cli.common import add_data_arguments
 
     parser = subparsers.add_parser(
         "loop-study", help="train looped arms with paired seeds (eps = 1/N against eps = 1)",
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
     from drmlab.models.looped import ARMS
     from drmlab.models.registry import suggest
-    from drmlab.training.command import load_corpus_for
+    from drmlab.cli.common import load_corpus_for
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -14,7 +14,7 @@ model reads the key and names its value); every other target is -100 (ignored). 
 the model cannot memorise its way to a low loss; no train accuracy is then reported). Accuracy (:func:`accuracy`) = argmax over *all* logits equals the value, pooled over the
 query positions of the test set only; chance = 1 / vocab_kv, printed beside every accuracy.
 
-**Training** goes through :func:`drmlab.training.trainer.train` with its ``batch_fn`` hook: the
+**Training** goes through :func:`drmlab.training.trainer.train` with a :class:`~drmlab.training.batches.BatchSource`: the
 micro-batch of step k is ``batch_size`` rows drawn with replacement from the train set by
 ``default_rng([seed, k, micro])`` (a pure function of the coordinates, like the LM batches), or
 with ``n_train = 0`` generated from that same generator.
@@ -66,6 +66,7 @@ import torch
 import torch.nn as nn
 
 from drmlab.models.registry import config_fields
+from drmlab.training.batches import BatchSource, FixedSetBatches
 
 PAD = 0
 IGNORE = -100
@@ -192,25 +193,15 @@ def test_set(task: MQARTask, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return generate(task, task.n_test, seed + task.test_seed_offset)
 
 
-def batch_sampler(inputs: torch.Tensor, targets: torch.Tensor, batch_size: int):
-    """The trainer's ``batch_fn``: ``batch_size`` rows with replacement from ``default_rng([seed, step, micro])``."""
-    n = inputs.shape[0]
-
-    def batch_fn(seed: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.from_numpy(np.random.default_rng([seed, step, micro]).integers(0, n, size=batch_size))
-        return inputs[rows], targets[rows]
-
-    return batch_fn
-
-
-def fresh_sampler(task: MQARTask, batch_size: int):
-    """The trainer's ``batch_fn`` for ``n_train = 0``: ``batch_size`` new sequences of ``task`` from
+class FreshMQARBatches(BatchSource):
+    """The training batches for ``n_train = 0``: ``batch_size`` new sequences of ``task`` from
     ``default_rng([seed, step, micro])`` (never the test set's generator, an integer seed)."""
 
-    def batch_fn(seed: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return generate(task, batch_size, [seed, step, micro])
+    def __init__(self, task: MQARTask, batch_size: int):
+        self.task, self.batch_size = task, batch_size
 
-    return batch_fn
+    def global_batch(self, seed: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return generate(self.task, self.batch_size, [seed, step, micro])
 
 
 @torch.no_grad()
@@ -360,10 +351,10 @@ def run_one(study: MQARStudy, name: str, kv: int, seed: int, out: Path, *, devic
         saved = json.loads(result_path.read_text())
         if saved.get("spec") == spec:
             if "test_by_query" not in saved:  # written before per-query accuracy: score the saved weights
-                from drmlab.training.checkpoint import load_checkpoint
+                from drmlab.runs import RunDir
 
                 model = build(name, study.preset, task, seed, study.width, study.model_overrides, study.arm_model)[0]
-                load_checkpoint(run_dir, model)
+                RunDir(run_dir).load_checkpoint(model)
                 test = accuracy(model, *test_set(task, seed))
                 if test["correct"] != saved["test_correct"]:
                     raise RuntimeError(f"{run_dir}: the saved weights score {test['correct']} test queries, "
@@ -375,12 +366,12 @@ def run_one(study: MQARStudy, name: str, kv: int, seed: int, out: Path, *, devic
     fresh = task.n_train == 0
     x_train, y_train = (None, None) if fresh else train_set(task, seed)
     x_test, y_test = test_set(task, seed)
-    batch_fn = fresh_sampler(task, cfg.batch_size) if fresh else batch_sampler(x_train, y_train, cfg.batch_size)
+    batches = FreshMQARBatches(task, cfg.batch_size) if fresh else FixedSetBatches(x_train, y_train, cfg.batch_size)
     t0 = time.perf_counter()
-    summary = train(model, None, None, cfg, run_dir, batch_fn=batch_fn,
+    summary = train(model, batches, None, cfg, run_dir,
                     run_info={"model": name, "preset": study.preset, "overrides": kw,
                               "registry_model": registry, "mqar": dataclasses.asdict(task), "arm_model": study.arm_model},
-                    device=device, quiet=quiet, final_eval=False)
+                    device=device, quiet=quiet)
     wall = time.perf_counter() - t0
     test = accuracy(model, x_test, y_test)
     train_acc = {"acc": None} if fresh else accuracy(model, x_train, y_train)

@@ -10,13 +10,14 @@ name may carry a named arm, ``NAME:ARM`` (e.g. ``LOOPED:B`` = ``build_model("LOO
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Callable
 
 import torch
 import torch.nn as nn
 
-PRESETS = ("micro", "tiny", "small", "125m")
+from drmlab.naming import suggest
+from drmlab.presets import PRESETS
+
 
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {}
 
@@ -38,11 +39,6 @@ def list_models() -> list[str]:
     _ensure_loaded()
     return sorted(_BUILDERS)
 
-
-def suggest(word: str, options) -> str:
-    """A ' (did you mean X?)' hint for a misspelt name, or ''."""
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def build_model(name: str, preset: str = "tiny", vocab_size: int = 256, seed: int = 0, **overrides) -> nn.Module:

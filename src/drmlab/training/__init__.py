@@ -1,17 +1,27 @@
-"""Training: the config (``config``), batches (``batches``), AdamW and schedules (``optim``),
-atomic safetensors checkpoints (``checkpoint``), torchrun plumbing (``distributed``), the loop
-(``trainer``) and the ``drmlab train`` command (``command``)."""
+"""Training: the config (``config``), batch sources (``batches``), AdamW and schedules (``optim``),
+torchrun plumbing (``distributed``) and the loop (``trainer``). Run directories and checkpoints are
+:mod:`drmlab.runs`.
 
-from drmlab.training.config import PRESET_DEFAULTS, TrainConfig, parse_tokens, resolve_train_config
-from drmlab.training.trainer import NonFiniteLossError, lm_loss, read_metrics, train
+Names are loaded on first use, so ``drmlab.training.config`` can be read without importing torch.
+"""
 
-__all__ = [
-    "PRESET_DEFAULTS",
-    "NonFiniteLossError",
-    "TrainConfig",
-    "lm_loss",
-    "parse_tokens",
-    "read_metrics",
-    "resolve_train_config",
-    "train",
-]
+import importlib
+
+_EXPORTS = {
+    "PRESET_DEFAULTS": "drmlab.training.config",
+    "TrainConfig": "drmlab.training.config",
+    "parse_tokens": "drmlab.training.config",
+    "resolve_train_config": "drmlab.training.config",
+    "NonFiniteLossError": "drmlab.training.trainer",
+    "lm_loss": "drmlab.training.trainer",
+    "read_metrics": "drmlab.runs",
+    "train": "drmlab.training.trainer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'drmlab.training' has no attribute {name!r}")

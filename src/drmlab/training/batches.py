@@ -59,3 +59,59 @@ def eval_sample(stream: np.ndarray, windows: int, seq_len: int) -> torch.Tensor:
         return torch.zeros(0, max(length, 0) + 1, dtype=torch.int64)
     starts = np.random.default_rng(EVAL_SAMPLE_SEED).integers(0, len(stream) - length, size=windows, dtype=np.int64)
     return gather_windows(stream, starts, length + 1)
+
+
+# ---------------------------------------------------------------- batch sources
+
+
+class BatchSource:
+    """Where a run's training batches come from: a pure function of (seed, step, micro).
+
+    ``global_batch(seed, step, micro)`` gives every process's rows together as (inputs [B, T],
+    targets [B, T]); :meth:`batch` takes this process's contiguous share. Logits at t are scored
+    against targets[:, t]; a target equal to ``IGNORE_INDEX`` is not scored. Token counts of a run
+    count positions, B x T, scored or not.
+    """
+
+    IGNORE_INDEX = -100
+
+    def global_batch(self, seed: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def batch(self, seed: int, step: int, micro: int, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = (torch.as_tensor(t).long() for t in self.global_batch(seed, step, micro))
+        if inputs.dim() != 2 or inputs.shape != targets.shape:
+            raise ValueError(f"{type(self).__name__} must give inputs and targets of one shape [B, T], got "
+                             f"{tuple(inputs.shape)} and {tuple(targets.shape)}")
+        rows = inputs.shape[0]
+        if rows % world_size:
+            raise ValueError(f"{type(self).__name__} gave {rows} rows, not divisible by the number of processes {world_size}")
+        share = rows // world_size
+        return inputs[rank * share : (rank + 1) * share], targets[rank * share : (rank + 1) * share]
+
+
+class LMWindows(BatchSource):
+    """Language-model windows of a token stream (:func:`train_batch`), scored against the next token."""
+
+    def __init__(self, stream: np.ndarray, batch_size: int, seq_len: int):
+        self.stream, self.batch_size, self.seq_len = stream, batch_size, seq_len
+
+    def batch(self, seed: int, step: int, micro: int, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        window = train_batch(self.stream, seed=seed, step=step, micro=micro, batch_size=self.batch_size,
+                             seq_len=self.seq_len, rank=rank, world_size=world_size)
+        return window[:, :-1], window[:, 1:]
+
+    def global_batch(self, seed: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.batch(seed, step, micro)
+
+
+class FixedSetBatches(BatchSource):
+    """``batch_size`` rows drawn with replacement from a fixed set (inputs, targets), from
+    ``numpy.random.default_rng([seed, step, micro])`` (a probe task's training set)."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int):
+        self.inputs, self.targets, self.batch_size = inputs, targets, batch_size
+
+    def global_batch(self, seed: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.from_numpy(np.random.default_rng([seed, step, micro]).integers(0, self.inputs.shape[0], size=self.batch_size))
+        return self.inputs[rows], self.targets[rows]

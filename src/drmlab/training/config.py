@@ -14,7 +14,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from drmlab.models.registry import suggest
+from drmlab.naming import suggest
+from drmlab.presets import PRESET_DEFAULTS
 
 SCHEDULES = ("constant", "cosine")
 
@@ -107,14 +108,6 @@ class TrainConfig:
 
 TRAIN_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig))
 
-# Defaults per preset. tokens/step = batch_size * grad_accum * seq_len; 8,192 for tiny and up,
-# as in the reference (2 x 8 x 512), so 5,005,312 tokens = 611 steps.
-PRESET_DEFAULTS: dict[str, dict] = {
-    "micro": dict(batch_size=8, grad_accum=1, seq_len=32, lr=3e-3, tokens=65_536),
-    "tiny": dict(batch_size=32, grad_accum=1, seq_len=256, lr=2e-3, tokens=1_000_000),
-    "small": dict(batch_size=16, grad_accum=1, seq_len=512, lr=1e-3, tokens=5_005_312),
-    "125m": dict(batch_size=2, grad_accum=8, seq_len=512, lr=3e-4, tokens=5_005_312),
-}
 
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
 

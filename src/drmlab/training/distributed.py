@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from drmlab.devices import resolve_device
+
 
 @dataclass
 class DistInfo:
@@ -31,19 +33,6 @@ class DistInfo:
         return self.rank == 0
 
 
-def resolve_device(name: str | None, local_rank: int = 0) -> torch.device:
-    """``auto``/None: CUDA (this process's GPU) when available, else CPU; otherwise ``name``."""
-    if name in (None, "", "auto"):
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank % torch.cuda.device_count())
-        return torch.device("cpu")
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r} requested but CUDA is not available")
-        if device.index is None:
-            device = torch.device("cuda", local_rank % torch.cuda.device_count())
-    return device
 
 
 def setup(device_name: str | None = "auto") -> tuple[DistInfo, torch.device]:

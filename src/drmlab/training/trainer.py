@@ -1,22 +1,17 @@
-"""The training loop: :func:`train` and the loss it optimises, :func:`lm_loss`.
+"""The training loop: :func:`train`, built from small pieces (:class:`Trainer`), and its loss.
 
-One optimizer step ``k`` (1-based) runs ``grad_accum`` micro-batches; micro-batch ``m`` is
-``batches.train_batch(seed, k, m)``. For a window ``w`` of ``seq_len + 1`` tokens the loss is
-``CE(model(w[:, :T], step=k).logits[:, t], w[:, t + 1]) + aux["loss_aux"]`` -- the explicit
-next-token target; no model is ever handed labels to shift. The loss is divided by
-``grad_accum``, gradients are clipped to a global norm, AdamW steps at ``optim.lr_at(k)``.
+One optimizer step ``k`` (1-based) runs ``grad_accum`` micro-batches; micro-batch ``m`` comes from
+the run's :class:`~drmlab.training.batches.BatchSource` at (seed, k, m) -- by default
+:class:`~drmlab.training.batches.LMWindows` over a token stream, where a window ``w`` of
+``seq_len + 1`` tokens is scored as ``CE(model(w[:, :T], step=k).logits[:, t], w[:, t + 1])``
+(the explicit next-token target; no model is ever handed labels to shift), plus
+``aux["loss_aux"]`` when the model gives one. The loss is divided by ``grad_accum``, gradients
+are clipped to a global norm, AdamW steps at ``optim.lr_at(k)``.
 
-Files written to ``out_dir`` (process 0 only): ``config.json`` (the resolved run), ``metrics.jsonl``
-(a ``train`` row per step; ``eval`` rows at every sampled evaluation), the checkpoint
-(:mod:`drmlab.training.checkpoint`) every ``checkpoint_every`` tokens and at the end, and
-``summary.json`` with the final deterministic rescoring of the validation stream.
-
-``batch_fn`` replaces the stream windows with the caller's own data (a probe task such as
-:mod:`drmlab.experiments.mqar`): ``batch_fn(seed, step, micro) -> (inputs [B, T], targets [B, T])``
-must be a pure function of its coordinates returning the global micro-batch (each process takes
-its contiguous share); the loss is :func:`targets_loss`, CE of ``logits[:, t]`` against
-``targets[:, t]`` averaged over the targets that are not ``IGNORE_INDEX`` (-100). Token counts
-(``tokens``, ``tok_s``) then count positions, batch x ``cfg.seq_len``, scored or not.
+The pieces: :meth:`Trainer.start` (fresh or resumed), :meth:`Trainer.train_step` (micro-batches,
+clipping, the non-finite guard), :meth:`Trainer.after_step` (metrics, sampled evaluation,
+checkpoint) and :meth:`Trainer.finish` (summary and the final evaluation). The files of the run
+directory are :mod:`drmlab.runs`'s.
 
 ``resume=True`` reloads the checkpoint (weights, optimizer state, RNG) and continues; since the
 batches and the learning rate are functions of the step alone, the losses and weights are
@@ -29,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import platform
 import sys
@@ -41,22 +35,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from drmlab.training import checkpoint as ckpt
+from drmlab.runs import MetricsLog, RunDir, jsonable
 from drmlab.training import distributed as dist_utils
-from drmlab.training.batches import eval_sample, train_batch
+from drmlab.training.batches import BatchSource, LMWindows, eval_sample
 from drmlab.training.config import TrainConfig
 from drmlab.training.optim import build_optimizer, lr_at
 
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
-IGNORE_INDEX = -100  # a target that is not scored (batch_fn batches)
-
-# batch_fn(seed, step, micro) -> (inputs [B, T], targets [B, T]): a caller-supplied batch source.
-BatchFn = Callable[[int, int, int], "tuple[torch.Tensor, torch.Tensor]"]
+IGNORE_INDEX = BatchSource.IGNORE_INDEX  # a target that is not scored
 
 # Train settings that may differ when resuming (they change neither the batches nor the updates).
 RESUMABLE_CHANGES = ("tokens", "eval_every", "eval_windows", "eval_tokens", "eval_batch_size", "checkpoint_every")
+
+# evaluate(model, device, progress) -> {"ce", "bpb", "ppl", "targets", "bytes", ...}: the final
+# evaluation of a finished run (for a language model, drmlab.evaluation.rescorer's rescoring).
+Evaluate = Callable[[torch.nn.Module, torch.device, bool], dict]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -99,56 +91,42 @@ def sampled_eval(model: torch.nn.Module, windows: torch.Tensor, batch_size: int,
     return total / max(count, 1)
 
 
-def count_params(model: torch.nn.Module) -> int:
-    """Distinct parameters (tied tensors counted once)."""
-    return sum(p.numel() for p in model.parameters())
-
-
-def _model_config(model: torch.nn.Module) -> dict | None:
-    config = getattr(model, "config", None)
-    if config is not None and dataclasses.is_dataclass(config):
-        return dataclasses.asdict(config)
-    return None
-
-
-def _jsonable(obj):
-    return json.loads(json.dumps(obj, default=str))
-
-
-def _resolved_config(model, cfg: TrainConfig, run_info: dict | None, world_size: int, device: torch.device) -> dict:
+def resolved_config(model, cfg: TrainConfig, run_info: dict | None, world_size: int, device: torch.device) -> dict:
+    """config.json of a run: model, preset, overrides, the model's config, train settings, what
+    they derive to, the caller's ``run_info`` (data provenance, tokenizer) and the runtime."""
     import drmlab
 
     info = dict(run_info or {})
-    return _jsonable(
-        {
-            "model": info.pop("model", getattr(model, "model_name", type(model).__name__)),
-            "preset": info.pop("preset", getattr(model, "preset", None)),
-            "overrides": info.pop("overrides", {}),
-            "model_config": _model_config(model),
-            "params": count_params(model),
-            "train": dataclasses.asdict(cfg),
-            "derived": {
-                "tokens_per_step": cfg.tokens_per_step,
-                "total_steps": cfg.total_steps,
-                "total_tokens": cfg.total_steps * cfg.tokens_per_step,
-                "warmup_steps": cfg.warmup_steps,
-                "eval_every_steps": cfg.eval_every_steps,
-                "checkpoint_every_steps": cfg.checkpoint_every_steps,
-            },
-            **info,
-            "runtime": {
-                "world_size": world_size,
-                "device": str(device),
-                "drmlab": drmlab.__version__,
-                "torch": torch.__version__,
-                "numpy": np.__version__,
-                "python": platform.python_version(),
-            },
-        }
-    )
+    config = getattr(model, "config", None)
+    return jsonable({
+        "model": info.pop("model", getattr(model, "model_name", type(model).__name__)),
+        "preset": info.pop("preset", getattr(model, "preset", None)),
+        "overrides": info.pop("overrides", {}),
+        "model_config": dataclasses.asdict(config) if config is not None and dataclasses.is_dataclass(config) else None,
+        "params": sum(p.numel() for p in model.parameters()),
+        "train": dataclasses.asdict(cfg),
+        "derived": {
+            "tokens_per_step": cfg.tokens_per_step,
+            "total_steps": cfg.total_steps,
+            "total_tokens": cfg.total_steps * cfg.tokens_per_step,
+            "warmup_steps": cfg.warmup_steps,
+            "eval_every_steps": cfg.eval_every_steps,
+            "checkpoint_every_steps": cfg.checkpoint_every_steps,
+        },
+        **info,
+        "runtime": {
+            "world_size": world_size,
+            "device": str(device),
+            "drmlab": drmlab.__version__,
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+        },
+    })
 
 
-def _check_resumable(saved: dict, fresh: dict) -> None:
+def check_resumable(saved: dict, fresh: dict) -> None:
+    """Refuse to resume a run under other model or schedule-defining settings, listing each difference."""
     problems = []
     for key in ("model", "preset", "overrides", "model_config"):
         if saved.get(key) != fresh.get(key):
@@ -162,274 +140,227 @@ def _check_resumable(saved: dict, fresh: dict) -> None:
         raise ValueError("cannot resume: the settings differ from the run's config.json: " + "; ".join(problems))
 
 
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop rows logged after ``step`` (work lost with the interrupted run)."""
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a half-written last line
-            continue
-        if int(row.get("step", 0)) <= step:
-            kept.append(line)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(k + "\n" for k in kept))
-    tmp.replace(path)
+class Trainer:
+    """One training run in pieces; :func:`train` drives it. See the module docstring."""
 
+    def __init__(self, model: torch.nn.Module, batches: BatchSource, cfg: TrainConfig, run: RunDir | None, *,
+                 val_tokens: np.ndarray | None, evaluate: Evaluate | None, run_info: dict | None,
+                 device, quiet: bool):
+        cfg.validate()
+        self.cfg, self.batches, self.run, self.evaluate = cfg, batches, run, evaluate
+        self.info, self.device = dist_utils.setup(str(device) if isinstance(device, torch.device) else device)
+        self.main = self.info.is_main
+        self.model = model.to(self.device)
+        self.optimizer = build_optimizer(self.model, cfg)
+        self.config = resolved_config(self.model, cfg, run_info, self.info.world_size, self.device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.eval_windows = (eval_sample(val_tokens, cfg.eval_windows, cfg.seq_len)
+                             if val_tokens is not None and cfg.eval_windows else None)
+        self.start_step, self.last_ckpt_step = 0, None
+        self.elapsed_before = self.train_seconds_before = self.train_seconds = 0.0
+        self.quiet, self.bar, self.net, self.log = quiet, None, None, None
 
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The rows of ``run_dir/metrics.jsonl``."""
-    path = Path(run_dir) / METRICS_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    # -- setup and resume
+    def start(self, resume: bool) -> None:
+        run, main = self.run, self.main
+        if run is not None and main:
+            run.create()
+        if resume:
+            if not run.has_checkpoint():
+                raise FileNotFoundError(f"nothing to resume in {run.path}: no checkpoint")
+            if run.has_config():
+                check_resumable(run.read_config(), self.config)
+            state = run.load_checkpoint(self.model, self.optimizer)
+            self.start_step = self.last_ckpt_step = int(state["step"])
+            self.elapsed_before = float(state.get("elapsed", 0.0))
+            self.train_seconds_before = float(state.get("train_seconds", 0.0))
+            if main:
+                run.truncate_metrics(self.start_step)
+        else:
+            torch.manual_seed(self.cfg.seed)
+            if run is not None and main:
+                run.clear_outputs()
+        if run is not None and main:
+            run.write_config(self.config)
+        dist_utils.barrier(self.info)
+        probe = self.batches.batch(self.cfg.seed, 1, 0)[0][:1, : min(self.cfg.seq_len, 16)]
+        self.net = dist_utils.wrap_model(self.model, self.info, self.device, probe=probe)
+        self.log = MetricsLog(run.metrics_path if (run is not None and main) else None)
+        self.t_start = time.perf_counter()
+        if main and not self.quiet and sys.stderr.isatty():
+            from tqdm.auto import tqdm
 
+            self.bar = tqdm(total=self.cfg.total_steps, initial=self.start_step, unit="step", dynamic_ncols=True)
 
-class _Logger:
-    def __init__(self, path: Path | None):
-        self.handle = open(path, "a", buffering=1) if path is not None else None
-        self.rows: list[dict] = []
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.t_start
 
-    def log(self, row: dict) -> None:
-        self.rows.append(row)
-        if self.handle is not None:
-            self.handle.write(json.dumps(row) + "\n")
+    # -- one optimizer step
+    def train_step(self, step: int) -> dict:
+        """Micro-batches, gradient clipping and the non-finite guard; the optimizer update. Returns the row."""
+        cfg, dev, info = self.cfg, self.device, self.info
+        t0 = time.perf_counter()
+        lr = lr_at(step, cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.net.train()
+        total = torch.zeros((), device=dev)
+        total_ce = torch.zeros((), device=dev)
+        for micro in range(cfg.grad_accum):
+            inputs, targets = self.batches.batch(cfg.seed, step, micro, info.rank, info.world_size)
+            sync = info.enabled and micro < cfg.grad_accum - 1
+            with self.net.no_sync() if sync else contextlib.nullcontext():
+                loss, ce = targets_loss(self.net, inputs.to(dev), targets.to(dev), step, bf16=cfg.bf16)
+                (loss / cfg.grad_accum).backward()
+            total += loss.detach() / cfg.grad_accum
+            total_ce += ce.detach() / cfg.grad_accum
+        loss_value = float(dist_utils.all_reduce_mean(total, info))
+        ce_value = float(dist_utils.all_reduce_mean(total_ce, info))
+        if not math.isfinite(loss_value):
+            raise NonFiniteLossError(f"non-finite training loss ({loss_value}) at {self._where(step)}; stopped, {self._kept()}. "
+                                     "Try a lower --lr or a warm-up (--set warmup_fraction=0.05).")
+        if cfg.grad_clip > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
+        else:
+            grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params if p.grad is not None])))
+        if not math.isfinite(grad_norm):
+            raise NonFiniteLossError(f"non-finite gradient norm ({grad_norm}) at {self._where(step)} "
+                                     f"(loss {loss_value:.4f}); stopped, {self._kept()}.")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        dt = time.perf_counter() - t0
+        self.train_seconds += dt
+        return {"kind": "train", "step": step, "tokens": step * cfg.tokens_per_step, "loss": loss_value, "ce": ce_value,
+                "lr": lr, "grad_norm": grad_norm, "tok_s": cfg.tokens_per_step / dt, "elapsed": self.elapsed()}
+
+    def _where(self, step: int) -> str:
+        return f"step {step} ({(step - 1) * self.cfg.tokens_per_step:,} tokens trained)"
+
+    def _kept(self) -> str:
+        if self.run is not None and self.last_ckpt_step is not None:
+            return f"the last good checkpoint (step {self.last_ckpt_step}) is in {self.run.path}"
+        return "no checkpoint was written"
+
+    # -- hooks after a step
+    def after_step(self, row: dict, last_step: int) -> None:
+        step, cfg = row["step"], self.cfg
+        if self.main:
+            self.log.log(row)
+            if self.bar is not None:
+                self.bar.update(1)
+                self.bar.set_postfix_str(f"loss {row['loss']:.3f} {row['tok_s']:,.0f} tok/s")
+        if cfg.eval_every_steps and (step % cfg.eval_every_steps == 0 or step == cfg.total_steps):
+            self.sampled_evaluation(step)
+        if step == last_step or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0):
+            self.save(step)
+
+    def sampled_evaluation(self, step: int) -> None:
+        if self.eval_windows is None:
+            return
+        if self.main:
+            val_ce = sampled_eval(self.model, self.eval_windows, self.cfg.eval_batch_size, self.device)
+            self.log.log({"kind": "eval", "step": step, "tokens": step * self.cfg.tokens_per_step, "val_ce": val_ce,
+                          "val_windows": int(self.eval_windows.shape[0]), "elapsed": self.elapsed()})
+            if self.bar is not None:
+                self.bar.set_postfix_str(f"{self.bar.postfix or ''} val {val_ce:.3f}".strip())
+        dist_utils.barrier(self.info)
+
+    def save(self, step: int) -> None:
+        if self.run is not None and self.main:
+            self.run.save_checkpoint(self.model, self.optimizer, {
+                "step": step, "tokens": step * self.cfg.tokens_per_step, "elapsed": self.elapsed(),
+                "train_seconds": self.train_seconds_before + self.train_seconds, "world_size": self.info.world_size,
+            })
+        self.last_ckpt_step = step
+        dist_utils.barrier(self.info)
 
     def close(self) -> None:
-        if self.handle is not None:
-            self.handle.close()
+        if self.bar is not None:
+            self.bar.close()
+        if self.log is not None:
+            self.log.close()
+
+    # -- the end
+    def finish(self, last_step: int, final_loss: float | None) -> dict:
+        cfg, main = self.cfg, self.main
+        steps_done = max(self.start_step, last_step)
+        session_tokens = (last_step - self.start_step) * cfg.tokens_per_step
+        summary = {
+            "model": self.config["model"],
+            "preset": self.config["preset"],
+            "seed": cfg.seed,
+            "params": self.config["params"],
+            "steps": steps_done,
+            "total_steps": cfg.total_steps,
+            "tokens": steps_done * cfg.tokens_per_step,
+            "finished": steps_done >= cfg.total_steps,
+            "final_loss": final_loss,
+            "tokens_per_s": (session_tokens / self.train_seconds) if self.train_seconds > 0 else None,
+            "train_seconds": self.train_seconds_before + self.train_seconds,
+            "world_size": self.info.world_size,
+        }
+        eval_rows = [r for r in self.log.rows if r["kind"] == "eval"]
+        if eval_rows:
+            summary["last_sampled_val_ce"] = eval_rows[-1]["val_ce"]
+        if self.evaluate is not None and summary["finished"]:
+            if main:
+                t0 = time.perf_counter()
+                result = self.evaluate(self.model, self.device, self.bar is not None)
+                summary.update({f"val_{k}": v for k, v in result.items() if k in ("ce", "bpb", "ppl", "targets", "bytes")})
+                summary["eval_seconds"] = time.perf_counter() - t0
+            dist_utils.barrier(self.info)
+        if self.run is not None and main:
+            summary["out_dir"] = str(self.run.path)
+            self.run.write_summary(summary)
+        dist_utils.teardown(self.info)
+        return dict(summary, rows=self.log.rows)
 
 
 def train(
     model: torch.nn.Module,
-    train_tokens: np.ndarray | None,
+    batches: BatchSource | np.ndarray,
     val_tokens: np.ndarray | None,
     cfg: TrainConfig,
-    out_dir: str | Path | None = None,
+    out_dir: str | Path | RunDir | None = None,
     *,
     resume: bool = False,
     run_info: dict | None = None,
-    count_bytes: Callable[[int], int] | None = None,
+    evaluate: Evaluate | None = None,
     device: str | torch.device | None = "auto",
     quiet: bool = False,
     stop_after_step: int | None = None,
-    final_eval: bool = True,
-    batch_fn: BatchFn | None = None,
 ) -> dict:
-    """Train ``model`` on ``train_tokens`` under ``cfg``; return the summary (also ``out_dir/summary.json``).
+    """Train ``model`` under ``cfg``; return the summary (also ``out_dir/summary.json``).
 
-    ``run_info`` adds entries to config.json (the CLI passes model name, preset, overrides, data
-    meta, tokenizer). ``count_bytes`` converts a number of scored validation targets to bytes for
-    bits per byte (None: one byte per token). ``stop_after_step`` ends the run early with a
-    checkpoint (an interruption, for tests); ``final_eval=False`` skips the final rescoring.
-    ``batch_fn`` (see the module docstring) supplies the training batches instead of
-    ``train_tokens`` (then None); the sampled evaluation and the final rescoring need
-    ``val_tokens`` and are skipped when it is None.
+    ``batches`` is a :class:`BatchSource` or a token stream (then language-model windows of it).
+    ``val_tokens`` feeds the sampled evaluation during training (skipped when None);
+    ``evaluate(model, device, progress)`` is the final evaluation of a finished run, whose
+    ``ce``/``bpb``/``ppl``/``targets``/``bytes`` become the summary's ``val_*``. ``run_info`` adds
+    entries to config.json (model name, preset, overrides, data provenance, tokenizer).
+    ``stop_after_step`` ends the run early with a checkpoint (an interruption, for tests).
     The returned dict also holds ``"rows"``: every metrics row written in this call.
     """
-    cfg.validate()
-    if (train_tokens is None) == (batch_fn is None):
-        raise ValueError("train needs exactly one of train_tokens and batch_fn")
+    if not isinstance(batches, BatchSource):
+        if batches is None:
+            raise ValueError("train needs batches: a token stream or a BatchSource")
+        batches = LMWindows(batches, cfg.batch_size, cfg.seq_len)
     if resume and out_dir is None:
         raise ValueError("resume needs an output directory")
-    info, dev = dist_utils.setup(str(device) if isinstance(device, torch.device) else device)
-    main = info.is_main
-    out = Path(out_dir) if out_dir is not None else None
-    core = model.to(dev)
-    optimizer = build_optimizer(core, cfg)
-    fresh_config = _resolved_config(core, cfg, run_info, info.world_size, dev)
-
-    start_step, elapsed_before, train_seconds_before = 0, 0.0, 0.0
-    last_ckpt_step: int | None = None
-    if out is not None and main:
-        out.mkdir(parents=True, exist_ok=True)
-    if resume:
-        if not ckpt.has_checkpoint(out):
-            raise FileNotFoundError(f"nothing to resume in {out}: no checkpoint ({ckpt.STATE_FILE}, {ckpt.MODEL_FILE})")
-        config_path = out / CONFIG_FILE
-        if config_path.is_file():
-            _check_resumable(json.loads(config_path.read_text()), fresh_config)
-        state = ckpt.load_checkpoint(out, core, optimizer)
-        start_step = int(state["step"])
-        last_ckpt_step = start_step
-        elapsed_before = float(state.get("elapsed", 0.0))
-        train_seconds_before = float(state.get("train_seconds", 0.0))
-        if main:
-            _truncate_metrics(out / METRICS_FILE, start_step)
-    else:
-        torch.manual_seed(cfg.seed)
-        if out is not None and main:
-            (out / METRICS_FILE).unlink(missing_ok=True)
-            for name in (ckpt.STATE_FILE, SUMMARY_FILE):
-                (out / name).unlink(missing_ok=True)
-    if out is not None and main:
-        ckpt.write_json_atomic(out / CONFIG_FILE, fresh_config)
-    dist_utils.barrier(info)
-
-    if batch_fn is None:
-        probe = torch.as_tensor(np.asarray(train_tokens[: min(cfg.seq_len, 16)], dtype=np.int64))[None]
-    else:
-        probe = _own_share(batch_fn(cfg.seed, 1, 0), 0, 1)[0][:1]
-    net = dist_utils.wrap_model(core, info, dev, probe=probe)
-
-    def next_batch(step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This process's (inputs, targets) of micro-batch ``micro`` of ``step``: stream windows
-        scored against the next token, or the caller's ``batch_fn`` rows."""
-        if batch_fn is not None:
-            return _own_share(batch_fn(cfg.seed, step, micro), info.rank, info.world_size)
-        window = train_batch(train_tokens, seed=cfg.seed, step=step, micro=micro, batch_size=cfg.batch_size,
-                             seq_len=cfg.seq_len, rank=info.rank, world_size=info.world_size)
-        return window[:, :-1], window[:, 1:]
-
-    eval_windows = eval_sample(val_tokens, cfg.eval_windows, cfg.seq_len) if val_tokens is not None and cfg.eval_windows else None
-
-    logger = _Logger(out / METRICS_FILE if (out is not None and main) else None)
-    total_steps = cfg.total_steps
-    last_step = total_steps if stop_after_step is None else min(total_steps, stop_after_step)
-    params = [p for p in core.parameters() if p.requires_grad]
-    t_start = time.perf_counter()
-    train_seconds = 0.0
-    bar = None
-    if main and not quiet and sys.stderr.isatty():
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
-
-    def elapsed() -> float:
-        return elapsed_before + time.perf_counter() - t_start
-
-    def run_eval(step: int) -> None:
-        if eval_windows is None:
-            return
-        if main:
-            val_ce = sampled_eval(core, eval_windows, cfg.eval_batch_size, dev)
-            logger.log({"kind": "eval", "step": step, "tokens": step * cfg.tokens_per_step, "val_ce": val_ce,
-                        "val_windows": int(eval_windows.shape[0]), "elapsed": elapsed()})
-            if bar is not None:
-                bar.set_postfix_str(f"{bar.postfix or ''} val {val_ce:.3f}".strip())
-        dist_utils.barrier(info)
-
-    def save(step: int) -> None:
-        nonlocal last_ckpt_step
-        if out is not None and main:
-            ckpt.save_checkpoint(out, core, optimizer, {
-                "step": step, "tokens": step * cfg.tokens_per_step, "elapsed": elapsed(),
-                "train_seconds": train_seconds_before + train_seconds, "world_size": info.world_size,
-            })
-        last_ckpt_step = step
-        dist_utils.barrier(info)
-
+    run = out_dir if isinstance(out_dir, RunDir) or out_dir is None else RunDir(out_dir)
+    trainer = Trainer(model, batches, cfg, run, val_tokens=val_tokens, evaluate=evaluate, run_info=run_info,
+                      device=device, quiet=quiet)
+    trainer.start(resume)
+    last_step = cfg.total_steps if stop_after_step is None else min(cfg.total_steps, stop_after_step)
+    final_loss = None
     try:
-        if start_step == 0 and cfg.eval_every_steps:
-            run_eval(0)
-        loss_value = float("nan")
-        for step in range(start_step + 1, last_step + 1):
-            t0 = time.perf_counter()
-            lr = lr_at(step, cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            net.train()
-            total = torch.zeros((), device=dev)
-            total_ce = torch.zeros((), device=dev)
-            for micro in range(cfg.grad_accum):
-                inputs, targets = next_batch(step, micro)
-                sync = info.enabled and micro < cfg.grad_accum - 1
-                with net.no_sync() if sync else contextlib.nullcontext():
-                    loss, ce = targets_loss(net, inputs.to(dev), targets.to(dev), step, bf16=cfg.bf16)
-                    (loss / cfg.grad_accum).backward()
-                total += loss.detach() / cfg.grad_accum
-                total_ce += ce.detach() / cfg.grad_accum
-            total = dist_utils.all_reduce_mean(total, info)
-            total_ce = dist_utils.all_reduce_mean(total_ce, info)
-            loss_value = float(total)
-            where = f"step {step} ({(step - 1) * cfg.tokens_per_step:,} tokens trained)"
-            kept = (f"the last good checkpoint (step {last_ckpt_step}) is in {out}" if (out is not None and last_ckpt_step is not None)
-                    else "no checkpoint was written")
-            if not math.isfinite(loss_value):
-                raise NonFiniteLossError(f"non-finite training loss ({loss_value}) at {where}; stopped, {kept}. "
-                                         "Try a lower --lr or a warm-up (--set warmup_fraction=0.05).")
-            if cfg.grad_clip > 0:
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
-            else:
-                grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
-            if not math.isfinite(grad_norm):
-                raise NonFiniteLossError(f"non-finite gradient norm ({grad_norm}) at {where} (loss {loss_value:.4f}); stopped, {kept}.")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            dt = time.perf_counter() - t0
-            train_seconds += dt
-            tok_s = cfg.tokens_per_step / dt
-            if main:
-                logger.log({"kind": "train", "step": step, "tokens": step * cfg.tokens_per_step, "loss": loss_value,
-                            "ce": float(total_ce), "lr": lr, "grad_norm": grad_norm, "tok_s": tok_s, "elapsed": elapsed()})
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix_str(f"loss {loss_value:.3f} {tok_s:,.0f} tok/s")
-            if cfg.eval_every_steps and (step % cfg.eval_every_steps == 0 or step == total_steps):
-                run_eval(step)
-            is_last = step == last_step
-            if is_last or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0):
-                save(step)
+        if trainer.start_step == 0 and cfg.eval_every_steps:
+            trainer.sampled_evaluation(0)
+        for step in range(trainer.start_step + 1, last_step + 1):
+            row = trainer.train_step(step)
+            final_loss = row["loss"]
+            trainer.after_step(row, last_step)
     finally:
-        if bar is not None:
-            bar.close()
-        logger.close()
-
-    steps_done = max(start_step, last_step)
-    tokens_done = steps_done * cfg.tokens_per_step
-    session_tokens = (last_step - start_step) * cfg.tokens_per_step
-    all_train_seconds = train_seconds_before + train_seconds
-    summary = {
-        "model": fresh_config["model"],
-        "preset": fresh_config["preset"],
-        "seed": cfg.seed,
-        "params": fresh_config["params"],
-        "steps": steps_done,
-        "total_steps": total_steps,
-        "tokens": tokens_done,
-        "finished": steps_done >= total_steps,
-        "final_loss": loss_value if last_step > start_step else None,
-        "tokens_per_s": (session_tokens / train_seconds) if train_seconds > 0 else None,
-        "train_seconds": all_train_seconds,
-        "world_size": info.world_size,
-    }
-    eval_rows = [r for r in logger.rows if r["kind"] == "eval"]
-    if eval_rows:
-        summary["last_sampled_val_ce"] = eval_rows[-1]["val_ce"]
-    if final_eval and summary["finished"] and val_tokens is not None:
-        if main:
-            t0 = time.perf_counter()
-            result = rescore_for_summary(core, val_tokens, cfg, count_bytes, dev, progress=bar is not None)
-            summary.update({f"val_{k}": v for k, v in result.items() if k in ("ce", "bpb", "ppl", "targets", "bytes")})
-            summary["eval_seconds"] = time.perf_counter() - t0
-        dist_utils.barrier(info)
-    if out is not None and main:
-        summary["out_dir"] = str(out)
-        ckpt.write_json_atomic(out / SUMMARY_FILE, summary)
-    dist_utils.teardown(info)
-    return dict(summary, rows=logger.rows)
-
-
-def _own_share(batch: tuple, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This process's contiguous rows of a ``batch_fn`` micro-batch (inputs, targets) as int64."""
-    inputs, targets = (torch.as_tensor(t).long() for t in batch)
-    if inputs.dim() != 2 or inputs.shape != targets.shape:
-        raise ValueError(f"batch_fn must return inputs and targets of one shape [B, T], got "
-                         f"{tuple(inputs.shape)} and {tuple(targets.shape)}")
-    rows = inputs.shape[0]
-    if rows % world_size:
-        raise ValueError(f"batch_fn gave {rows} rows, not divisible by the number of processes {world_size}")
-    share = rows // world_size
-    return inputs[rank * share : (rank + 1) * share], targets[rank * share : (rank + 1) * share]
-
-
-def rescore_for_summary(model, val_tokens, cfg: TrainConfig, count_bytes, device, progress: bool = False) -> dict:
-    """The final deterministic rescoring of a run (whole stream, or the first ``cfg.eval_tokens`` targets)."""
-    from drmlab.evaluation.rescoring import rescore
-
-    return rescore(model, val_tokens, cfg.seq_len, batch_size=cfg.eval_batch_size, max_targets=cfg.eval_tokens,
-                   count_bytes=count_bytes, device=device, progress=progress)
+        trainer.close()
+    return trainer.finish(last_step, final_loss)

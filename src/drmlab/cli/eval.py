@@ -9,10 +9,11 @@ size and token cap are the run's own, so the numbers equal the ``val_*`` entries
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
+
+from drmlab.cli.common import add_data_arguments, add_runtime_arguments, apply_threads, load_corpus_for
 
 EPILOG = """\
 examples:
@@ -26,8 +27,6 @@ the scored text (total nats / (ln 2 x bytes): comparable across tokenizers) and 
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from drmlab.training.command import add_data_arguments
-
     parser = subparsers.add_parser(
         "eval",
         help="rescore a trained checkpoint on the whole validation stream (CE, bits/byte, perplexity)",
@@ -43,47 +42,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=None, help="windows per forward (default: the run's eval_batch_size)")
     parser.add_argument("--eval-tokens", default=None, metavar="N",
                         help="score only the first N targets; 'all' for the whole stream (default: the run's cap)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    add_runtime_arguments(parser, quiet=False)
     parser.add_argument("--output", default=None, metavar="FILE", help="where to write the JSON (default DIR/eval.json)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
     return parser
 
 
-def load_run_model(run_dir: str | Path, device: str | None = "cpu"):
-    """(model with the checkpoint's weights, the run's config.json dict, trainer state)."""
-    from drmlab.models import build_model
-    from drmlab.training import checkpoint as ckpt
-    from drmlab.training.distributed import resolve_device
-    from drmlab.training.trainer import CONFIG_FILE
-
-    run_dir = Path(run_dir)
-    config_path = run_dir / CONFIG_FILE
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory: {config_path} is missing")
-    config = json.loads(config_path.read_text())
-    vocab = config.get("vocab_size") or (config.get("model_config") or {}).get("vocab_size") or 256
-    model = build_model(config["model"], config["preset"], vocab_size=int(vocab), seed=int(config["train"]["seed"]),
-                        **config.get("overrides", {}))
-    model.to(resolve_device(device))
-    state = ckpt.load_checkpoint(run_dir, model, optimizer=None)
-    model.eval()
-    return model, config, state
-
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from drmlab.evaluation.rescoring import byte_counter, rescore
-    from drmlab.training.checkpoint import write_json_atomic
-    from drmlab.training.command import load_corpus_for
+    from drmlab.evaluation import byte_counter, rescore
+    from drmlab.runs import RunDir, write_json_atomic
     from drmlab.training.config import parse_tokens
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    run_dir = Path(args.ckpt)
-    model, config, state = load_run_model(run_dir, args.device)
+    apply_threads(args)
+    run = RunDir(args.ckpt)
+    model, config, state = run.load_model(args.device)
     train_cfg = config["train"]
     data = args.data if args.data is not None else config.get("data_source")
     tokenizer = args.tokenizer or config.get("tokenizer") or "bytes"
@@ -126,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         "seconds": seconds,
         "data": meta,
     }
-    output = Path(args.output) if args.output else run_dir / "eval.json"
+    output = Path(args.output) if args.output else run.eval_path
     write_json_atomic(output, report)
     print(f"{config['model']} {config['preset']} seed {train_cfg['seed']} (step {report['step']}), {args.split} split: "
           f"CE {result['ce']:.4f} nats/token, {result['bpb']:.4f} bits/byte, perplexity {result['ppl']:.3f} "

@@ -10,12 +10,13 @@ Resolution order for every setting: the preset's defaults, then the explicit fla
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
-from drmlab.training.config import PRESET_DEFAULTS, SCHEDULES, TRAIN_KEYS, parse_assignments, parse_tokens, resolve_train_config, split_overrides
+from drmlab.cli.common import add_data_arguments, check_model_names, add_runtime_arguments, apply_threads, check_seq_len, load_corpus_for, model_setting_names
+from drmlab.presets import PRESET_DEFAULTS
+from drmlab.training.config import SCHEDULES, TRAIN_KEYS, parse_assignments, parse_tokens, resolve_train_config, split_overrides
 
 DEFAULT_MODEL = "J"
 DEFAULT_PRESET = "tiny"
@@ -43,16 +44,6 @@ def _preset_table() -> str:
         lines.append(f"  {name:6s} batch {d['batch_size']} x accum {d['grad_accum']} x seq {d['seq_len']} "
                      f"= {tps:,} tok/step, lr {d['lr']:g}, default {d['tokens']:,} tokens")
     return "\n".join(lines)
-
-
-def add_data_arguments(parser: argparse.ArgumentParser) -> None:
-    """--data / --tokenizer / --cache-dir, shared with ``drmlab eval`` and ``drmlab ablate``."""
-    parser.add_argument("--data", metavar="SRC", default=None,
-                        help="training text: a file, a folder, a glob, or hf:NAME (default: the embedded corpus, "
-                             "the Python standard library's source)")
-    parser.add_argument("--tokenizer", choices=("bytes", "gpt2"), default=None,
-                        help="bytes (256 ids, the default) or gpt2 (50,257 BPE ids; needs the hf extra)")
-    parser.add_argument("--cache-dir", metavar="DIR", default=None, help="where tokenized corpora are cached")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -89,42 +80,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="override a train or model setting, repeatable (values are JSON: 3, 0.5, true, \"x\")")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     parser.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast for the training forward")
-    parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_runtime_arguments(parser)
     parser.set_defaults(func=run)
     return parser
 
 
-def load_corpus_for(data: str | None, tokenizer: str | None, cache_dir: str | None):
-    """``drmlab.data.load_corpus`` with the CLI's arguments."""
-    from drmlab.data import load_corpus
-
-    return load_corpus(source=data, tokenizer=tokenizer or "bytes", cache_dir=cache_dir)
-
-
-def model_setting_names(name: str, preset: str, vocab_size: int) -> list[str]:
-    """The model's config keys (fields of ``model.config``), from a default build on the meta device."""
-    from drmlab.models.registry import config_fields
-
-    return list(config_fields(name, preset, vocab_size))
-
-
-def check_seq_len(model, seq_len: int) -> None:
-    limit = getattr(getattr(model, "config", None), "n_positions", None)
-    if isinstance(limit, int) and seq_len > limit:
-        raise ValueError(f"seq_len {seq_len} exceeds {model.model_name}'s n_positions={limit}; add --set n_positions={seq_len}")
-
-
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from drmlab.evaluation.rescoring import byte_counter
+    from drmlab.evaluation import byte_counter, rescorer
     from drmlab.models import build_model
-    from drmlab.training.trainer import CONFIG_FILE, NonFiniteLossError, train
+    from drmlab.runs import RunDir
+    from drmlab.training.trainer import NonFiniteLossError, train
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     main_process = os.environ.get("RANK", "0") == "0"  # under torchrun only process 0 reports
     if not main_process:
         args.quiet = True
@@ -132,12 +99,13 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         if args.out is None:
             raise ValueError("--resume needs --out DIR (the run to continue)")
-        path = Path(args.out) / CONFIG_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"nothing to resume: {path} does not exist")
-        saved = json.loads(path.read_text())
+        run = RunDir(args.out)
+        if not run.has_config():
+            raise FileNotFoundError(f"nothing to resume: {run.config_path} does not exist")
+        saved = run.read_config()
 
     name = args.model or (saved or {}).get("model") or DEFAULT_MODEL
+    check_model_names([name])  # before any corpus is loaded
     preset = args.preset or (saved or {}).get("preset") or DEFAULT_PRESET
     data = args.data if args.data is not None else (saved or {}).get("data_source")
     tokenizer = args.tokenizer or (saved or {}).get("tokenizer") or "bytes"
@@ -182,14 +150,15 @@ def run(args: argparse.Namespace) -> int:
         "data": corpus.meta,
     }
     val_bytes = corpus.meta.get("val_bytes") if isinstance(corpus.meta, dict) else None
-    count_bytes = byte_counter(corpus.val, corpus.tokenizer, val_bytes)
+    evaluate = rescorer(corpus.val, cfg.seq_len, batch_size=cfg.eval_batch_size, max_targets=cfg.eval_tokens,
+                        count_bytes=byte_counter(corpus.val, corpus.tokenizer, val_bytes))
     n_params = sum(p.numel() for p in model.parameters())
     if not args.quiet:
         print(f"training {name} ({preset}, {n_params:,} parameters) on {cfg.total_steps * cfg.tokens_per_step:,} tokens "
               f"({cfg.total_steps} steps of {cfg.tokens_per_step:,}), seed {cfg.seed}, writing to {out}", file=sys.stderr)
     try:
         summary = train(model, corpus.train, corpus.val, cfg, out, resume=args.resume, run_info=run_info,
-                        count_bytes=count_bytes, device=args.device, quiet=args.quiet)
+                        evaluate=evaluate, device=args.device, quiet=args.quiet)
     except NonFiniteLossError as exc:
         print(f"drmlab train: error: {exc}", file=sys.stderr)
         return 1

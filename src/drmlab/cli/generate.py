@@ -35,7 +35,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from drmlab.data import get_tokenizer
-    from drmlab.evaluation.command import load_run_model
+    from drmlab.runs import load_run_model
     from drmlab.generation import generate
 
     model, config, _ = load_run_model(args.ckpt, device=args.device)

@@ -1,0 +1,1 @@
+from drmlab.experiments.ablate import add_parser, run  # noqa: F401  (moved here in the CLI split)

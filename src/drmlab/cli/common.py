@@ -1,0 +1,89 @@
+"""Arguments and checks shared by the verbs: data, device and threads, model names, sequence length.
+
+Nothing here imports torch at module level; the helpers that need the library import it when called.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """--data / --tokenizer / --cache-dir: which text and how it becomes token ids."""
+    parser.add_argument("--data", metavar="SRC", default=None,
+                        help="training text: a file, a folder, a glob, or hf:NAME (default: the embedded corpus, "
+                             "the Python standard library's source, which depends on the Python version)")
+    parser.add_argument("--tokenizer", choices=("bytes", "gpt2"), default=None,
+                        help="bytes (256 ids, the default) or gpt2 (50,257 BPE ids; needs the hf extra)")
+    parser.add_argument("--cache-dir", metavar="DIR", default=None, help="where tokenized corpora are cached")
+
+
+def add_runtime_arguments(parser: argparse.ArgumentParser, *, device_default: str = "auto", quiet: bool = True) -> None:
+    """--device / --threads (and --quiet): where and how fast, never what is computed."""
+    parser.add_argument("--device", default=device_default, help=f"auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ... (default {device_default})")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    if quiet:
+        parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """Set torch's intra-op threads from ``--threads`` (when given and positive)."""
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        if threads <= 0:
+            raise ValueError(f"--threads must be a positive integer, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def load_corpus_for(data: str | None, tokenizer: str | None, cache_dir: str | None):
+    """``drmlab.data.load_corpus`` with the command line's arguments."""
+    from drmlab.data import load_corpus
+
+    return load_corpus(source=data, tokenizer=tokenizer or "bytes", cache_dir=cache_dir)
+
+
+def split_list(text: str, flag: str) -> list[str]:
+    """``"a,b,c"`` -> ``["a", "b", "c"]``; empty or repeated items are an error naming ``--flag``."""
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"--{flag} is empty")
+    if len(set(items)) != len(items):
+        raise ValueError(f"--{flag} lists a name twice: {text}")
+    return items
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds 1,2,3`` -> [1, 2, 3]."""
+    try:
+        seeds = [int(s) for s in split_list(text, "seeds")]
+    except ValueError as exc:
+        raise ValueError(f"--seeds must be comma-separated non-negative integers, got {text!r}") from exc
+    if any(s < 0 for s in seeds):
+        raise ValueError(f"--seeds must be comma-separated non-negative integers, got {text!r}")
+    return seeds
+
+
+def check_model_names(specs: list[str]) -> None:
+    """Refuse an unknown model name (``NAME`` or ``NAME:ARM``) before any corpus is loaded."""
+    from drmlab.models.registry import parse_model_spec
+
+    for spec in specs:
+        parse_model_spec(spec)
+
+
+def model_setting_names(name: str, preset: str, vocab_size: int) -> list[str]:
+    """The model's config keys (fields of ``model.config``), from a default build on the meta device."""
+    from drmlab.models.registry import config_fields
+
+    return list(config_fields(name, preset, vocab_size))
+
+
+def check_seq_len(model, seq_len: int, label: str | None = None, set_prefix: str = "") -> None:
+    """A window longer than the model's position table is refused, naming the setting to raise."""
+    limit = getattr(getattr(model, "config", None), "n_positions", None)
+    if isinstance(limit, int) and seq_len > limit:
+        name = label or getattr(model, "model_name", type(model).__name__)
+        raise ValueError(f"seq_len {seq_len} exceeds {name}'s n_positions={limit}; "
+                         f"add --set {set_prefix}n_positions={seq_len}")

@@ -1,0 +1,1 @@
+from drmlab.experiments.loop_proofs import add_parser, run  # noqa: F401
