@@ -4,7 +4,7 @@ Run: python benchmarks/bench_mamba.py [--steps 4] [--hf-steps 1] [--hf-paths loo
 
 Both models have the same configuration and start from the same weights (ours loads the HF
 state dict): d_model 384, 6 layers, d_state 16, expand 2, d_conv 4, dt_rank 24, vocabulary 65,
-tied embeddings = 5,810,688 parameters (the 5.81M-parameter model of the performance notes).
+tied embeddings = 5,810,688 parameters (the 5.81M-parameter Mamba of the README's benchmark figures).
 A training step is forward + next-token cross-entropy + backward + AdamW on a batch of
 8 x 256 tokens; tokens/s = 2048 / the median step time.
 
@@ -29,9 +29,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-import drmlab.models.mamba as mamba_module
+import drmlab.models.layers.mamba_mixer as mamba_module  # the module whose selective_scan the mixer calls
 from drmlab.models.mamba import MambaLM, config_from_hf, load_hf_state_dict
-from drmlab.ops.selective import AUTO_CHUNK_ELEMENTS, selective_scan, selective_scan_backend
+from drmlab.ops.selective_scan import AUTO_CHUNK_ELEMENTS, selective_scan, selective_scan_backend
 
 BATCH, LENGTH, VOCAB = 8, 256, 65
 DIMS = dict(vocab_size=VOCAB, hidden_size=384, num_hidden_layers=6, state_size=16, expand=2, conv_kernel=4)

@@ -1,5 +1,5 @@
 """Forward+backward time and peak memory of the torch resolvent operator's paths
-(drmlab.resolvent.torch, issue 4 "Speed"), beside the dense evaluation and torch's
+(drmlab.resolvent.torch, ``docs/resolvent.md`` section 6), beside the dense evaluation and torch's
 scaled_dot_product_attention.
 
     python benchmarks/bench_resolvent.py [--B 8 --H 6 --S 1024 --d 64] [--reps 5] [--threads N]
@@ -155,7 +155,7 @@ def main() -> None:
           f"threads={args.threads or torch.get_num_threads()}, block_bh={args.block_bh or 'auto'}, "
           f"torch {torch.__version__}")
     print(f"load average before: {os.getloadavg()}")
-    rows = []
+    rows, failed = [], []
     for name in args.cases:
         cmd = [sys.executable, __file__, "--child", name, "--B", str(args.B), "--H", str(args.H),
                "--S", str(args.S), "--d", str(args.d), "--reps", str(args.reps),
@@ -165,6 +165,7 @@ def main() -> None:
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             print(f"{name}: failed\n{res.stderr[-2000:]}")
+            failed.append(name)
             continue
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
     hdr = (f"| {'case':<26} | {'path':<12} | {'wall ms':>7} | {'median':>6} | {'sdpa*':>5} | "
@@ -180,6 +181,8 @@ def main() -> None:
     print("wall ms / cpu ms: best of the reps (perf_counter / process_time, all threads);")
     print("* sdpa: plain scaled_dot_product_attention timed in the same process, interleaved.")
     print(f"load average after: {os.getloadavg()}")
+    if failed:
+        sys.exit(f"failed cases (no row above): {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -1,20 +1,27 @@
-"""Benchmark of drmlab.ops.linear_scan against the elementwise memory floor.
+"""Benchmark of drmlab.ops.linear_scan against one elementwise pass and the memory floor.
 
-    python benchmarks/bench_scan.py [--B 8 --T 1024 --D 256 --repeats 15]
+    python benchmarks/bench_scan.py [--B 8 --T 1024 --D 256 --repeats 15 --threads 0]
 
 Prints, in one run, forward and forward+backward times (medians, float32, default
-torch thread count) for
+torch thread count unless --threads) for
 
-* the floor: one elementwise pass ``a*b+c`` over tensors of the same size (fwd+bwd through
-  autograd: gradients for a, b and c);
+* ``torch.addcmul(c, a, b)``: one elementwise fused multiply-add pass through torch over tensors
+  of the same size (fwd+bwd through autograd: gradients for a, b and c, three more passes).  A
+  baseline, not a floor: its backward moves more bytes than the scan's fused reverse scan, so the
+  scan can beat it;
 * linear_scan on the compiled C kernel (skipped when unavailable);
 * linear_scan on the pure-torch fallback;
 * a naive autograd Python loop indexing ``f[:, t]`` (its backward is O(T^2); it is run at full
   size only if the estimate scaled from T=256 is under 30 s, otherwise the estimate is printed);
 
-as ratios to the floor.  Implementations are measured round-robin (one repeat of each per
-round) so drift in machine load affects them alike.  Also prints the max abs error of the
-float32 results against a float64 sequential loop.
+each as two ratios: to the ``addcmul`` pass, and to the memory floor -- the bytes the scan must
+move (forward: read f and u, write m, 3 tensors; backward: read f, m and dm, write du and df,
+5 tensors) divided by the copy bandwidth measured in the same run, ``dst.copy_(src)`` with src
+and dst each three [B, T, D] float32 tensors big (the footprint of the six tensors the scan's
+forward and backward touch, so the copy runs from the same level of the memory hierarchy).  No
+implementation can go below the floor.  Implementations are measured round-robin (one repeat of
+each per round) so drift in machine load affects them alike.  Also prints the max abs error of
+the float32 results against a float64 sequential loop.
 """
 
 from __future__ import annotations
@@ -26,7 +33,11 @@ import time
 
 import torch
 
-from drmlab.ops import scan
+from drmlab.ops import c_kernel_status, linear_scan
+
+# [B, T, D] tensors read + written by the scan: forward (f, u -> m), backward (f, m, dm -> du, df)
+FWD_TENSORS, BWD_TENSORS = 3, 5
+ELEMENTWISE = "addcmul (1 torch pass)"
 
 
 def naive_loop(f, u):
@@ -77,8 +88,8 @@ def main() -> None:
     g = torch.randn(B, T, D)
     fr, ur, cr = (x.clone().requires_grad_() for x in (f, u, c))
 
-    c_ok = scan.c_kernel_available()
-    status = scan.c_kernel_status()
+    status = c_kernel_status()["linear_scan"]
+    c_ok = status["available"]
 
     def fwd_bwd(fn, inputs):
         def run():
@@ -87,29 +98,43 @@ def main() -> None:
         return run
 
     impls = {
-        "floor a*b+c": (lambda: f * u + c, fwd_bwd(lambda a, b, x: a * b + x, (fr, ur, cr))),
+        ELEMENTWISE: (lambda: torch.addcmul(c, f, u),
+                      fwd_bwd(lambda a, b, x: torch.addcmul(x, a, b), (fr, ur, cr))),
     }
     if c_ok:
         impls["linear_scan (C)"] = (
-            lambda: scan.linear_scan(f, u, backend="c"),
-            fwd_bwd(lambda a, b: scan.linear_scan(a, b, backend="c"), (fr, ur)),
+            lambda: linear_scan(f, u, backend="c"),
+            fwd_bwd(lambda a, b: linear_scan(a, b, backend="c"), (fr, ur)),
         )
     impls["linear_scan (torch)"] = (
-        lambda: scan.linear_scan(f, u, backend="torch"),
-        fwd_bwd(lambda a, b: scan.linear_scan(a, b, backend="torch"), (fr, ur)),
+        lambda: linear_scan(f, u, backend="torch"),
+        fwd_bwd(lambda a, b: linear_scan(a, b, backend="torch"), (fr, ur)),
     )
 
+    # the copy that measures the bandwidth: as many bytes as the scan's six tensors hold
+    src = torch.randn(3 * B * T * D)
+    dst = torch.empty_like(src)
+    copy = ("copy", lambda: dst.copy_(src))
+
     # warm up (also builds / loads the C kernel)
+    copy[1](), copy[1]()
     for fwd, fb in impls.values():
         fwd(), fb(), fwd(), fb()
 
     times = {name: ([], []) for name in impls}
+    copy_times = []
     for _ in range(args.repeats):
+        copy_times.append(timed(copy[1]))
         for name, (fwd, fb) in impls.items():
             times[name][0].append(timed(fwd))
             times[name][1].append(timed(fb))
     rows = {name: (statistics.median(a) * 1e3, statistics.median(b) * 1e3)
             for name, (a, b) in times.items()}
+    copy_bytes = 2 * src.numel() * src.element_size()  # read src + write dst
+    bandwidth = copy_bytes / statistics.median(copy_times)  # bytes / s
+    tensor_bytes = B * T * D * 4
+    floor_fwd = FWD_TENSORS * tensor_bytes / bandwidth * 1e3
+    floor_fb = (FWD_TENSORS + BWD_TENSORS) * tensor_bytes / bandwidth * 1e3
 
     # naive loop: forward at full size.  Its backward is O(T^2) (every SelectBackward writes a
     # full-size zero tensor); time it at a short T_s and scale by (T/T_s)^2, and also measure it
@@ -140,26 +165,29 @@ def main() -> None:
     for name, be in (("linear_scan (C)", "c"), ("linear_scan (torch)", "torch")):
         if name not in rows:
             continue
-        y = scan.linear_scan(fr, ur, backend=be)
+        y = linear_scan(fr, ur, backend=be)
         df, du = torch.autograd.grad(y, (fr, ur), g)
         errs[name] = max((y.double() - ref).abs().max().item(),
                          (df.double() - rdf).abs().max().item(),
                          (du.double() - rdu).abs().max().item())
 
-    floor_f, floor_fb = rows["floor a*b+c"]
+    base_f, base_fb = rows[ELEMENTWISE]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"linear_scan benchmark: B={B} T={T} D={D} float32, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs (load avg {load:.1f}), "
           f"median of {args.repeats}")
     print(f"C kernel: {'available at ' + str(status['path']) if c_ok else 'unavailable: ' + str(status['error'])}")
+    print(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s (dst.copy_(src), {copy_bytes / 2**20:.0f} MiB "
+          f"read + written); memory floor: fwd {floor_fwd:.2f} ms ({FWD_TENSORS} tensors of "
+          f"{tensor_bytes / 2**20:.1f} MiB), fwd+bwd {floor_fb:.2f} ms ({FWD_TENSORS + BWD_TENSORS} tensors)")
     print()
-    print(f"| {'implementation':<22} | {'fwd ms':>8} | {'fwd x floor':>11} | {'fwd+bwd ms':>10} "
-          f"| {'fwd+bwd x floor':>15} | {'max err vs f64':>14} |")
-    print(f"|{'-' * 24}|{'-' * 10}|{'-' * 13}|{'-' * 12}|{'-' * 17}|{'-' * 16}|")
+    print(f"| {'implementation':<24} | {'fwd ms':>8} | {'x addcmul':>10} | {'x floor':>7} "
+          f"| {'fwd+bwd ms':>10} | {'x addcmul':>10} | {'x floor':>7} | {'max err vs f64':>14} |")
+    print(f"|{'-' * 26}|{'-' * 10}|{'-' * 12}|{'-' * 9}|{'-' * 12}|{'-' * 12}|{'-' * 9}|{'-' * 16}|")
     for name, (a, b) in rows.items():
         err = f"{errs[name]:.1e}" if name in errs else ""
-        print(f"| {name:<22} | {a:8.2f} | {a / floor_f:11.2f} | {b:10.2f} | {b / floor_fb:15.2f} "
-              f"| {err:>14} |")
+        print(f"| {name:<24} | {a:8.2f} | {a / base_f:10.2f} | {a / floor_fwd:7.2f} "
+              f"| {b:10.2f} | {b / base_fb:10.2f} | {b / floor_fb:7.2f} | {err:>14} |")
     print()
     print(f"naive autograd loop fwd+bwd: {naive_note}")
 

@@ -24,7 +24,8 @@ import time
 
 import torch
 
-from drmlab.ops.selective import selective_scan, selective_scan_backend, selective_scan_reference
+from drmlab.ops import c_kernel_status
+from drmlab.ops.selective_scan import selective_scan, selective_scan_backend, selective_scan_reference
 
 
 def inputs(b, t, e, n, dtype=torch.float32, seed=0):
@@ -70,7 +71,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     x, dt, A, Bm, Cm = inputs(args.B, args.T, args.E, args.N)
     if selective_scan_backend(x) != "c":
-        raise SystemExit("the C kernel is not available here (drmlab.ops.scan.c_kernel_status())")
+        raise SystemExit(f"the C kernel is not available here: {c_kernel_status()['selective_scan']['error']}")
     print(f"B {args.B}, T {args.T}, E {args.E}, N {args.N}, float32, {torch.get_num_threads()} thread(s)")
     times = {b: {"fwd": [], "fwd+bwd": []} for b in ("torch", "c")}
     held = {}

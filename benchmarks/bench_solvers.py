@@ -81,7 +81,7 @@ def main() -> None:
                 times[s].append(time.perf_counter() - start)
     base = tokens[:, :-1].numel() / statistics.median(times[SETTINGS[0]])
     print(f"J at preset {args.preset}: batch {args.batch} x {length}, torch threads {torch.get_num_threads()}")
-    print(f"| step mode | block solver | iters | tok/s | x velocity | max dist to rollout | mean dist |")
+    print("| step mode | block solver | iters | tok/s | x velocity | max dist to rollout | mean dist |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for s in SETTINGS:
         rate = tokens[:, :-1].numel() / statistics.median(times[s])

@@ -2,8 +2,17 @@
 
     python benchmarks/bench_training.py --models GPT2,J --preset tiny --steps 4 --threads 2
 
-Reports tokens per wall-clock second and per CPU second of this process (on a shared machine
-the second, divided by the thread count, estimates the uncontended rate).
+Each model trains ``--steps`` + 1 optimizer steps on a fixed random byte stream, then rescores
+``--eval-tokens`` targets of it. Two rates are printed for each:
+
+* tok/s wall: training, the median of the trainer's per-step rates over every step but the first
+  (which pays the first-call costs); rescoring, targets scored over the wall time of the call.
+* tok/s per thread: tokens over the CPU time of this process (``time.process_time``, which adds
+  up the time of all its threads) across the whole call -- tokens per thread-second. With the
+  threads busy, times ``--threads`` it estimates the rate on an idle machine; other jobs on a
+  shared machine disturb it less than the wall rate (though a thread spinning while it waits for
+  a descheduled peer still adds CPU time). For training it covers the whole ``train()`` call,
+  setup and first step included.
 """
 
 from __future__ import annotations
@@ -31,8 +40,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     stream = rng.integers(32, 127, 2_000_000).astype(np.uint8)
     for name in args.models.split(","):
-        cfg = resolve_train_config(args.preset, tokens=1, eval_every=0)
-        cfg = resolve_train_config(args.preset, tokens=cfg.tokens_per_step * (args.steps + 1), eval_every=0)
+        step_tokens = resolve_train_config(args.preset).tokens_per_step
+        cfg = resolve_train_config(args.preset, tokens=step_tokens * (args.steps + 1), eval_every=0)
         model = build_model(name, args.preset)
         wall, cpu = time.perf_counter(), time.process_time()
         summary = train(model, stream, None, cfg, quiet=True)
@@ -41,11 +50,11 @@ def main() -> None:
         step_rate = np.median([r["tok_s"] for r in rows])
         total = cfg.tokens_per_step * (args.steps + 1)
         print(f"{name:12s} {args.preset} params {summary['params']:>10,}  train: median {step_rate:8,.0f} tok/s wall, "
-              f"{total / cpu * args.threads:8,.0f} tok/s per {args.threads} CPU-s")
+              f"{total / cpu:8,.0f} tok/s per thread ({args.threads} threads)")
         wall, cpu = time.perf_counter(), time.process_time()
-        rescore(model, stream, cfg.seq_len, batch_size=cfg.eval_batch_size, max_targets=args.eval_tokens)
+        scored = rescore(model, stream, cfg.seq_len, batch_size=cfg.eval_batch_size, max_targets=args.eval_tokens)["targets"]
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        print(f"{'':12s} rescoring: {args.eval_tokens / wall:8,.0f} tok/s wall, {args.eval_tokens / cpu * args.threads:8,.0f} tok/s per {args.threads} CPU-s")
+        print(f"{'':12s} rescoring: {scored / wall:8,.0f} tok/s wall, {scored / cpu:8,.0f} tok/s per thread")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from drmlab.experiments.ablate import gate, mean_std
+from drmlab.experiments.stats import gate, mean_std
 
 
 def test_gate_follows_the_reference_rule():
@@ -31,11 +31,6 @@ def test_gate_follows_the_reference_rule():
 
 @pytest.fixture(scope="module")
 def corpus_file(tmp_path_factory):
-    try:
-        from drmlab.data import load_corpus  # noqa: F401
-    except ImportError:
-        pytest.skip("drmlab.data.load_corpus is not available")
-    pytest.importorskip("transformers")
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     path = tmp_path_factory.mktemp("text") / "corpus.txt"
     path.write_text("\n\n".join((stdlib / n).read_text() for n in ("textwrap.py", "bisect.py", "colorsys.py", "keyword.py")))
@@ -64,8 +59,8 @@ def test_study_runs_resumes_and_writes_results(corpus_file, tmp_path, monkeypatc
         return real_train(*args, **kwargs)
 
     monkeypatch.setattr(trainer, "train", flaky_train)
-    with pytest.raises(KeyboardInterrupt):
-        main(argv)
+    assert main(argv) == 130  # an interrupt ends the command with 130 and one line, no traceback
+    assert "interrupted" in capsys.readouterr().err
     first_summary = (out / "runs" / "GPT2-seed1" / "summary.json").stat().st_mtime_ns
     monkeypatch.setattr(trainer, "train", real_train)
     calls.clear()
@@ -137,3 +132,29 @@ def test_a_named_arm_is_its_own_row(corpus_file, tmp_path):
     assert default["overrides"] == {} and default["model_config"]["eps"] == "1/N"
     results = json.loads((out / "results.json").read_text())
     assert set(results["models"]) == {"LOOPED:B", "LOOPED"}
+
+
+def test_the_study_runs_from_python_with_plain_arguments(corpus_file, tmp_path, capsys):
+    """ablate.run_study takes plain arguments (no flags) and gives the numbers the command line gives."""
+    from drmlab.cli import main
+    from drmlab.experiments import ablate
+
+    data = dict(data=str(corpus_file), cache_dir=str(tmp_path / "c"))
+    results = ablate.run_study(["GPT2", "LOOPED:B"], [1], out=tmp_path / "py", preset="micro", tokens="256",
+                               train={"eval_tokens": 512}, model_settings={"GPT2": {"n_layer": 1}}, **data)
+    assert capsys.readouterr().out == ""  # nothing below the command line prints
+    assert results["complete"] and set(results["models"]) == {"GPT2", "LOOPED:B"}
+    assert main(["ablate", "--models", "GPT2,LOOPED:B", "--seeds", "1", "--preset", "micro", "--tokens", "256",
+                 "--eval-tokens", "512", "--set", "GPT2.n_layer=1", "--out", str(tmp_path / "cli"), "--quiet",
+                 "--data", data["data"], "--cache-dir", data["cache_dir"]]) == 0
+    cli = json.loads((tmp_path / "cli" / "results.json").read_text())
+    assert {m: v["ce_mean"] for m, v in cli["models"].items()} == {m: v["ce_mean"] for m, v in results["models"].items()}
+    assert cli["study"] == json.loads((tmp_path / "py" / "study.json").read_text())
+    # planning checks every setting by its name, before any data is read
+    with pytest.raises(ValueError, match="seed of each run"):
+        ablate.plan_study(["J"], [1], train={"seed": 3})
+    with pytest.raises(ValueError, match="'lr' is a train setting"):
+        ablate.plan_study(["J"], [1], model_settings={"J": {"lr": 1e-3}})
+    with pytest.raises(ValueError, match="n_positions=32; raise the model setting GPT2.n_positions to 64"):
+        ablate.plan_study(["GPT2"], [1], "micro", train={"seq_len": 64})
+

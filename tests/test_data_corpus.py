@@ -293,7 +293,6 @@ def test_gpt2_corpus_decodes_to_the_stream(tmp_path):
     d = find_gpt2_dir()
     if d is None:
         pytest.skip("GPT-2 files not available")
-    pytest.importorskip("tiktoken")
     make_dir(tmp_path / "src", n=30)
     tok = get_tokenizer("gpt2", gpt2_dir=d)
     c = load_corpus(tmp_path / "src", tokenizer=tok, cache_dir=tmp_path / "cache", val_fraction=0.3)

@@ -52,7 +52,6 @@ def gpt2():
     d = find_gpt2_dir()
     if d is None:
         pytest.skip("GPT-2 files (encoder.json, vocab.bpe) not available")
-    pytest.importorskip("tiktoken")
     return get_tokenizer("gpt2", gpt2_dir=d)
 
 
@@ -132,7 +131,8 @@ def test_gpt2_tinyshakespeare_count_and_hf_agreement(gpt2):
     text = path.read_text(encoding="utf-8")
     ids = gpt2.encode(text)
     assert len(ids) == 338_025
-    hf = pytest.importorskip("tokenizers")
+    import tokenizers as hf
+
     d = Path(gpt2.origin)
     ref = hf.Tokenizer(hf.models.BPE.from_file(str(d / GPT2_ENCODER_JSON), str(d / GPT2_VOCAB_BPE)))
     ref.pre_tokenizer = hf.pre_tokenizers.ByteLevel(add_prefix_space=False)

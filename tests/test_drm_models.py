@@ -4,20 +4,19 @@
 import pytest
 import torch
 
-from drmlab.models import build_model, list_models
-from drmlab.models.drm import VARIANTS, build_config, count_parameters
+from drmlab.models import build_model, count_parameters, list_models
+from drmlab.models.drm import VARIANTS, build_config, closed_form_parameter_count
 
 REFERENCE_125M = {
     "A": 127_266_438, "D": 129_625_734, "J": 126_080_896, "J_NO_METRIC": 72_652_160,
     "J_NO_DIRECTION": 83_206_400, "SSM_CONTROL": 126_076_000,
-    # the rest of the reference table (architecture notes 5.3)
+    # the rest of the reference table (docs/drm.md section A.5.3)
     "B": 127_266_438, "C": 127_266_438, "E": 129_625_734, "F": 132_525_446, "G": 125_829_830,
     "H": 127_009_664, "I": 127_009_664, "J_DILATED": 127_191_968, "J_NO_NATURALIZATION": 126_080_896,
 }
 
 
-def n_params(model):
-    return sum(p.numel() for p in model.parameters())
+n_params = count_parameters
 
 
 def test_registry_lists_every_variant():
@@ -33,13 +32,13 @@ def test_parameter_count_125m_matches_reference(variant):
     count = n_params(model)
     assert abs(count - REFERENCE_125M[variant]) <= 0.005 * REFERENCE_125M[variant]
     assert count == REFERENCE_125M[variant]  # the closed forms are exact
-    assert count == count_parameters(model.config)
+    assert count == closed_form_parameter_count(model.config)
 
 
 @pytest.mark.parametrize("preset", ["micro", "tiny", "small", "125m"])
 def test_ssm_control_matched_within_one_percent(preset):
-    j = count_parameters(build_config("J", preset))
-    control = count_parameters(build_config("SSM_CONTROL", preset))
+    j = closed_form_parameter_count(build_config("J", preset))
+    control = closed_form_parameter_count(build_config("SSM_CONTROL", preset))
     assert control <= j and (j - control) / j < 0.01
 
 
@@ -50,7 +49,7 @@ def test_forward_shapes_and_finite(variant):
     out = model(tokens)
     assert out.logits.shape == (2, 19, 256)
     assert torch.isfinite(out.logits).all()
-    assert n_params(model) == count_parameters(model.config)
+    assert n_params(model) == closed_form_parameter_count(model.config)
     if "loss_aux" in out.aux:
         assert torch.isfinite(out.aux["loss_aux"])
 
@@ -146,7 +145,7 @@ def test_naturalization_warmup():
 def test_toroidal_mode_is_live():
     plain = build_model("J", preset="micro", seed=0)
     torus = build_model("J", preset="micro", seed=0, toroidal_dims=4)
-    assert count_parameters(torus.config) == n_params(torus) > n_params(plain)
+    assert closed_form_parameter_count(torus.config) == n_params(torus) > n_params(plain)
     tokens = torch.randint(0, 256, (1, 12))
     out = torus(tokens).logits
     assert torch.isfinite(out).all()

@@ -1,4 +1,4 @@
-"""DRM solver options (math.md section 14, notes/drm-solvers.md): step modes, block refiners,
+"""DRM solver options (``docs/drm.md`` section 14 and appendix S): step modes, block refiners,
 consistency losses -- causality, convergence to the sequential rollout, stepping, refusals."""
 
 import pytest

@@ -75,11 +75,6 @@ def test_bits_per_byte_uses_the_bytes_of_the_scored_text():
 
 @pytest.fixture(scope="module")
 def text_source(tmp_path_factory):
-    pytest.importorskip("transformers")
-    try:
-        from drmlab.data import load_corpus  # noqa: F401
-    except ImportError:
-        pytest.skip("drmlab.data.load_corpus is not available")
     root = tmp_path_factory.mktemp("text")
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     names = ("textwrap.py", "string.py", "bisect.py", "colorsys.py", "keyword.py", "numbers.py")
@@ -111,7 +106,7 @@ def test_train_then_eval_commands(text_source, tmp_path, capsys):
     config = json.loads((run_dir / "config.json").read_text())
     assert config["overrides"] == {"n_layer": 1} and config["train"]["schedule"] == "cosine"
     assert config["model_config"]["n_layer"] == 1 and config["data"]["content_sha256"]
-    assert (run_dir / "model.safetensors").is_file() and (run_dir / "metrics.jsonl").is_file()
+    assert (run_dir / "checkpoint.json").is_file() and (run_dir / "metrics.jsonl").is_file()
 
     code, out, err = _cli(["eval", "--ckpt", str(run_dir), "--cache-dir", str(cache), "--quiet"], capsys)
     assert code == 0, err
@@ -120,11 +115,22 @@ def test_train_then_eval_commands(text_source, tmp_path, capsys):
     assert report["step"] == summary["steps"] and report["data_matches_run"]
     assert "nats/token" in out and "bits/byte" in out
 
-    # --resume with a larger budget continues the same run
+    # under the cosine schedule the budget shapes the learning rate: a larger budget is refused, the run kept
     code, out, err = _cli(["train", "--resume", "--out", str(run_dir), "--tokens", "3k", "--cache-dir", str(cache), "--quiet"], capsys)
+    assert code == 2 and "tokens: 2000 in the run, 3000 now" in err and "cosine" in err
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+
+    # a constant-schedule run resumes with a larger budget and records the change
+    const_dir = tmp_path / "const"
+    code, out, err = _cli(["train", "--model", "GPT2", "--preset", "micro", "--tokens", "2k", "--out", str(const_dir),
+                           "--set", "n_layer=1", *base], capsys)
     assert code == 0, err
-    summary2 = json.loads((run_dir / "summary.json").read_text())
+    code, out, err = _cli(["train", "--resume", "--out", str(const_dir), "--tokens", "3k", "--cache-dir", str(cache), "--quiet"], capsys)
+    assert code == 0, err
+    summary2 = json.loads((const_dir / "summary.json").read_text())
     assert summary2["tokens"] == 3072 and summary2["steps"] == 12
+    resumes = [r for r in map(json.loads, (const_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "resume"]
+    assert [r["changed"] for r in resumes] == [{"tokens": [2000, 3000]}]
 
 
 def test_set_typo_is_an_error_with_a_suggestion(text_source, tmp_path, capsys):

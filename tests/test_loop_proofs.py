@@ -1,11 +1,11 @@
 """Tests of drmlab.experiments.loop_proofs: the five looped-residual proofs.
 
 Proofs 1, 2, 3 and 5 are pinned at their default sizes (each runs in about a second) against the
-numbers the original scripts printed (notes/looped-study.md §7; proof 5 also against the seed
-script). Proof 4's full learning-rate grid costs ~10-15 s of CPU, so its verdict is pinned on a
-reduced grid (N in 1, 8; LR in 0.3, 1, 3) plus single grid cells of the original table; the full
-table runs when DRMLAB_SLOW_TESTS=1. Every planted negative removes the loop-aware scaling
-(``scaled=False``: every ε = 1) and must come out REFUTED.
+numbers the original scripts printed (``docs/looped.md`` section 7; proof 5 also against the
+original script). Proof 4's full learning-rate grid costs ~10-15 s of CPU, so its verdict is
+pinned on a reduced grid (N in 1, 8; LR in 0.3, 1, 3) plus single grid cells of the original
+table; the full table runs when DRMLAB_SLOW_TESTS=1. Every planted negative removes the
+loop-aware scaling (``scaled=False``: every ε = 1) and must come out REFUTED.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from drmlab.experiments import loop_proofs as lp
+from drmlab.experiments.loop_proofs.common import openblas_controls
 
 # ------------------------------------------------------------------ the original printed numbers
 
@@ -270,7 +271,7 @@ def test_cli_usage_errors_exit_2(argv, capsys):
 
 
 def test_single_blas_thread_restores_the_thread_count():
-    controls = lp._openblas_controls()
+    controls = openblas_controls()
     before = [get() for get, _ in controls]
     with lp.single_blas_thread():
         assert all(get() == 1 for get, _ in controls)

@@ -8,18 +8,19 @@ import time
 import pytest
 import torch
 
-from drmlab.models import PRESETS, build_model, list_models
+from drmlab.models import build_model, list_models
 from drmlab.models.looped import (
     ARMS,
     LoopedConfig,
     block_kinds,
     build_config,
-    count_parameters,
+    closed_form_parameter_count,
     resolve_eps,
     schedule_order,
 )
+from drmlab.presets import PRESETS
 
-# The study's arms (notes/looped-study.md §3): L, N, schedule, ε, mixer, learnable λ, SSM conv,
+# The study's arms (docs/looped.md section 3): L, N, schedule, ε, mixer, learnable λ, SSM conv,
 # stored attention blocks (hybrids).
 STUDY_ARMS = {
     "A": (12, 1, "vanilla", 1.0, "attn", False, None, None),
@@ -149,13 +150,13 @@ def test_learnable_eps_scales_both_branches():
 def test_parameter_formula_reproduces_the_logged_counts(arm):
     c = build_config("small", vocab_size=50304, arm=arm)
     assert (c.d_model, c.n_head, c.d_state) == (384, 6, 16)
-    assert count_parameters(c, include_positions=False) == LOGGED[arm]
+    assert closed_form_parameter_count(c, include_positions=False) == LOGGED[arm]
 
 
 def test_parameter_formula_reproduces_the_logged_768_counts():
     for arm, count in LOGGED_768.items():
         c = build_config("small", vocab_size=50304, arm=arm, d_model=768, n_head=12)
-        assert count_parameters(c, include_positions=False) == count, arm
+        assert closed_form_parameter_count(c, include_positions=False) == count, arm
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -163,15 +164,16 @@ def test_presets_match_j_and_the_formula(preset):
     with torch.device("meta"):
         model = build_model("LOOPED", preset)
     n = _params(model)
-    assert n == count_parameters(model.config)
+    assert n == closed_form_parameter_count(model.config)
     assert abs(n / J_PARAMS[preset] - 1) <= 0.10, (preset, n)
     assert model.config.max_seq_len == {"micro": 32, "tiny": 256, "small": 512, "125m": 512}[preset]
 
 
-@pytest.mark.parametrize("arm", ["A", "MC", "HE", "H4"])
-def test_built_counts_equal_the_formula(arm):
-    m = build_model("LOOPED", "micro", arm=arm)
-    assert _params(m) == count_parameters(m.config)
+@pytest.mark.parametrize("arm, overrides", [("A", {}), ("MC", {}), ("HE", {}), ("H4", {}),
+                                             ("HC", {"ssm_variant": "mamba"}), ("MC4", {"ssm_variant": "mamba"})])
+def test_built_counts_equal_the_formula(arm, overrides):
+    m = build_model("LOOPED", "micro", arm=arm, **overrides)
+    assert _params(m) == closed_form_parameter_count(m.config)
 
 
 def test_output_projection_init_std():

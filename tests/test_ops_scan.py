@@ -1,34 +1,48 @@
-"""linear_scan (drmlab.ops.scan) against a sequential float64 loop, on both backends."""
+"""linear_scan (drmlab.ops.linear_scan) against its sequential reference loop in float64, on
+every backend; the backend table; the C kernel's loader (drmlab.ops.ckernels)."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from drmlab.ops import backend_for, c_kernel_available, linear_scan
-from drmlab.ops import scan as scan_mod
+from drmlab.ops import backend_for, c_kernel_available, c_kernel_status, ckernels, linear_scan, threads
+from drmlab.ops.backends import BackendUnavailable
+from drmlab.ops.linear_scan import BACKENDS as SCAN_BACKENDS
+from drmlab.ops.linear_scan import c as scan_c
+from drmlab.ops.linear_scan import linear_scan_reference
 
 BACKENDS = ["c", "torch"]
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request):
-    if request.param == "c" and not c_kernel_available():
-        pytest.skip(f"C kernel unavailable: {scan_mod.c_kernel_status()['error']}")
+    if request.param == "c":
+        request.getfixturevalue("c_kernel")  # tests/conftest.py
     return request.param
 
 
 def loop64(f, u, init=None):
-    """Sequential loop in float64 / complex128 (autograd through unbind, O(T) backward)."""
+    """The reference loop (linear_scan_reference) in float64 / complex128."""
     cdt = torch.complex128 if (f.is_complex() or u.is_complex()
                                or (init is not None and init.is_complex())) else torch.float64
-    shape = torch.broadcast_shapes(f.shape, u.shape)
-    f, u = f.to(cdt).expand(shape), u.to(cdt).expand(shape)
-    m = torch.zeros(shape[0], shape[2], dtype=cdt) if init is None else init.to(cdt).expand(
-        shape[0], shape[2])
-    outs = []
-    for ft, ut in zip(f.unbind(1), u.unbind(1)):
-        m = ft * m + ut
-        outs.append(m)
-    return torch.stack(outs, 1)
+    return linear_scan_reference(f.to(cdt), u.to(cdt), None if init is None else init.to(cdt))
+
+
+def test_every_backend_is_tested():
+    # a backend added to the dispatcher's table must join the parametrised tests below
+    assert set(SCAN_BACKENDS.names) == set(BACKENDS)
+
+
+def test_reference_is_the_recurrence():
+    f = torch.tensor([[[0.5], [2.0], [0.0]]], dtype=torch.float64)
+    u = torch.tensor([[[1.0], [3.0], [4.0]]], dtype=torch.float64)
+    init = torch.tensor([[8.0]], dtype=torch.float64)
+    # m0 = 0.5 * 8 + 1 = 5, m1 = 2 * 5 + 3 = 13, m2 = 0 * 13 + 4 = 4
+    assert linear_scan_reference(f, u, init).flatten().tolist() == [5.0, 13.0, 4.0]
+    assert linear_scan_reference(f, u).flatten().tolist() == [1.0, 5.0, 4.0]
 
 
 def rand_inputs(B, T, D, dtype=torch.float64, seed=0, complex_=False):
@@ -211,21 +225,19 @@ def test_empty_time_axis(backend):
     assert gi.shape == init.shape and torch.count_nonzero(gi) == 0
 
 
-def test_backends_agree_float32():
-    if not c_kernel_available():
-        pytest.skip("C kernel unavailable")
+def test_backends_agree_float32(c_kernel):
     f, u, init = rand_inputs(4, 200, 40, dtype=torch.float32)
     a = linear_scan(f, u, init, backend="c")
     b = linear_scan(f, u, init, backend="torch")
     assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
-def test_threaded_split_matches(backend, threads, monkeypatch):
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_threaded_split_matches(backend, n_threads, monkeypatch):
     # the C path splits the work between threads: over B when B >= threads, else over blocks of
     # 16 channels (with a ragged last block)
-    monkeypatch.setattr(scan_mod, "_PARALLEL_MIN_NUMEL", 0)
-    monkeypatch.setattr(scan_mod, "_num_threads", lambda: threads)
+    monkeypatch.setattr(scan_c, "PARALLEL_MIN_NUMEL", 0)
+    monkeypatch.setattr(threads, "thread_count", lambda: n_threads)
     for B, D in ((5, 7), (2, 50), (1, 37), (1, 5)):
         f, u, init = rand_inputs(B, 9, D)
         check_against_loop(f, u, init, backend)
@@ -241,60 +253,115 @@ def test_env_var_forces_fallback(monkeypatch):
     f, u, init = rand_inputs(2, 9, 4)
     check_against_loop(f, u, init, None)
     monkeypatch.delenv("DRMLAB_NO_CKERNEL")
-    if scan_mod.c_kernel_status()["available"]:
+    if c_kernel_status()["linear_scan"]["available"]:
         assert backend_for(x) == "c"
         assert backend_for(x.to(torch.bfloat16)) == "c"  # computed in float32
     assert backend_for(x.to(torch.int64)) in ("c", "torch")
 
 
+def _fresh_kernel_without_compiler(monkeypatch):
+    """Put a not-yet-loaded linear-scan kernel in place of the real one, on a machine that has
+    no C compiler; the real kernel stays loaded for the other tests."""
+    monkeypatch.delenv(ckernels.DISABLE_ENV, raising=False)
+    monkeypatch.setattr(ckernels, "find_compiler", lambda: None)
+    fresh = ckernels.CKernel("linear_scan", scan_c.SOURCE, scan_c.prepare)
+    monkeypatch.setattr(scan_c, "KERNEL", fresh)
+    return fresh
+
+
 def test_no_compiler_falls_back(monkeypatch):
-    # a fresh loader state with no compiler: the pure-torch path runs, and the reason is kept
-    monkeypatch.delenv("DRMLAB_NO_CKERNEL", raising=False)
-    monkeypatch.setattr(scan_mod, "_lib", None)
-    monkeypatch.setattr(scan_mod, "_lib_tried", False)
-    monkeypatch.setattr(scan_mod, "_lib_path", None)
-    monkeypatch.setattr(scan_mod, "_lib_error", None)
-    monkeypatch.setattr(scan_mod, "_find_compiler", lambda: None)
-    assert not c_kernel_available()
-    status = scan_mod.c_kernel_status()
+    # without DRMLAB_REQUIRE_CKERNEL the pure-torch path runs, and the reason is kept
+    monkeypatch.delenv(ckernels.REQUIRE_ENV, raising=False)
+    kernel = _fresh_kernel_without_compiler(monkeypatch)
+    assert not kernel.available()
+    status = kernel.status()
     assert not status["available"] and "compiler" in status["error"]
     assert backend_for(torch.zeros(1, 1, 1)) == "torch"
     f, u, init = rand_inputs(2, 9, 4)
     check_against_loop(f, u, init, None)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(BackendUnavailable, match="compiler.*available here: 'torch'"):
         linear_scan(f, u, init, backend="c")
 
 
-def test_concurrent_builds_are_atomic(tmp_path):
+def test_required_kernel_raises_instead_of_falling_back(monkeypatch):
+    # DRMLAB_REQUIRE_CKERNEL=1: the same missing compiler is an error at the first use, from
+    # the loader (so no caller can quietly take the torch path); the status still reports it
+    monkeypatch.setenv(ckernels.REQUIRE_ENV, "1")
+    kernel = _fresh_kernel_without_compiler(monkeypatch)
+    with pytest.raises(ckernels.CKernelUnavailable, match="compiler"):
+        kernel.available()
+    with pytest.raises(ckernels.CKernelUnavailable):
+        linear_scan(*rand_inputs(2, 9, 4))
+    assert "compiler" in kernel.status()["error"]
+    # DRMLAB_NO_CKERNEL wins: a kernel switched off on purpose is not an error
+    monkeypatch.setenv(ckernels.DISABLE_ENV, "1")
+    assert backend_for(torch.zeros(1, 1, 1)) == "torch"
+
+
+def test_require_env_var_end_to_end(tmp_path):
+    """A fresh process whose compiler always fails (CC=false), with an empty kernel cache: the
+    kernel cannot be built. Without DRMLAB_REQUIRE_CKERNEL linear_scan falls back to torch; with
+    it, the same call raises CKernelUnavailable."""
+    script = (
+        "import torch\n"
+        "from drmlab.ops import backend_for, c_kernel_status, linear_scan\n"
+        "x = torch.ones(1, 3, 2)\n"
+        "linear_scan(x, x)\n"
+        "print(backend_for(x), c_kernel_status()['linear_scan']['error'])\n"
+    )
+    env = {k: v for k, v in os.environ.items()
+           if k not in (ckernels.REQUIRE_ENV, ckernels.DISABLE_ENV)}
+    env.update(CC="false", DRMLAB_CACHE_DIR=str(tmp_path), XDG_CACHE_HOME=str(tmp_path))
+
+    def run(extra):
+        return subprocess.run([sys.executable, "-c", script], env={**env, **extra},
+                              capture_output=True, text=True, timeout=300)
+
+    lenient = run({})
+    assert lenient.returncode == 0, lenient.stderr
+    assert lenient.stdout.startswith("torch ") and "false failed" in lenient.stdout
+    strict = run({ckernels.REQUIRE_ENV: "1"})
+    assert strict.returncode != 0
+    assert "CKernelUnavailable" in strict.stderr and "DRMLAB_REQUIRE_CKERNEL" in strict.stderr
+
+
+def test_backend_table_names_the_backends_that_can_run():
+    f, u, init = rand_inputs(2, 5, 3)
+    with pytest.raises(ValueError, match="unknown backend 'nope'.*'c', 'torch'"):
+        linear_scan(f, u, init, backend="nope")
+    meta = torch.zeros(2, 5, 3, device="meta")
+    assert backend_for(meta) == "torch"
+    with pytest.raises(BackendUnavailable, match="'c' is not available on meta.*CPU.*available here: 'torch'"):
+        linear_scan(meta, meta, backend="c")
+
+
+def test_concurrent_builds_are_atomic(tmp_path, c_kernel):
     """Two builds of the same kernel into one cache path at once (as two test processes would
     do): each compiles to a temporary name and os.replace()s it, so the result is one complete
     shared object and no temporary leftovers."""
-    if not c_kernel_available():
-        pytest.skip("C kernel unavailable")
     import ctypes
     import threading
 
-    cc = scan_mod._find_compiler()
-    dest = tmp_path / "cache" / "drm_scan_test.so"
+    cc = ckernels.find_compiler()
+    dest = tmp_path / "cache" / "drm_linear_scan_test.so"
     errors = []
 
     def build():
         try:
-            scan_mod._compile(cc, scan_mod._SOURCES, dest)
+            ckernels.compile_shared_object(cc, scan_c.SOURCE, dest)
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=build) for _ in range(2)]
-    for t in threads:
+    builders = [threading.Thread(target=build) for _ in range(2)]
+    for t in builders:
         t.start()
-    for t in threads:
+    for t in builders:
         t.join()
     assert not errors
     assert [p.name for p in dest.parent.iterdir()] == [dest.name]
     lib = ctypes.CDLL(str(dest))
-    scan_mod._bind(lib)
-    assert lib.drm_scan_abi_version() == scan_mod._ABI_VERSION
-    scan_mod._self_test(lib)
+    scan_c.prepare(lib)  # binds, checks the ABI version, runs the self-test against torch
+    assert lib.drm_scan_abi_version() == scan_c.ABI_VERSION
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

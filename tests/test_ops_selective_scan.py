@@ -1,4 +1,4 @@
-"""drmlab.ops.selective: both paths (fused C kernel, chunked torch) against the plain loop
+"""drmlab.ops.selective_scan: both backends (fused C kernel, chunked torch) against the plain loop
 in float64, the kernel's float32 exp, segment boundaries, threads, and bad input."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from drmlab.ops import selective as ss_mod
-from drmlab.ops.selective import selective_scan, selective_scan_backend, selective_scan_reference
+from drmlab.ops.backends import BackendUnavailable
+from drmlab.ops.selective_scan import BACKENDS, selective_scan, selective_scan_backend, selective_scan_reference
+from drmlab.ops.selective_scan import c as selective_c
 
-needs_c = pytest.mark.skipif(selective_scan_backend(torch.zeros(1)) != "c", reason="C kernel unavailable")
+needs_c = pytest.mark.usefixtures("c_kernel")  # tests/conftest.py
 
 
 def _inputs(b=2, t=23, e=5, n=3, dtype=torch.float64, seed=0, h0=True):
@@ -48,11 +49,11 @@ def test_torch_path_is_exact(chunk, recompute):
 
 @needs_c
 @pytest.mark.parametrize("h0", [True, False])
-@pytest.mark.parametrize("segment_elements", [ss_mod._SEGMENT_ELEMENTS, 1])
+@pytest.mark.parametrize("segment_elements", [selective_c.SEGMENT_ELEMENTS, 1])
 def test_c_kernel_is_exact_in_float64(monkeypatch, h0, segment_elements):
     # segment_elements=1 forces the shortest segments (8 steps): the backward then crosses
     # several recomputed segments, one of them partial (23 = 8 + 8 + 7)
-    monkeypatch.setattr(ss_mod, "_SEGMENT_ELEMENTS", segment_elements)
+    monkeypatch.setattr(selective_c, "SEGMENT_ELEMENTS", segment_elements)
     _check(_inputs(h0=h0), 1e-12, 1e-10, backend="c")
 
 
@@ -97,7 +98,7 @@ def test_c_kernel_threads_give_identical_results():
 
 @needs_c
 def test_c_kernel_exp_is_accurate_and_exact_at_the_ends():
-    lib = ss_mod._c_lib()
+    lib = selective_c.KERNEL.library()
     x = torch.cat([torch.linspace(-90, 90, 200_001), torch.tensor([0.0, -87.31, -100.0, -1e30, 88.71, 1e30])])
     out = torch.empty_like(x)
     lib.drm_expf_array(x.data_ptr(), out.data_ptr(), x.numel())
@@ -149,3 +150,20 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="backend"):
         selective_scan(x, dt, A, Bm, Cm, backend="cuda")
     assert math.isfinite(selective_scan(x, dt, A, Bm, Cm)[0].sum().item())
+
+
+def test_every_backend_is_tested():
+    # the tests above exercise "c" and "torch"; a backend added to the table must join them
+    assert set(BACKENDS.names) == {"c", "torch"}
+
+
+@needs_c
+def test_auto_takes_the_kernel_on_cpu_and_names_what_runs_elsewhere():
+    x = torch.zeros(1, 2, 3)
+    assert selective_scan_backend(x) == "c"
+    assert selective_scan_backend(x.to(torch.bfloat16)) == "c"  # computed in float32
+    assert selective_scan_backend(x.to("meta")) == "torch"
+    meta = _inputs(dtype=torch.float32)
+    meta = tuple(t.detach().to("meta") for t in meta)
+    with pytest.raises(BackendUnavailable, match="'c' is not available on meta.*CPU.*available here: 'torch'"):
+        selective_scan(*meta, backend="c")

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from drmlab.experiments.residual_probe import add_parser, residual_stream, residual_stream_profile, summarize
+from drmlab.cli.residual_probe import add_parser
+from drmlab.experiments.residual_probe import residual_stream, residual_stream_profile, summarize
 from drmlab.models import build_model
 
 
@@ -57,7 +58,6 @@ def test_the_proofs_signature_at_init():
 
 
 def test_hook_fallback_on_gpt2():
-    pytest.importorskip("transformers")
     gpt = build_model("GPT2", "micro")
     stream, blocks = residual_stream(gpt, _tokens())
     assert len(stream) == gpt.config.n_layer + 1 and blocks == list(range(gpt.config.n_layer))

@@ -1,10 +1,10 @@
-"""The resolvent-attention language model and its controls (issue 4 item 5)."""
+"""The resolvent-attention language model and its controls (``docs/resolvent.md`` section 8)."""
 
 import pytest
 import torch
 
 from drmlab.models import build_model
-from drmlab.models.drm import build_config, count_parameters
+from drmlab.models.drm import build_config, closed_form_parameter_count
 
 NAMES = ["RESOLVENT", "RESOLVENT_SOFTMAX", "RESOLVENT_ROPE"]
 
@@ -15,7 +15,7 @@ def test_parameters_matched_to_j(name, preset):
     with torch.device("meta"):
         model = build_model(name, preset=preset)
     count = sum(p.numel() for p in model.parameters())
-    j = count_parameters(build_config("J", preset))
+    j = closed_form_parameter_count(build_config("J", preset))
     assert abs(count - j) / j < 0.03
 
 
@@ -37,7 +37,7 @@ def test_every_gate_parameter_and_switch_gets_gradient_at_init():
     logits = model(tokens).logits
     torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 256), tokens[:, 1:].reshape(-1)).backward()
     for block in model.blocks:
-        attn = block.attn
+        attn = block.mixer
         for name, p in [("magnitude.weight", attn.gates.magnitude.weight), ("magnitude.bias", attn.gates.magnitude.bias),
                         ("phase.weight", attn.gates.phase.weight), ("beta", attn.beta), ("qk", attn.qk), ("g", attn.g)]:
             assert p.grad is not None and (p.grad != 0).all(), name
@@ -47,10 +47,10 @@ def test_clamp_gates_freeze_where_sigmoid_gates_do_not():
     """The reference's clamp parameterisation leaves gates at exactly 0 or 1 without gradient."""
     clamp = build_model("RESOLVENT", preset="micro", seed=0, gate_parameterisation="clamp")
     for block in clamp.blocks:  # the reference's bias-0 initialisation
-        torch.nn.init.zeros_(block.attn.gates.magnitude.bias)
-        torch.nn.init.normal_(block.attn.gates.magnitude.weight, std=1.0)
+        torch.nn.init.zeros_(block.mixer.gates.magnitude.bias)
+        torch.nn.init.normal_(block.mixer.gates.magnitude.weight, std=1.0)
     x = clamp.embedding(torch.randint(0, 256, (2, 24)))
-    u, _ = clamp.blocks[0].attn.gates(clamp.blocks[0].ln1(x))
+    u, _ = clamp.blocks[0].mixer.gates(clamp.blocks[0].ln1(x))
     frozen = ((u == 0) | (u == 1)).double().mean()
     assert frozen > 0.2
 

@@ -1,4 +1,4 @@
-"""The Lean statements that seed 002 lists (lean/CEQ/V16Domain.lean and friends), as property-based
+"""The Lean statements listed in ``docs/resolvent.md`` section 5, as property-based
 tests of the float64 reference ``drmlab.resolvent`` over random sizes, gates (closed, unit and
 interior magnitudes) and phases.
 
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from drmlab.resolvent import Switches, blend, chain_label, gate, operator, path_product
 
 EPS = np.finfo(np.float64).eps
-PROP = settings(max_examples=60, deadline=None)
+PROP = settings(deadline=None)  # how many examples, and their seed: the profile in tests/conftest.py
 
 # magnitudes: closed, unit, or interior and bounded away from 0 so no product underflows
 magnitudes = st.one_of(st.just(0.0), st.just(1.0), st.floats(0.01, 1.0))

@@ -1,9 +1,9 @@
-"""The 17 checks of seed 002 ("Resolvent Operator", tests/resolvent.rs), one test per row of its
-table, against the float64 reference ``drmlab.resolvent``.
+"""The 17 checks of ``docs/resolvent.md`` section 5, one test per row of its table, against the
+float64 reference ``drmlab.resolvent``.
 
 As in the source, the references here are written in this file and share no code with the module
 (plain Python loops over floats; numpy only for elementwise ``cos``/``sin``/``exp`` so that both
-sides use the same elementary functions). Tolerances and planted negatives are the seed's.
+sides use the same elementary functions). Tolerances and planted negatives are those of that table.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def py_causal_softmax(q, k):
 
 
 def cmul(x, y):
-    """Complex product on real lanes, the formula the seed's Complex uses."""
+    """Complex product on real lanes, the formula of ``docs/resolvent.md`` section 4."""
     return (x[0] * y[0] - x[1] * y[1], x[0] * y[1] + x[1] * y[0])
 
 
@@ -91,7 +91,8 @@ def bits(x):
 
 
 def test_the_softmax_corner_is_causal_softmax_and_matches_the_crate_reference():
-    torch = pytest.importorskip("torch")
+    import torch
+
     rng = np.random.default_rng(1)
     n, d = 16, 8
     q, k, u, th = rand_inputs(rng, n, d, closed=(3,))
@@ -490,7 +491,7 @@ def test_non_finite_input_is_refused():
     w = operator(q_big, k_big, u, th, Switches(1.0, 0.0, 1.0))
     assert np.all(np.isfinite(w.real)) and np.all(np.isfinite(w.imag))
     assert np.array_equal(w, operator(q, k, u, th, Switches(1.0, 0.0, 1.0)))
-    # where the seed panics: ValueError
+    # where the original Rust operator panics: ValueError
     with pytest.raises(ValueError):
         operator(q, k[:, :2], u, th, sw)
     with pytest.raises(ValueError):

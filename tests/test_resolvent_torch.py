@@ -1,7 +1,7 @@
 """The batched torch resolvent operator (drmlab.resolvent.torch) and the gate parameterisations
-(drmlab.resolvent.gates), issue 4 items 3 and 4: float64 agreement with the numpy reference to
-1e-12, every fast path against the dense path, gradcheck in float64 for each path, float32 and
-bfloat16, O(S) memory of the blockwise path, and gates that keep gradient."""
+(drmlab.resolvent.gates), ``docs/resolvent.md`` sections 6 and 7: float64 agreement with the numpy
+reference to 1e-12, every fast path against the dense path, gradcheck in float64 for each path,
+float32 and bfloat16, O(S) memory of the blockwise path, and gates that keep gradient."""
 
 from __future__ import annotations
 
@@ -386,7 +386,8 @@ def test_default_gates_get_gradient_at_initialisation():
 
 
 def test_the_clamp_is_the_freeze():
-    # the seed's clamp at bias 0: a large share of gates sits at exactly 0 or 1 with no gradient
+    # the reference clamp at bias 0 (docs/resolvent.md section 7): a large share of gates sits at
+    # exactly 0 or 1 with no gradient
     _, _, u = _gate_grads("clamp", magnitude_bias=0.0)
     frozen = (u.grad[..., 1:] == 0).double().mean()
     assert frozen > 0.3

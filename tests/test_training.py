@@ -18,7 +18,8 @@ from drmlab.training import NonFiniteLossError, TrainConfig, lm_loss, parse_toke
 from drmlab.evaluation import rescorer
 from drmlab.runs import STATE_FILE, RunDir, write_json_atomic
 from drmlab.training.batches import eval_sample, train_batch, window_starts
-from drmlab.training.config import parse_assignments, resolve_train_config, split_overrides
+from drmlab.cli.common import parse_assignments
+from drmlab.training.config import resolve_train_config, split_overrides
 from drmlab.training.optim import lr_at
 
 
@@ -247,9 +248,12 @@ def test_run_directory_contents(tmp_path):
     summary = train(TinyLM(), tr, va, _cfg(eval_every=8 * 16 * 3), tmp_path, quiet=True, evaluate=rescorer(va, 16),
                     run_info={"model": "TINY", "preset": "micro", "data": {"content_sha256": "x"}})
     names = {p.name for p in tmp_path.iterdir()}
-    assert {"config.json", "metrics.jsonl", "summary.json", "model.safetensors", "optimizer.safetensors",
-            "trainer_state.json"} <= names
-    assert not [n for n in names if n.startswith(".")]  # no temporary leftovers
+    assert {"config.json", "metrics.jsonl", "summary.json", "checkpoint.json", "checkpoints"} <= names
+    assert [n for n in names if n.startswith(".")] == [".lock"]  # no temporary leftovers
+    (folder,) = (tmp_path / "checkpoints").iterdir()  # only the committed checkpoint is kept
+    assert folder.name == "step-00000006"
+    assert {p.name for p in folder.iterdir()} == {"model.safetensors", "optimizer.safetensors", "trainer_state.json",
+                                                   "manifest.json"}
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model"] == "TINY" and config["model_config"] == {"vocab_size": 256, "d": 16}
     assert config["train"]["lr"] == 3e-3 and config["data"]["content_sha256"] == "x"
@@ -267,9 +271,10 @@ def test_run_directory_contents(tmp_path):
 def test_inconsistent_checkpoint_is_refused(tmp_path):
     tr, va = _data()
     train(TinyLM(), tr, va, _cfg(), tmp_path, quiet=True, stop_after_step=2)
-    state = RunDir(tmp_path).read_state()
-    write_json_atomic(tmp_path / STATE_FILE, dict(state, step=3))
-    with pytest.raises(ValueError, match="inconsistent"):
+    run = RunDir(tmp_path)
+    state = run.read_state()
+    write_json_atomic(run.checkpoint_dir() / STATE_FILE, dict(state, step=3))
+    with pytest.raises(ValueError, match="does not match its recorded sha256"):
         RunDir(tmp_path).load_checkpoint(TinyLM())
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # verb -> module, in the order ``drmlab --help`` lists them.
@@ -25,6 +26,7 @@ VERBS = {
     "compare": "drmlab.cli.compare",
     "proofs": "drmlab.cli.proofs",
     "residual-probe": "drmlab.cli.residual_probe",
+    "readme": "drmlab.cli.readme",
 }
 
 
@@ -47,7 +49,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
+    except BrokenPipeError:  # the reader went away (``drmlab inspect --list | head``): nothing left to say
+        sys.stdout = open(os.devnull, "w")
+        return 0
+    except KeyboardInterrupt:
+        print(f"drmlab {args.verb}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, ImportError) as exc:  # bad input, missing or damaged files, a full disk
         print(f"drmlab {args.verb}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -6,6 +6,8 @@ Nothing here imports torch at module level; the helpers that need the library im
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,3 +89,39 @@ def check_seq_len(model, seq_len: int, label: str | None = None, set_prefix: str
         name = label or getattr(model, "model_name", type(model).__name__)
         raise ValueError(f"seq_len {seq_len} exceeds {name}'s n_positions={limit}; "
                          f"add --set {set_prefix}n_positions={seq_len}")
+
+
+def log_to_stderr(message: str) -> None:
+    """A progress line of a study, to stderr at once (stdout carries the report)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    """``--kv 4,16`` -> [4, 16]; a non-integer or repeated item is an error naming ``--flag``."""
+    items = split_list(text, flag)
+    try:
+        return [int(s) for s in items]
+    except ValueError:
+        raise ValueError(f"--{flag} must be comma-separated integers, got {text!r}") from None
+
+def parse_value(text: str):
+    """A ``--set`` value: a JSON literal when it parses (``3``, ``0.5``, ``true``, ``null``, ``[1,2]``), else the string."""
+    aliases = {"True": True, "False": False, "None": None}
+    if text in aliases:
+        return aliases[text]
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_assignments(items: list[str] | None) -> dict:
+    """``["lr=3e-4", "d_state=64"]`` -> ``{"lr": 0.0003, "d_state": 64}``."""
+    out: dict = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        out[key] = parse_value(value.strip())
+    return out

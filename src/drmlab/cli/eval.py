@@ -52,6 +52,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from drmlab.evaluation import byte_counter, rescore
+    from drmlab.models import count_parameters
     from drmlab.runs import RunDir, write_json_atomic
     from drmlab.training.config import parse_tokens
 
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         "seed": train_cfg["seed"],
         "step": int(state["step"]),
         "tokens_trained": int(state.get("tokens", 0)),
-        "params": sum(p.numel() for p in model.parameters()),
+        "params": count_parameters(model),
         "data_source": data,
         "tokenizer": corpus.tokenizer.name,
         "data_matches_run": same_data,

@@ -14,26 +14,37 @@ import os
 import sys
 from pathlib import Path
 
-from drmlab.cli.common import add_data_arguments, check_model_names, add_runtime_arguments, apply_threads, check_seq_len, load_corpus_for, model_setting_names
+from drmlab.cli.common import (add_data_arguments, add_runtime_arguments, apply_threads, check_model_names, check_seq_len,
+                               load_corpus_for, model_setting_names, parse_assignments)
 from drmlab.presets import PRESET_DEFAULTS
-from drmlab.training.config import SCHEDULES, TRAIN_KEYS, parse_assignments, parse_tokens, resolve_train_config, split_overrides
+from drmlab.training.config import SCHEDULES, TRAIN_KEYS, parse_tokens, resolve_train_config, split_overrides
 
 DEFAULT_MODEL = "J"
 DEFAULT_PRESET = "tiny"
 
 EPILOG = """\
 examples:
-  drmlab train                                   # model J, preset tiny, embedded corpus (a few minutes)
+  drmlab train                                   # model J, preset tiny, embedded corpus (about 70 s on 2 cores)
   drmlab train --model GPT2 --preset tiny --tokens 5M --out runs/gpt2-tiny --seed 1
   drmlab train --model J --set d_state=64 --set lr=5e-4 --tokens 500k
   drmlab train --resume --out runs/gpt2-tiny     # continue an interrupted run exactly
+  drmlab train --out runs/gpt2-tiny --overwrite  # delete that run and start it again
+
+resuming: --resume continues bit-exactly and refuses other data, tokenizer, model settings or
+schedule-defining train settings. It accepts other --device/--threads/--quiet, evaluation and
+checkpoint cadence (--eval-every, --eval-tokens, --set checkpoint_every=...), a higher --tokens
+under the constant schedule, and -- after a stop for non-finite values or divergence -- the advised
+fixes --lr, --set warmup_fraction=... and --set grad_clip=...; each change is recorded in a
+"resume" row of metrics.jsonl. Ctrl-C or SIGTERM finishes the current step, commits a checkpoint and
+exits 130 / 143; a second Ctrl-C stops at once.
 
 presets (tokens/step = batch x accum x seq_len; default budget if --tokens is omitted):
 {presets}
 
 files written to --out: config.json (resolved settings), metrics.jsonl (one row per step and per
-evaluation), model.safetensors + optimizer.safetensors + trainer_state.json (the checkpoint),
-summary.json (val_ce in nats/token, val_bpb in bits/byte, tokens, params, tokens_per_s).
+evaluation), checkpoint.json naming checkpoints/step-N/ (model.safetensors, optimizer.safetensors,
+trainer_state.json, manifest.json with sha256 sums), summary.json (val_ce in nats/token, val_bpb in
+bits/byte, tokens, params, tokens_per_s). A second process writing the same run is refused.
 """
 
 
@@ -79,6 +90,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="override a train or model setting, repeatable (values are JSON: 3, 0.5, true, \"x\")")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="delete the run already in --out (its config, metrics, checkpoints, summary, eval.json) and start again")
     parser.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast for the training forward")
     add_runtime_arguments(parser)
     parser.set_defaults(func=run)
@@ -87,10 +100,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from drmlab.evaluation import byte_counter, rescorer
-    from drmlab.models import build_model
+    from drmlab.models import build_model, count_parameters
     from drmlab.runs import RunDir
-    from drmlab.training.trainer import NonFiniteLossError, train
+    from drmlab.training.trainer import NonFiniteLossError, TrainingInterrupted, train
 
+    if args.resume and args.overwrite:
+        raise ValueError("--resume and --overwrite exclude each other")
     apply_threads(args)
     main_process = os.environ.get("RANK", "0") == "0"  # under torchrun only process 0 reports
     if not main_process:
@@ -109,10 +124,10 @@ def run(args: argparse.Namespace) -> int:
     preset = args.preset or (saved or {}).get("preset") or DEFAULT_PRESET
     data = args.data if args.data is not None else (saved or {}).get("data_source")
     tokenizer = args.tokenizer or (saved or {}).get("tokenizer") or "bytes"
-    corpus = load_corpus_for(data, tokenizer, args.cache_dir)
 
+    # Every setting is checked before the corpus loads (a model's setting names do not depend on the vocabulary).
     assignments = parse_assignments(args.assignments)
-    model_keys = [] if all(k in TRAIN_KEYS for k in assignments) else model_setting_names(name, preset, corpus.vocab_size)
+    model_keys = [] if all(k in TRAIN_KEYS for k in assignments) else model_setting_names(name, preset, 256)
     train_set, model_overrides = split_overrides(assignments, model_keys)
     if saved is not None:
         model_overrides = {**saved.get("overrides", {}), **model_overrides}
@@ -136,10 +151,14 @@ def run(args: argparse.Namespace) -> int:
     if str(args.eval_tokens).lower() == "all":
         values.pop("eval_tokens", None)  # the whole stream, whatever the run had
     cfg = resolve_train_config(preset, **values)
+    out = Path(args.out or f"runs/{name}-{preset}-seed{cfg.seed}")
+    if not args.resume and not args.overwrite and RunDir(out).holds_run():
+        raise FileExistsError(f"{out} already holds {RunDir(out).describe()}; use --resume to continue it, "
+                              "--overwrite to delete it and start again, or another --out")
 
+    corpus = load_corpus_for(data, tokenizer, args.cache_dir)
     model = build_model(name, preset, vocab_size=corpus.vocab_size, seed=cfg.seed, **model_overrides)
     check_seq_len(model, cfg.seq_len)
-    out = Path(args.out or f"runs/{name}-{preset}-seed{cfg.seed}")
     run_info = {
         "model": name,
         "preset": preset,
@@ -152,16 +171,20 @@ def run(args: argparse.Namespace) -> int:
     val_bytes = corpus.meta.get("val_bytes") if isinstance(corpus.meta, dict) else None
     evaluate = rescorer(corpus.val, cfg.seq_len, batch_size=cfg.eval_batch_size, max_targets=cfg.eval_tokens,
                         count_bytes=byte_counter(corpus.val, corpus.tokenizer, val_bytes))
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = count_parameters(model)
     if not args.quiet:
         print(f"training {name} ({preset}, {n_params:,} parameters) on {cfg.total_steps * cfg.tokens_per_step:,} tokens "
               f"({cfg.total_steps} steps of {cfg.tokens_per_step:,}), seed {cfg.seed}, writing to {out}", file=sys.stderr)
     try:
         summary = train(model, corpus.train, corpus.val, cfg, out, resume=args.resume, run_info=run_info,
-                        evaluate=evaluate, device=args.device, quiet=args.quiet)
+                        evaluate=evaluate, device=args.device, quiet=args.quiet, overwrite=args.overwrite)
     except NonFiniteLossError as exc:
-        print(f"drmlab train: error: {exc}", file=sys.stderr)
+        print(f"drmlab train: error: {exc}\n  to continue from the kept checkpoint with a fix: "
+              f"drmlab train --resume --out {out} --lr LOWER (or --set warmup_fraction=0.05)", file=sys.stderr)
         return 1
+    except TrainingInterrupted as exc:
+        print(f"drmlab train: {exc}\n  continue with: drmlab train --resume --out {out}", file=sys.stderr)
+        return 128 + exc.signal
     summary.pop("rows", None)
     if not main_process:
         return 0
@@ -169,5 +192,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name} {preset} seed {cfg.seed}: val CE {summary['val_ce']:.4f} nats/token, "
               f"{summary['val_bpb']:.4f} bits/byte, ppl {summary['val_ppl']:.3f} over {summary['val_targets']:,} tokens; "
               f"{summary['tokens']:,} tokens trained at {summary['tokens_per_s'] or 0:,.0f} tok/s")
-    print(f"results in {out}/: summary.json, metrics.jsonl, config.json, model.safetensors")
+    print(f"results in {out}/: summary.json, metrics.jsonl, config.json, checkpoints/")
     return 0

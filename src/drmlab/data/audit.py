@@ -2,7 +2,7 @@
 
 Split. A document goes to validation iff the first 64 bits (big-endian) of a SHA-256 of its UTF-8
 text are below ``val_fraction * 2**64``. With ``seed == 0`` the hash is SHA-256 of the text itself,
-which is the reference study's rule; any other seed hashes ``b"drmlab-split:<seed>:" + text``.
+which is the reference study's rule (``docs/drm.md`` section A.7); any other seed hashes ``b"drmlab-split:<seed>:" + text``.
 
 Audit. The reference counts exact matches between the 512-byte windows taken at stride 256 in each
 stream. That grid check only sees a shared passage when it happens to sit at the same offset modulo

@@ -1,40 +1,43 @@
-"""The cross-model table: language-modelling quality beside associative recall.
+"""The cross-model table: language-modelling quality beside associative recall (docs/mqar.md
+section 7).
 
-``drmlab compare --ablate DIR --mqar DIR`` joins finished studies by model name: validation bits
-per byte from ``drmlab ablate`` (``results.json``: deterministic rescoring of the whole
-validation stream, mean +- population std over seeds) and test accuracy on multi-query
-associative recall from ``drmlab mqar`` (``mqar.json``, one number of pairs). Nothing is
+It joins finished studies by model name: validation bits per byte from the ablation study
+(``results.json``: deterministic rescoring of the whole validation stream, mean +- population std
+over seeds; :mod:`drmlab.experiments.ablate`) and test accuracy on multi-query associative recall
+from the MQAR study (``mqar.json``, one number of pairs; :mod:`drmlab.experiments.mqar`). Nothing is
 trained or re-scored here; every figure is read from the studies, and the protocols of both are
-printed above the table so the numbers cannot be quoted without them.
+written above the table so the numbers cannot be quoted without them.
 
-Writes ``compare.md`` (the table) and ``compare.png`` (MQAR accuracy against bits per byte, one
-point per model with its seed spread) to ``--out``.
+Plain functions, for any caller: :func:`load_ablate`, :func:`load_mqar`, :func:`join` (the rows),
+:func:`markdown` (the table), :func:`plot` (MQAR accuracy against bits per byte, one point per model
+with its seed spread) and :func:`write_compare`, which writes ``compare.md`` and ``compare.png``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
+from typing import Callable
+
+from drmlab.experiments.plotting import draw_or_log, pyplot
 
 
-def _load(path: str | Path, filename: str, verb: str) -> dict:
+def _load(path: str | Path, filename: str, study: str) -> dict:
     path = Path(path)
     file = path / filename if path.is_dir() else path
     if not file.is_file():
-        raise FileNotFoundError(f"{file}: no {filename} (run `drmlab {verb} --out {path}` first)")
+        raise FileNotFoundError(f"{file}: no {filename} (not the folder of a finished {study} study)")
     return json.loads(file.read_text())
 
 
 def load_ablate(path: str | Path) -> dict:
     """The ``results.json`` of a ``drmlab ablate`` study (its folder or the file)."""
-    return _load(path, "results.json", "ablate")
+    return _load(path, "results.json", "ablation")
 
 
 def load_mqar(path: str | Path) -> dict:
     """The ``mqar.json`` of a ``drmlab mqar`` output folder (or the file)."""
-    return _load(path, "mqar.json", "mqar")
+    return _load(path, "mqar.json", "MQAR")
 
 
 def join(ablates: list[dict], mqar: dict | None, kv: int | None) -> tuple[list[dict], int | None]:
@@ -52,7 +55,7 @@ def join(ablates: list[dict], mqar: dict | None, kv: int | None) -> tuple[list[d
         if kv is None:
             kv = kvs[0]
         elif kv not in kvs:
-            raise ValueError(f"--kv {kv}: the MQAR study has kv {', '.join(map(str, kvs))}")
+            raise ValueError(f"kv {kv}: the MQAR study has kv {', '.join(map(str, kvs))}")
         for name, m in mqar["models"].items():
             cell = m["cells"].get(str(kv))
             if cell is None:
@@ -125,11 +128,7 @@ def plot(rows: list[dict], path: Path, kv: int | None, levels: dict | None) -> b
     both = [r for r in rows if "bpb_mean" in r and "acc_mean" in r]
     if not both:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     offsets = [(5, 4), (5, -11), (5, 15), (5, -22)]  # staggered so neighbouring labels stay readable
     for i, r in enumerate(sorted(both, key=lambda r: r["bpb_mean"])):
@@ -152,32 +151,18 @@ def plot(rows: list[dict], path: Path, kv: int | None, levels: dict | None) -> b
     return True
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "compare", help="join ablation (bits per byte) and MQAR studies into one table and plot",
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example:\n  drmlab compare --ablate studies/ablate-tiny --mqar studies/mqar-tiny --out studies/compare")
-    p.add_argument("--ablate", action="append", default=[], metavar="DIR",
-                   help="a `drmlab ablate` study folder (repeatable)")
-    p.add_argument("--mqar", metavar="DIR", help="a `drmlab mqar` output folder")
-    p.add_argument("--kv", type=int, default=None, help="the MQAR number of pairs to show (default: the study's first)")
-    p.add_argument("--out", default="compare", help="output folder for compare.md and compare.png (default compare)")
-    p.set_defaults(func=run)
-    return p
-
-
-def run(args: argparse.Namespace) -> int:
-    if not args.ablate and not args.mqar:
-        raise ValueError("give at least one --ablate DIR or --mqar DIR")
-    ablates = [load_ablate(d) for d in args.ablate]
-    mqar = load_mqar(args.mqar) if args.mqar else None
-    rows, kv = join(ablates, mqar, args.kv)
+def write_compare(ablate_dirs: list[str | Path], mqar_dir: str | Path | None, out: str | Path, kv: int | None = None,
+                  log: Callable[[str], None] | None = None) -> tuple[str, bool]:
+    """Join the studies, write ``out/compare.md`` and ``out/compare.png``; (the table, whether the plot was written)."""
+    if not ablate_dirs and mqar_dir is None:
+        raise ValueError("nothing to compare: give at least one ablation study or an MQAR study")
+    ablates = [load_ablate(d) for d in ablate_dirs]
+    mqar = load_mqar(mqar_dir) if mqar_dir is not None else None
+    rows, kv = join(ablates, mqar, kv)
     text = markdown(rows, ablates, mqar, kv)
-    out = Path(args.out)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(text)
     levels = None if mqar is None else mqar.get("levels", {}).get(str(kv), {"chance": mqar["chance"]})
-    plotted = plot(rows, out / "compare.png", kv, levels)
-    print(text, end="")
-    print(f"wrote {out / 'compare.md'}" + (", compare.png" if plotted else ""), file=sys.stderr)
-    return 0
+    plotted = draw_or_log(lambda: plot(rows, out / "compare.png", kv, levels), log, "compare.png")
+    return text, plotted

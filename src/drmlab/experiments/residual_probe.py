@@ -1,8 +1,9 @@
-r"""``drmlab residual-probe``: the residual stream of a model at initialisation, layer by layer.
+r"""The residual probe: the residual stream of a model at initialisation, layer by layer.
 
-This is the quantity the looped study's proofs measure (notes/looped-study.md §7), read off a real
-model instead of a toy chain: with x_0 the embedded input and x_k the stream after the k-th block
-application, the update of application k is Δ_k = x_k - x_{k-1}. Per application the profile gives
+This is the quantity the looped study's proofs measure (``docs/looped.md`` section 7; this probe is
+its section 6), read off a real model instead of a toy chain: with x_0 the embedded input and x_k
+the stream after the k-th block application, the update of application k is Δ_k = x_k - x_{k-1}.
+Per application the profile gives
 
 * ``norm``          mean over tokens of ‖x_k‖/√d                (proofs 2, 3, 5: bounded or growing)
 * ``update_norm``   mean over tokens of ‖Δ_k‖/√d
@@ -26,25 +27,21 @@ How the stream is found, for any registered model:
    recurrence runs over time, not depth).
 
 ``residual_stream_profile(model, tokens) -> rows`` (a list of dicts) runs without gradients in
-eval mode. CLI: ``drmlab residual-probe --model NAME --preset P [--set k=v ...] [--seed S]
-[--batch B] [--length T] [--json PATH]`` builds the model at initialisation (vocab 256), draws
-uniform random tokens from ``--seed`` and prints one row per application.
+eval mode. :func:`probe_model` builds a registered model at initialisation (vocab 256), draws
+uniform random tokens from its seed and profiles it (the ``drmlab residual-probe`` verb prints it).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from drmlab.training.config import parse_assignments
+from drmlab.experiments.stats import mean
 
-__all__ = ["residual_stream", "residual_stream_profile", "summarize", "add_parser", "run"]
+__all__ = ["residual_stream", "residual_stream_profile", "summarize", "probe_model"]
 
 
 def _first_tensor(args, kwargs):
@@ -153,63 +150,29 @@ def residual_stream_profile(model: nn.Module, tokens: torch.Tensor) -> list[dict
 
 def summarize(rows: list[dict]) -> dict:
     """Final/initial norm ratio and the mean cosines over the rows that have them."""
-    def mean(key):
+    def mean_of(key):
         values = [r[key] for r in rows if r[key] is not None]
-        return sum(values) / len(values) if values else None
+        return mean(values) if values else None
 
     return {"applications": len(rows) - 1, "norm_ratio": rows[-1]["norm"] / rows[0]["norm"],
-            "mean_cos_prev": mean("cos_prev"), "mean_cos_same_block": mean("cos_same_block")}
+            "mean_cos_prev": mean_of("cos_prev"), "mean_cos_same_block": mean_of("cos_same_block")}
 
 
-# ------------------------------------------------------------------------------ CLI
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def run(args: argparse.Namespace) -> int:
+def probe_model(name: str, preset: str = "tiny", seed: int = 0, batch: int = 4, length: int | None = None,
+                **overrides) -> dict:
+    """The profile of the registered model ``name`` at initialisation (vocabulary 256) on ``batch`` x
+    ``length`` uniform random tokens drawn from ``seed`` (``length`` defaults to the model's position
+    limit, at most 256): ``{"model", "preset", "seed", "overrides", "tokens", "rows", "summary"}``."""
     from drmlab.models import build_model
 
-    overrides = parse_assignments(args.set)
-    model = build_model(args.model, preset=args.preset, vocab_size=256, seed=args.seed, **overrides)
+    model = build_model(name, preset=preset, vocab_size=256, seed=seed, **overrides)
     config = getattr(model, "config", None)
     limit = getattr(config, "max_seq_len", None) or getattr(config, "n_positions", None) or 128
-    length = args.length or min(limit, 256)
-    if args.batch <= 0 or length <= 0:
-        raise ValueError("--batch and --length must be positive")
-    generator = torch.Generator().manual_seed(args.seed)
-    tokens = torch.randint(0, 256, (args.batch, length), generator=generator)
+    length = length or min(limit, 256)
+    if batch <= 0 or length <= 0:
+        raise ValueError(f"batch and length must be positive, got batch {batch}, length {length}")
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 256, (batch, length), generator=generator)
     rows = residual_stream_profile(model, tokens)
-    summary = summarize(rows)
-    print(f"residual stream of {args.model} at init (preset {args.preset}, {args.batch} x {length} tokens)")
-    print(f"{'layer':>5} {'block':>5} {'norm':>10} {'update':>10} {'cos_prev':>9} {'cos_same':>9}")
-    for r in rows:
-        print(f"{r['layer']:>5} {_fmt(r['block'], 'd'):>5} {r['norm']:>10.4f} {_fmt(r['update_norm'], '.4f'):>10} "
-              f"{_fmt(r['cos_prev'], '.4f'):>9} {_fmt(r['cos_same_block'], '.4f'):>9}")
-    print(f"final/initial norm {summary['norm_ratio']:.4f}; mean cos(successive updates) "
-          f"{_fmt(summary['mean_cos_prev'], '.4f')}; "
-          f"mean cos(same block) {_fmt(summary['mean_cos_same_block'], '.4f')}")
-    if args.json:
-        report = {"model": args.model, "preset": args.preset, "seed": args.seed, "overrides": overrides,
-                  "tokens": [args.batch, length], "rows": rows, "summary": summary}
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
-    return 0
-
-
-def add_parser(subparsers) -> None:
-    from drmlab.models import PRESETS
-
-    p = subparsers.add_parser(
-        "residual-probe", help="per-layer residual-stream norm and update cosines of a model at init",
-        description="Build MODEL at PRESET (at initialisation), run random tokens through it and print, per "
-                    "block application, the residual-stream norm ||x||/sqrt(d), the update norm, and the cosine "
-                    "between successive updates and between updates of the same stored block.")
-    p.add_argument("--model", default="LOOPED", help="registered model name (default LOOPED)")
-    p.add_argument("--preset", default="tiny", choices=PRESETS)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="model setting, e.g. --set arm=E3 or --set n_loop=4 (repeatable)")
-    p.add_argument("--seed", type=int, default=0, help="model and token seed (default 0)")
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--length", type=int, default=None, help="tokens per sequence (default: the model's limit, <= 256)")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON")
-    p.set_defaults(func=run)
+    return {"model": name, "preset": preset, "seed": seed, "overrides": overrides,
+            "tokens": [batch, length], "rows": rows, "summary": summarize(rows)}

@@ -1,4 +1,5 @@
-"""Prefill, sampling (temperature, top-k, top-p) and the decode loop."""
+"""Prefill (one parallel forward that also returns the decoding state), sampling (temperature,
+top-k, top-p) and the decode loop on ``model.step``."""
 
 from __future__ import annotations
 
@@ -10,19 +11,14 @@ from typing import Callable
 import torch
 
 
+@torch.no_grad()
 def prefill(model, tokens: torch.Tensor) -> tuple[torch.Tensor, object]:
-    """Logits after the last prompt token [B, vocab] and the decoding state that continues it.
-
-    Models with a parallel ``prefill`` use it; any other model steps through the prompt.
-    """
+    """Logits after the last prompt token [B, vocab] and the decoding state that continues it,
+    from one parallel forward (``model(tokens, return_state=True)``): no per-token loop."""
     if tokens.dim() != 2 or tokens.shape[1] == 0:
         raise ValueError(f"the prompt must have shape [batch, length >= 1], got {tuple(tokens.shape)}")
-    if hasattr(model, "prefill"):
-        return model.prefill(tokens)
-    state = model.init_state(tokens.shape[0])
-    for t in range(tokens.shape[1]):
-        logits, state = model.step(tokens[:, t], state)
-    return logits, state
+    out = model(tokens, return_state=True)
+    return out.logits[:, -1], out.state
 
 
 def sample_next(logits: torch.Tensor, generator: torch.Generator, temperature: float = 1.0,

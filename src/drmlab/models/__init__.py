@@ -1,5 +1,9 @@
-"""Model families and their registry (``build_model``, ``list_models``)."""
+"""Model families and their registry: ``build_model(name, preset, vocab_size, seed, **overrides)``,
+``list_models()``, and ``count_parameters(model)``. The families are listed in ``families.py``;
+layers shared between families live in ``layers/``."""
 
-from drmlab.models.registry import PRESETS, build_model, list_models, register
+from drmlab.models.output import ModelOutput
+from drmlab.models.parameters import count_parameters
+from drmlab.models.registry import build_model, list_models, register
 
-__all__ = ["PRESETS", "build_model", "list_models", "register"]
+__all__ = ["ModelOutput", "build_model", "count_parameters", "list_models", "register"]

@@ -1,4 +1,10 @@
-"""The value every model's forward returns."""
+"""The value every model's forward returns, and the token check every forward and step makes.
+
+Every model is called as ``model(tokens, step=None, return_state=False)``; ``return_state=True``
+asks the parallel forward for the decoding state after the last token as well (``.state``), the
+same state that ``init_state`` + ``step`` over the tokens would reach, so a prompt is prefilled by
+one parallel pass (:func:`drmlab.generation.prefill`).
+"""
 
 from __future__ import annotations
 
@@ -14,10 +20,13 @@ class ModelOutput:
     ``aux`` holds diagnostic tensors and auxiliary losses. When the model has
     auxiliary losses, ``aux["loss_aux"]`` is the weighted sum to add to the
     next-token cross-entropy (the trainer adds it; it is absent or zero otherwise).
+    ``state`` is the decoding state after the last token when the forward was asked for it
+    (``return_state=True``), else None.
     """
 
     logits: torch.Tensor
     aux: dict[str, torch.Tensor] = field(default_factory=dict)
+    state: object = None
 
 
 def check_tokens(tokens: torch.Tensor, vocab_size: int) -> None:

@@ -1,4 +1,5 @@
-"""The model registry: every model family registers a builder under one or more names.
+"""The model registry: every model family registers a builder under one or more names
+(the families are listed once, in :mod:`drmlab.models.families`).
 
 ``build_model(name, preset, vocab_size, seed, **overrides)`` is the one way to build a
 model; ``list_models()`` lists every registered name. Where a command takes model names, a
@@ -15,11 +16,11 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from drmlab.naming import suggest
+from drmlab.naming import unknown
 from drmlab.presets import PRESETS
 
-
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {}
+_families_registered = False
 
 
 def register(names: list[str] | tuple[str, ...] | str, builder: Callable[..., nn.Module]) -> None:
@@ -31,14 +32,18 @@ def register(names: list[str] | tuple[str, ...] | str, builder: Callable[..., nn
 
 
 def _ensure_loaded() -> None:
-    # Importing the family modules registers them; done lazily to keep imports one-way.
-    from drmlab.models import families  # noqa: F401
+    """Register the families on first use (lazily: ``families`` imports this module for ``register``)."""
+    global _families_registered
+    if not _families_registered:
+        from drmlab.models.families import register_families
+
+        register_families()
+        _families_registered = True
 
 
 def list_models() -> list[str]:
     _ensure_loaded()
     return sorted(_BUILDERS)
-
 
 
 def build_model(name: str, preset: str = "tiny", vocab_size: int = 256, seed: int = 0, **overrides) -> nn.Module:
@@ -48,9 +53,9 @@ def build_model(name: str, preset: str = "tiny", vocab_size: int = 256, seed: in
     """
     _ensure_loaded()
     if name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}{suggest(name, _BUILDERS)}; known: {', '.join(sorted(_BUILDERS))}")
+        raise unknown("model", name, _BUILDERS)
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}{suggest(preset, PRESETS)}; known: {', '.join(PRESETS)}")
+        raise unknown("preset", preset, PRESETS)
     if not isinstance(vocab_size, int) or vocab_size <= 0:
         raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
     return _BUILDERS[name](name, preset=preset, vocab_size=vocab_size, seed=seed, **overrides)
@@ -73,7 +78,7 @@ def parse_model_spec(spec: str) -> tuple[str, dict]:
     _ensure_loaded()
     name, colon, arm = spec.strip().partition(":")
     if name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}{suggest(name, _BUILDERS)}; known: {', '.join(sorted(_BUILDERS))}")
+        raise unknown("model", name, _BUILDERS)
     if not colon:
         return name, {}
     if not arm or ":" in arm:

@@ -1,12 +1,12 @@
-"""Gate magnitude parameterisations for the resolvent operator (issue 4 item 4).
+"""Gate magnitude parameterisations for the resolvent operator (``docs/resolvent.md`` section 7).
 
-The seed's operator blends a raw magnitude ``u`` as ``m = clamp(lerp(1, u, g), 0, 1)``. If ``u``
+The reference operator blends a raw magnitude ``u`` as ``m = clamp(lerp(1, u, g), 0, 1)``. If ``u``
 is a linear read-out of the residual stream, the clamp is flat outside (0, 1): in the reference
 study half of the gates sat exactly at 0 at initialisation, carried no gradient and never reopened
-("the clamp is the freeze", see shared/notes/resolvent.md). The maps below turn a pre-activation
+("the clamp is the freeze"; ``docs/resolvent.md`` section 7). The maps below turn a pre-activation
 ``x`` into the ``u`` that the operator blends:
 
-* ``"clamp"``: ``clamp(x, 0, 1)`` -- the seed's (identity before the blend's clamp); freezes.
+* ``"clamp"``: ``clamp(x, 0, 1)`` -- the reference's (identity before the blend's clamp); freezes.
 * ``"hard_concrete"``: ``clamp(1.2 sigmoid(x) - 0.1, 0, 1)`` -- exact 0 and 1 are reachable, flat
   only for ``|x| > log 11 ~ 2.40``.
 * ``"sigmoid"``: ``sigmoid(x)`` -- never exactly 0 or 1, gradient everywhere. The default
@@ -35,7 +35,7 @@ __all__ = [
 
 
 def clamp_magnitude(x: torch.Tensor) -> torch.Tensor:
-    """The seed's magnitude: ``clamp(x, 0, 1)`` (zero gradient outside (0, 1))."""
+    """The reference operator's magnitude: ``clamp(x, 0, 1)`` (zero gradient outside (0, 1))."""
     return x.clamp(0.0, 1.0)
 
 

@@ -1,4 +1,4 @@
-"""Float64 numpy reference of the resolvent operator (seed 002, "Resolvent Operator").
+"""Float64 numpy reference of the resolvent operator (``docs/resolvent.md`` sections 1-4).
 
 One causal attention head with three switches ``(beta, qk, g)``. For ``0 <= j <= i < n``::
 
@@ -17,7 +17,7 @@ Corners: ``Switches.SOFTMAX`` (1, 1, 0), ``Switches.UNNORMALIZED_KERNEL`` (0, 1,
 ``b_0 = 0`` is the gated chain ``y_0 = 0, y_i = a_i y_{i-1} + b_i`` (:func:`chain_label`), i.e.
 forward substitution of ``(I - A) y = b`` with ``A`` the gate shift: ``G = (I - A)^{-1}``.
 
-Evaluation, as the seed fixes it:
+Evaluation (``docs/resolvent.md`` section 4):
 
 * the path product is accumulated from ``k = i`` down to ``k = j + 1`` (complex products are not
   associative in floating point), never as a ratio of cumulative products and never through
@@ -34,8 +34,8 @@ Evaluation, as the seed fixes it:
   phase ``g * theta_k`` that overflows, or a causal logit ``qk s_ij`` that overflows. With
   ``qk = 0`` the logit is exactly 0 without evaluating the dot product, so an overflowing dot
   product is accepted there;
-* where the seed's Rust panics (shape mismatch, ``head_dim = 0`` with ``n > 0``) this module raises
-  :class:`ValueError`; the empty sequence returns an empty operator, readout and chain.
+* where the original Rust operator panics (shape mismatch, ``head_dim = 0`` with ``n > 0``) this
+  module raises :class:`ValueError`; the empty sequence returns an empty operator, readout and chain.
 
 Nothing is claimed for ``beta`` strictly between 0 and 1 beyond evaluating the formula.
 """
@@ -61,7 +61,7 @@ __all__ = [
 
 
 class NonFinite(ArithmeticError):
-    """Refusal of a non-finite input, blended phase or logit (the seed's ``NonFinite``)."""
+    """Refusal of a non-finite input, blended phase or logit (``docs/resolvent.md`` section 4)."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
-r"""Batched, differentiable torch resolvent operator (seed 002 "Resolvent Operator"; issue 4 item 3).
+r"""Batched, differentiable torch resolvent operator (``docs/resolvent.md`` section 6).
 
 Public entry point: :func:`resolvent_attention`. Per batch element and head it evaluates the
-seed's head (see :mod:`drmlab.resolvent.reference` for the float64 numpy reference)::
+head of ``docs/resolvent.md`` section 1 (:mod:`drmlab.resolvent.reference` is the float64 numpy
+reference)::
 
     m_k  = clamp(lerp(1, u_k, g), 0, 1),  th'_k = g theta_k,  a_k = m_k e^{i th'_k}
     G_ij = prod_{k=j+1..i} a_k,  R_ij = |G_ij|,  Z_i = sum_{j<=i} R_ij e^{qk s_ij}

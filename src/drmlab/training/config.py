@@ -1,15 +1,15 @@
-"""Training settings: the :class:`TrainConfig` dataclass, preset defaults, token budgets, ``--set``.
+"""Training settings: the :class:`TrainConfig` dataclass, preset defaults, token budgets, and the routing of
+settings to the train config or the model.
 
 A run is fully described by (model name, preset, model overrides, :class:`TrainConfig`, data).
 ``resolve_train_config`` layers them: the preset's defaults (``PRESET_DEFAULTS``), then explicit
-arguments; ``split_overrides`` routes ``--set key=value`` pairs to the train config or to the
+arguments; ``split_overrides`` routes ``{key: value}`` settings to the train config or to the
 model builder and rejects unknown keys with the nearest known one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -50,6 +50,8 @@ class TrainConfig:
     eval_tokens: int | None = None   # cap on targets in the final rescoring; None: whole validation stream
     eval_batch_size: int = 8         # windows per forward when evaluating
     checkpoint_every: int | None = None  # tokens between checkpoints; None: at every sampled evaluation
+    divergence_nats: float = 1.0     # a loss this far above the uniform guess, ln(vocab), counts as diverging
+    divergence_steps: int = 20       # ... for this many steps in a row stops the run; 0: never
 
     @property
     def tokens_per_step(self) -> int:
@@ -84,29 +86,50 @@ class TrainConfig:
         return int(round(fraction * self.total_steps))
 
     def validate(self) -> "TrainConfig":
-        """Raise ValueError naming the first bad field; return self."""
+        """Raise ValueError naming the first bad field (wrong type, out of range, not finite); return self."""
+        def number(key, low=None, high=None, *, open_low=False, open_high=False, integer=False, optional=False):
+            value = getattr(self, key)
+            if value is None and optional:
+                return
+            kinds = (int,) if integer else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kinds) or (not integer and not math.isfinite(value)):
+                raise ValueError(f"{key} must be {'an integer' if integer else 'a finite number'}"
+                                 f"{' or null' if optional else ''}, got {value!r}")
+            if low is not None and (value <= low if open_low else value < low):
+                raise ValueError(f"{key} must be {'>' if open_low else '>='} {low}, got {value!r}")
+            if high is not None and (value >= high if open_high else value > high):
+                raise ValueError(f"{key} must be {'<' if open_high else '<='} {high}, got {value!r}")
+
         for key in ("tokens", "batch_size", "grad_accum", "seq_len", "eval_batch_size"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{key} must be a positive integer, got {value!r}")
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}{suggest(self.schedule, SCHEDULES)}; known: {', '.join(SCHEDULES)}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
-        if self.warmup_fraction is not None and not 0 <= self.warmup_fraction <= 1:
-            raise ValueError(f"warmup_fraction must lie in [0, 1], got {self.warmup_fraction!r}")
-        if self.grad_clip < 0 or self.weight_decay < 0 or self.eval_windows < 0:
-            raise ValueError("grad_clip, weight_decay and eval_windows must be >= 0")
+            number(key, 0, open_low=True, integer=True)
+        for key in ("seed", "eval_windows", "divergence_steps"):
+            number(key, 0, integer=True)
         for key in ("eval_every", "eval_tokens", "checkpoint_every"):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ValueError(f"{key} must be a non-negative integer or null, got {value!r}")
+            number(key, 0, integer=True, optional=True)
+        number("lr", 0, open_low=True)
+        number("eps", 0, open_low=True)
+        number("divergence_nats", 0, open_low=True)
+        number("weight_decay", 0)
+        number("grad_clip", 0)
+        number("min_lr_ratio", 0, 1)
+        number("beta1", 0, 1, open_high=True)
+        number("beta2", 0, 1, open_high=True)
+        number("warmup_fraction", 0, 1, optional=True)
+        for key in ("decay_all_params", "bf16"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}{suggest(str(self.schedule), SCHEDULES)}; known: {', '.join(SCHEDULES)}")
+        if self.tokens < self.tokens_per_step:
+            raise ValueError(f"the budget of {self.tokens:,} tokens is smaller than one optimizer step of "
+                             f"{self.tokens_per_step:,} tokens (batch_size {self.batch_size} x grad_accum {self.grad_accum} "
+                             f"x seq_len {self.seq_len}); raise tokens or lower seq_len / batch_size")
         return self
 
 
 TRAIN_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig))
+# A setting missing from an older record had its default (settings are only ever added with a default).
+TRAIN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 
 
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
@@ -128,29 +151,6 @@ def parse_tokens(text: str | int) -> int:
     if value <= 0:
         raise ValueError(f"token count must be positive, got {text!r}")
     return value
-
-
-def parse_value(text: str):
-    """A ``--set`` value: a JSON literal when it parses (``3``, ``0.5``, ``true``, ``null``, ``[1,2]``), else the string."""
-    aliases = {"True": True, "False": False, "None": None}
-    if text in aliases:
-        return aliases[text]
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def parse_assignments(items: list[str] | None) -> dict:
-    """``["lr=3e-4", "d_state=64"]`` -> ``{"lr": 0.0003, "d_state": 64}``."""
-    out: dict = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        out[key] = parse_value(value.strip())
-    return out
 
 
 def split_overrides(assignments: dict, model_keys) -> tuple[dict, dict]:

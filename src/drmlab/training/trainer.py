@@ -15,9 +15,18 @@ directory are :mod:`drmlab.runs`'s.
 
 ``resume=True`` reloads the checkpoint (weights, optimizer state, RNG) and continues; since the
 batches and the learning rate are functions of the step alone, the losses and weights are
-bit-identical to an uninterrupted run. A non-finite loss or gradient norm stops the run with
-:class:`NonFiniteLossError` before the optimizer touches the weights; the checkpoint on disk is
-the last good one.
+bit-identical to an uninterrupted run. Resuming refuses other data, tokenizer, model or
+schedule-defining settings (listing each difference); :data:`RESUMABLE_CHANGES` may change, and a
+run stopped by the non-finite guard may also take the fixes in :data:`FIXES_AFTER_NON_FINITE`;
+each change is recorded in a ``resume`` row of metrics.jsonl. Training into a directory that
+already holds a run is refused unless ``resume`` or ``overwrite``; the writing process holds the
+run's lock (:class:`drmlab.runs.RunLock`).
+
+Stops, each leaving the last committed checkpoint loadable and finite: a non-finite loss, gradient
+norm or weight, or a linear-algebra failure inside the model (:class:`NonFiniteLossError`, before
+the optimizer touches the weights); a loss ``divergence_nats`` above the uniform guess ln(vocab)
+for ``divergence_steps`` steps in a row (:class:`DivergenceError`); SIGINT or SIGTERM, which
+finish the current step, commit a checkpoint and raise :class:`TrainingInterrupted`.
 """
 
 from __future__ import annotations
@@ -26,7 +35,9 @@ import contextlib
 import dataclasses
 import math
 import platform
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -35,16 +46,24 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from drmlab.runs import MetricsLog, RunDir, jsonable
+from drmlab.models.parameters import count_parameters
+from drmlab.runs import MetricsLog, RunDir, jsonable, non_finite_parameters
 from drmlab.training import distributed as dist_utils
 from drmlab.training.batches import BatchSource, LMWindows, eval_sample
-from drmlab.training.config import TrainConfig
+from drmlab.training.config import TRAIN_DEFAULTS, TrainConfig
 from drmlab.training.optim import build_optimizer, lr_at
 
 IGNORE_INDEX = BatchSource.IGNORE_INDEX  # a target that is not scored
 
-# Train settings that may differ when resuming (they change neither the batches nor the updates).
-RESUMABLE_CHANGES = ("tokens", "eval_every", "eval_windows", "eval_tokens", "eval_batch_size", "checkpoint_every")
+# Train settings that may differ when resuming: they change neither the batches nor the updates
+# (``tokens`` only under the constant schedule, where it does not shape the learning rate).
+RESUMABLE_CHANGES = ("tokens", "eval_every", "eval_windows", "eval_tokens", "eval_batch_size", "checkpoint_every",
+                     "divergence_nats", "divergence_steps")
+# ... and after a stop by the non-finite guard or the divergence guard, the advised fixes too.
+FIXES_AFTER_NON_FINITE = ("lr", "warmup_fraction", "grad_clip")
+# Data provenance that must not change on resume (entries of config.json).
+DATA_IDENTITY = ("tokenizer", "vocab_size")
+PROGRESS_SECONDS = 30.0  # without a terminal, a progress line this often
 
 # evaluate(model, device, progress) -> {"ce", "bpb", "ppl", "targets", "bytes", ...}: the final
 # evaluation of a finished run (for a language model, drmlab.evaluation.rescorer's rescoring).
@@ -52,7 +71,20 @@ Evaluate = Callable[[torch.nn.Module, torch.device, bool], dict]
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss or the gradient norm became NaN or infinite; the message names the step."""
+    """The loss, the gradient norm or the weights became NaN or infinite, or the model's linear
+    algebra failed; the message names the step, the kept checkpoint and what to try."""
+
+
+class DivergenceError(NonFiniteLossError):
+    """The loss stayed far above the uniform guess for ``divergence_steps`` steps in a row."""
+
+
+class TrainingInterrupted(RuntimeError):
+    """SIGINT or SIGTERM stopped the run after a committed checkpoint; ``signal`` and ``step`` say which and where."""
+
+    def __init__(self, message: str, signum: int, step: int):
+        super().__init__(message)
+        self.signal, self.step = signum, step
 
 
 def lm_loss(model: torch.nn.Module, window: torch.Tensor, step: int | None = None, *, bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,7 +135,7 @@ def resolved_config(model, cfg: TrainConfig, run_info: dict | None, world_size: 
         "preset": info.pop("preset", getattr(model, "preset", None)),
         "overrides": info.pop("overrides", {}),
         "model_config": dataclasses.asdict(config) if config is not None and dataclasses.is_dataclass(config) else None,
-        "params": sum(p.numel() for p in model.parameters()),
+        "params": count_parameters(model),
         "train": dataclasses.asdict(cfg),
         "derived": {
             "tokens_per_step": cfg.tokens_per_step,
@@ -125,19 +157,33 @@ def resolved_config(model, cfg: TrainConfig, run_info: dict | None, world_size: 
     })
 
 
-def check_resumable(saved: dict, fresh: dict) -> None:
-    """Refuse to resume a run under other model or schedule-defining settings, listing each difference."""
-    problems = []
-    for key in ("model", "preset", "overrides", "model_config"):
+def check_resumable(saved: dict, fresh: dict, *, after_non_finite: bool = False) -> dict:
+    """Refuse to resume a run under other data, model or schedule-defining settings, listing each
+    difference; return the allowed changes ``{key: [before, now]}``."""
+    problems, changed = [], {}
+    for key in ("model", "preset", "overrides", "model_config") + DATA_IDENTITY:
         if saved.get(key) != fresh.get(key):
             problems.append(f"{key}: {saved.get(key)!r} in the run, {fresh.get(key)!r} now")
+    saved_hash = (saved.get("data") or {}).get("content_sha256")
+    fresh_hash = (fresh.get("data") or {}).get("content_sha256")
+    if saved_hash != fresh_hash:
+        problems.append(f"training data: content sha256 {saved_hash} in the run, {fresh_hash} now")
+    allowed = RESUMABLE_CHANGES + (FIXES_AFTER_NON_FINITE if after_non_finite else ())
+    saved_train = saved.get("train", {})
     for key, value in fresh["train"].items():
-        if key in RESUMABLE_CHANGES:
+        before = saved_train.get(key, TRAIN_DEFAULTS.get(key))
+        if before == value:
             continue
-        if saved.get("train", {}).get(key) != value:
-            problems.append(f"{key}: {saved.get('train', {}).get(key)!r} in the run, {value!r} now")
+        if key == "tokens" and fresh["train"].get("schedule") == "cosine":
+            problems.append(f"tokens: {before!r} in the run, {value!r} now (under the cosine schedule the budget "
+                            "shapes the learning rate)")
+        elif key in allowed:
+            changed[key] = [before, value]
+        else:
+            problems.append(f"{key}: {before!r} in the run, {value!r} now")
     if problems:
         raise ValueError("cannot resume: the settings differ from the run's config.json: " + "; ".join(problems))
+    return changed
 
 
 class Trainer:
@@ -145,7 +191,7 @@ class Trainer:
 
     def __init__(self, model: torch.nn.Module, batches: BatchSource, cfg: TrainConfig, run: RunDir | None, *,
                  val_tokens: np.ndarray | None, evaluate: Evaluate | None, run_info: dict | None,
-                 device, quiet: bool):
+                 device, quiet: bool, progress_seconds: float = PROGRESS_SECONDS):
         cfg.validate()
         self.cfg, self.batches, self.run, self.evaluate = cfg, batches, run, evaluate
         self.info, self.device = dist_utils.setup(str(device) if isinstance(device, torch.device) else device)
@@ -158,34 +204,51 @@ class Trainer:
                              if val_tokens is not None and cfg.eval_windows else None)
         self.start_step, self.last_ckpt_step = 0, None
         self.elapsed_before = self.train_seconds_before = self.train_seconds = 0.0
-        self.quiet, self.bar, self.net, self.log = quiet, None, None, None
+        self.quiet, self.bar, self.net, self.log, self.lock = quiet, None, None, None, None
+        self.progress_seconds, self.last_progress = progress_seconds, time.perf_counter()
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        self.uniform_ce = math.log(vocab) if isinstance(vocab, int) and vocab > 1 else None
+        self.diverging_steps = 0
+        self.stop_signal: int | None = None
 
     # -- setup and resume
-    def start(self, resume: bool) -> None:
+    def start(self, resume: bool, overwrite: bool = False) -> None:
         run, main = self.run, self.main
+        changed: dict = {}
         if run is not None and main:
             run.create()
+            self.lock = run.lock()
+            run.clean_orphans()
+            if not resume and run.holds_run():
+                if not overwrite:
+                    raise FileExistsError(f"{run.path} already holds {run.describe()}; resume it, choose another "
+                                          "directory, or overwrite it (its files are then deleted)")
+                run.remove_run()
         if resume:
             if not run.has_checkpoint():
                 raise FileNotFoundError(f"nothing to resume in {run.path}: no checkpoint")
             if run.has_config():
-                check_resumable(run.read_config(), self.config)
+                summary = run.read_summary() or {}
+                changed = check_resumable(run.read_config(), self.config,
+                                          after_non_finite=summary.get("stopped") in ("non-finite", "diverged"))
             state = run.load_checkpoint(self.model, self.optimizer)
             self.start_step = self.last_ckpt_step = int(state["step"])
             self.elapsed_before = float(state.get("elapsed", 0.0))
             self.train_seconds_before = float(state.get("train_seconds", 0.0))
             if main:
                 run.truncate_metrics(self.start_step)
+                run.summary_path.unlink(missing_ok=True)
         else:
             torch.manual_seed(self.cfg.seed)
-            if run is not None and main:
-                run.clear_outputs()
         if run is not None and main:
             run.write_config(self.config)
         dist_utils.barrier(self.info)
         probe = self.batches.batch(self.cfg.seed, 1, 0)[0][:1, : min(self.cfg.seq_len, 16)]
         self.net = dist_utils.wrap_model(self.model, self.info, self.device, probe=probe)
         self.log = MetricsLog(run.metrics_path if (run is not None and main) else None)
+        if resume and main:
+            self.log.log({"kind": "resume", "step": self.start_step, "changed": changed,
+                          "device": str(self.device), "threads": torch.get_num_threads()})
         self.t_start = time.perf_counter()
         if main and not self.quiet and sys.stderr.isatty():
             from tqdm.auto import tqdm
@@ -209,16 +272,22 @@ class Trainer:
         for micro in range(cfg.grad_accum):
             inputs, targets = self.batches.batch(cfg.seed, step, micro, info.rank, info.world_size)
             sync = info.enabled and micro < cfg.grad_accum - 1
-            with self.net.no_sync() if sync else contextlib.nullcontext():
-                loss, ce = targets_loss(self.net, inputs.to(dev), targets.to(dev), step, bf16=cfg.bf16)
-                (loss / cfg.grad_accum).backward()
+            try:
+                with self.net.no_sync() if sync else contextlib.nullcontext():
+                    loss, ce = targets_loss(self.net, inputs.to(dev), targets.to(dev), step, bf16=cfg.bf16)
+                    (loss / cfg.grad_accum).backward()
+            except torch.linalg.LinAlgError as exc:  # e.g. a Cholesky of a metric the weights broke
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteLossError(f"a linear-algebra failure inside the model at {self._where(step)} "
+                                         f"({str(exc).splitlines()[0]}); stopped, {self._kept()}. "
+                                         "Try a lower lr or a warm-up (warmup_fraction=0.05).") from None
             total += loss.detach() / cfg.grad_accum
             total_ce += ce.detach() / cfg.grad_accum
         loss_value = float(dist_utils.all_reduce_mean(total, info))
         ce_value = float(dist_utils.all_reduce_mean(total_ce, info))
         if not math.isfinite(loss_value):
             raise NonFiniteLossError(f"non-finite training loss ({loss_value}) at {self._where(step)}; stopped, {self._kept()}. "
-                                     "Try a lower --lr or a warm-up (--set warmup_fraction=0.05).")
+                                     "Try a lower lr or a warm-up (warmup_fraction=0.05).")
         if cfg.grad_clip > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
         else:
@@ -228,12 +297,23 @@ class Trainer:
                                      f"(loss {loss_value:.4f}); stopped, {self._kept()}.")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._check_divergence(step, loss_value)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         dt = time.perf_counter() - t0
         self.train_seconds += dt
         return {"kind": "train", "step": step, "tokens": step * cfg.tokens_per_step, "loss": loss_value, "ce": ce_value,
                 "lr": lr, "grad_norm": grad_norm, "tok_s": cfg.tokens_per_step / dt, "elapsed": self.elapsed()}
+
+    def _check_divergence(self, step: int, loss: float) -> None:
+        cfg = self.cfg
+        if self.uniform_ce is None or not cfg.divergence_steps:
+            return
+        self.diverging_steps = self.diverging_steps + 1 if loss > self.uniform_ce + cfg.divergence_nats else 0
+        if self.diverging_steps >= cfg.divergence_steps:
+            raise DivergenceError(f"the loss diverged: {loss:.4f} at {self._where(step)}, above the uniform guess "
+                                  f"{self.uniform_ce:.4f} + {cfg.divergence_nats:g} nats for {self.diverging_steps} steps "
+                                  f"in a row; stopped, {self._kept()}. Try a lower lr or a warm-up (warmup_fraction=0.05).")
 
     def _where(self, step: int) -> str:
         return f"step {step} ({(step - 1) * self.cfg.tokens_per_step:,} tokens trained)"
@@ -251,10 +331,20 @@ class Trainer:
             if self.bar is not None:
                 self.bar.update(1)
                 self.bar.set_postfix_str(f"loss {row['loss']:.3f} {row['tok_s']:,.0f} tok/s")
+            elif not self.quiet and time.perf_counter() - self.last_progress >= self.progress_seconds:
+                self.last_progress = time.perf_counter()
+                print(f"step {step}/{cfg.total_steps} ({row['tokens']:,} tokens): loss {row['loss']:.4f}, "
+                      f"lr {row['lr']:.3g}, {row['tok_s']:,.0f} tok/s, {row['elapsed']:,.0f} s", file=sys.stderr, flush=True)
         if cfg.eval_every_steps and (step % cfg.eval_every_steps == 0 or step == cfg.total_steps):
             self.sampled_evaluation(step)
-        if step == last_step or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0):
+        if self.stop_signal is not None or step == last_step or (
+                cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0):
             self.save(step)
+        if self.stop_signal is not None:
+            name = signal.Signals(self.stop_signal).name
+            where = f"in {self.run.path}" if self.run is not None else "nowhere (no run directory)"
+            raise TrainingInterrupted(f"{name} received: stopped after step {step} of {cfg.total_steps}, checkpoint "
+                                      f"committed {where}", self.stop_signal, step)
 
     def sampled_evaluation(self, step: int) -> None:
         if self.eval_windows is None:
@@ -268,6 +358,10 @@ class Trainer:
         dist_utils.barrier(self.info)
 
     def save(self, step: int) -> None:
+        bad = non_finite_parameters(self.model)
+        if bad:  # never commit weights that cannot be used; the previous checkpoint stays
+            raise NonFiniteLossError(f"non-finite weights ({', '.join(bad[:3])}) after {self._where(step)}; stopped, "
+                                     f"{self._kept()}. Try a lower lr or a warm-up (warmup_fraction=0.05).")
         if self.run is not None and self.main:
             self.run.save_checkpoint(self.model, self.optimizer, {
                 "step": step, "tokens": step * self.cfg.tokens_per_step, "elapsed": self.elapsed(),
@@ -276,11 +370,20 @@ class Trainer:
         self.last_ckpt_step = step
         dist_utils.barrier(self.info)
 
+    def record_stop(self, reason: str, message: str) -> None:
+        """A stopped (not finished) run's summary says why, so that a resume may take the advised fixes."""
+        if self.run is not None and self.main:
+            self.run.write_summary({"finished": False, "stopped": reason, "message": message,
+                                    "checkpoint_step": self.last_ckpt_step})
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
         if self.log is not None:
             self.log.close()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     # -- the end
     def finish(self, last_step: int, final_loss: float | None) -> dict:
@@ -315,6 +418,9 @@ class Trainer:
             summary["out_dir"] = str(self.run.path)
             self.run.write_summary(summary)
         dist_utils.teardown(self.info)
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
         return dict(summary, rows=self.log.rows)
 
 
@@ -331,6 +437,8 @@ def train(
     device: str | torch.device | None = "auto",
     quiet: bool = False,
     stop_after_step: int | None = None,
+    overwrite: bool = False,
+    progress_seconds: float = PROGRESS_SECONDS,
 ) -> dict:
     """Train ``model`` under ``cfg``; return the summary (also ``out_dir/summary.json``).
 
@@ -340,6 +448,9 @@ def train(
     ``ce``/``bpb``/``ppl``/``targets``/``bytes`` become the summary's ``val_*``. ``run_info`` adds
     entries to config.json (model name, preset, overrides, data provenance, tokenizer).
     ``stop_after_step`` ends the run early with a checkpoint (an interruption, for tests).
+    ``overwrite`` deletes a previous run in ``out_dir`` (without it, and without ``resume``, such a
+    directory is refused). Without a terminal a progress line goes to stderr every
+    ``progress_seconds`` unless ``quiet``.
     The returned dict also holds ``"rows"``: every metrics row written in this call.
     """
     if not isinstance(batches, BatchSource):
@@ -350,17 +461,47 @@ def train(
         raise ValueError("resume needs an output directory")
     run = out_dir if isinstance(out_dir, RunDir) or out_dir is None else RunDir(out_dir)
     trainer = Trainer(model, batches, cfg, run, val_tokens=val_tokens, evaluate=evaluate, run_info=run_info,
-                      device=device, quiet=quiet)
-    trainer.start(resume)
+                      device=device, quiet=quiet, progress_seconds=progress_seconds)
     last_step = cfg.total_steps if stop_after_step is None else min(cfg.total_steps, stop_after_step)
     final_loss = None
     try:
-        if trainer.start_step == 0 and cfg.eval_every_steps:
-            trainer.sampled_evaluation(0)
-        for step in range(trainer.start_step + 1, last_step + 1):
-            row = trainer.train_step(step)
-            final_loss = row["loss"]
-            trainer.after_step(row, last_step)
-    finally:
+        trainer.start(resume, overwrite)
+        with _stop_on_signals(trainer):
+            if trainer.start_step == 0 and cfg.eval_every_steps:
+                trainer.sampled_evaluation(0)
+            for step in range(trainer.start_step + 1, last_step + 1):
+                row = trainer.train_step(step)
+                final_loss = row["loss"]
+                trainer.after_step(row, last_step)
+    except NonFiniteLossError as exc:
+        trainer.record_stop("diverged" if isinstance(exc, DivergenceError) else "non-finite", str(exc))
         trainer.close()
+        raise
+    except BaseException:
+        trainer.close()
+        raise
+    if trainer.bar is not None:
+        trainer.bar.close()
+    trainer.log.close()
     return trainer.finish(last_step, final_loss)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(trainer: Trainer):
+    """While training (main thread only), SIGINT and SIGTERM ask the trainer to stop after the
+    current step; a second signal of the same kind stops at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        if trainer.stop_signal == signum:  # asked twice: do not wait for the step
+            raise KeyboardInterrupt
+        trainer.stop_signal = signum
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -1,20 +1,18 @@
-"""The DRM family (math.md): config, components, model and the variant registry.
+"""The DRM family (``docs/drm.md``): config, components, model, losses, solvers and diagnostics.
 
-Registers A-J, J_DILATED, J_NO_DIRECTION, J_NO_METRIC, J_NO_NATURALIZATION and
-SSM_CONTROL with :func:`drmlab.models.build_model`.
+Its model names are the variants A-J, J_DILATED, J_NO_DIRECTION, J_NO_METRIC,
+J_NO_NATURALIZATION and SSM_CONTROL (:data:`VARIANTS`).
 """
 
-from drmlab.models.registry import register
-
-from .config import VARIANTS, DRMConfig, build_config, count_parameters
+from .config import PRESET_DIMS, VARIANTS, DRMConfig, build_config, closed_form_parameter_count
 from .model import DRMModel
 
+MODEL_NAMES = VARIANTS
 
-def build_drm(name: str, preset: str = "tiny", vocab_size: int = 256, seed: int = 0, **overrides) -> DRMModel:
+
+def build(name: str, preset: str = "tiny", vocab_size: int = 256, seed: int = 0, **overrides) -> DRMModel:
     """Build DRM variant ``name`` at ``preset``; ``overrides`` are DRMConfig fields."""
     return DRMModel(build_config(name, preset, vocab_size, **overrides), seed=seed, name=name, preset=preset)
 
 
-register(VARIANTS, build_drm)
-
-__all__ = ["VARIANTS", "DRMConfig", "DRMModel", "build_config", "build_drm", "count_parameters"]
+__all__ = ["MODEL_NAMES", "PRESET_DIMS", "VARIANTS", "DRMConfig", "DRMModel", "build", "build_config", "closed_form_parameter_count"]

@@ -1,8 +1,8 @@
-"""The DRM components of math.md sections 1 to 13, one module each.
+"""The DRM components of ``docs/drm.md`` sections 1 to 16, one module each.
 
 Shapes: ``N`` is any batch of states (batch, or batch x positions). Every module's
-docstring names the equation it implements; the architecture notes (section 3) give
-the widths and initialisations.
+docstring names the section of that page it implements; its section A.3 gives the
+widths and initialisations.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from drmlab.models.layers.conv_context import trailing_context
 from drmlab.ops import causal_depthwise_conv1d, causal_depthwise_conv1d_step, woodbury_solve
 
 from .config import DRMConfig
 
 
 def bound_state(z: torch.Tensor, radius: float, toroidal_dims: int = 0) -> torch.Tensor:
-    """The bound operator B(z) = R tanh(z min(1, R / max(|z|, 1e-8)) / R) (section 6, notes 3.8).
+    """The bound operator B(z) = R tanh(z min(1, R / max(|z|, 1e-8)) / R) (sections 6 and A.3.8).
 
     A norm clip to radius R per state vector, then an element-wise soft clamp. Toroidal
     coordinates (the first ``toroidal_dims``) are angles and pass through unchanged.
@@ -158,7 +159,7 @@ def raw_velocity(gates: torch.Tensor, coeff: torch.Tensor, directions: torch.Ten
 
 
 class RiskField(nn.Module):
-    """Risk mass rho = min(alpha_b b^beta_b + alpha_d d^beta_d, 10) (notes 3.9).
+    """Risk mass rho = min(alpha_b b^beta_b + alpha_d d^beta_d, 10) (section A.3.9).
 
     With ``enabled=False`` (every reference variant) it returns zeros and its weights get
     no gradient, exactly as the reference's dead risk field.
@@ -226,12 +227,17 @@ class CausalConvMixer(nn.Module):
             pre = pre + F.linear(diffs, w[:, d: 2 * d]) + F.linear(deltas, w[:, 2 * d: 3 * d])
         return F.silu(pre)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """h = silu(W_in f + b) [N, L, M] -> the residual correction eta_mix (W_out h_L + b)."""
+    def forward(self, h: torch.Tensor, return_state: bool = False):
+        """h = silu(W_in f + b) [N, L, M] -> the residual correction eta_mix (W_out h_L + b); with
+        ``return_state`` also each layer's left context after the last position (as ``step`` keeps it)."""
+        contexts = []
         for conv, point, dilation in zip(self.depthwise, self.pointwise, self.dilations):
+            if return_state:
+                contexts.append(trailing_context(h, dilation * (conv.kernel_size[0] - 1)))
             y = causal_depthwise_conv1d(h, conv.weight, conv.bias, dilation=dilation)
             h = h + point(F.silu(y))
-        return self.scale * self.out_proj(h)
+        out = self.scale * self.out_proj(h)
+        return (out, contexts) if return_state else out
 
     def step(self, h_t: torch.Tensor, contexts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """One position of ``forward``: h_t [N, M]; contexts hold each layer's left inputs."""
@@ -282,7 +288,7 @@ class SelectiveMemory(nn.Module):
 
 
 class RefinementLayer(nn.Module):
-    """Variant G's second stage: its own direction field, metric and flow (notes 3.13).
+    """Variant G's second stage: its own direction field, metric and flow (section A.3.13).
 
     Each position is conditioned on the previous state: z_t <- B(z_t + eta dt Nat(u(z_{t-1}, e_t))).
     """

@@ -1,19 +1,21 @@
 """Configuration of the DRM family: one dataclass, the presets and the variant table.
 
-The fields and their defaults follow the reference configuration described in
-``notes/drm-architecture.md`` (section 1); the variants A to J and the component
-ablations follow its section 5.3. A config resolves in three layers: preset
-dimensions, then the variant's overrides, then the caller's overrides.
+The fields and their defaults follow the reference configuration of ``docs/drm.md``
+section A.1; the variants A to J and the component ablations are its section A.5.3.
+A config resolves in three layers: preset dimensions, then the variant's overrides,
+then the caller's overrides.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 
+from drmlab.naming import unknown
+from drmlab.presets import PRESETS
+
 # ---------------------------------------------------------------------------------------
-# Loss weights (math.md section 11; architecture notes section 1.2). ``LOSS_WEIGHTS_BASE``
+# Loss weights (``docs/drm.md`` sections 11 and A.1.2). ``LOSS_WEIGHTS_BASE``
 # is variant A; ``ce_only`` sets every weight to zero.
 LOSS_WEIGHTS_BASE = {
     "action": 0.01,
@@ -87,7 +89,7 @@ class DRMConfig:
     # refinement layers (variant G)
     refinement_layers: int = 0
     refinement_scale: float = 0.1
-    # solver options (math.md section 14; notes/drm-solvers.md). Step mode of the one-token
+    # solver options (``docs/drm.md`` section 14 and appendix S). Step mode of the one-token
     # transition: "velocity" (Euler), "candidate" or "geodesic"; block refiners of the
     # within-block states: None, "fixed_point" or "anderson" (causal, or global for comparison).
     step_mode: str = "velocity"
@@ -178,16 +180,15 @@ class DRMConfig:
                       ("selective_memory", self.selective_memory), ("refinement_layers", self.refinement_layers > 0)) if on]
             if not self.use_drm_geometry or extras:
                 raise ValueError(
-                    "sequence_mode='recurrent' is the plain Euler rollout of math.md section 6 (geometry, flow and "
+                    "sequence_mode='recurrent' is the plain Euler rollout of docs/drm.md section 6 (geometry, flow and "
                     "naturalization only); turn off " + (", ".join(extras) or "nothing") +
                     ("" if self.use_drm_geometry else " and keep use_drm_geometry=True") + " or use 'block_cumsum'")
         if self.dt <= 0 or self.gate_temperature <= 0 or self.state_clip_norm <= 0:
             raise ValueError("dt, gate_temperature and state_clip_norm must be positive")
         self._validate_solvers()
-        unknown = set(self.loss_weights) - set(LOSS_WEIGHTS_BASE)
-        if unknown:
-            name = sorted(unknown)[0]
-            raise ValueError(f"unknown loss weight {name!r}{_hint(name, LOSS_WEIGHTS_BASE)}")
+        strange = sorted(set(self.loss_weights) - set(LOSS_WEIGHTS_BASE))
+        if strange:
+            raise unknown("loss weight", strange[0], LOSS_WEIGHTS_BASE)
 
     def _validate_solvers(self) -> None:
         if self.step_mode not in ("velocity", "candidate", "geodesic"):
@@ -219,14 +220,9 @@ class DRMConfig:
             raise ValueError("geodesic_steps must be >= 0; sampled_consistency_interval and _size must be >= 1")
 
 
-def _hint(word: str, options) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 # ---------------------------------------------------------------------------------------
 # Presets: the dimensions only. ``125m`` is the reference configuration; ``tiny`` and
-# ``small`` are the 1.0M and 10.2M rows of notes/performance.md.
+# ``small`` give J about 1.0M and 10.2M parameters (``docs/drm.md`` section A.1).
 PRESET_DIMS: dict[str, dict] = {
     "micro": dict(d_token=16, d_state=16, n_directions=4, metric_rank=4, hidden_size=32,
                   direction_basis_size=8, metric_u_basis_size=8, mixer_hidden=16, mixer_kernel=4,
@@ -244,7 +240,7 @@ PRESET_DIMS: dict[str, dict] = {
 
 
 def _variant_overrides(name: str, dims: dict) -> dict:
-    """The variant's changes relative to the preset (architecture notes, section 5.3)."""
+    """The variant's changes relative to the preset (``docs/drm.md`` section A.5.3)."""
     m = dims["mixer_hidden"]
     dilated = dict(mixer_hidden=2 * m, mixer_layers=4, mixer_dilation_growth=2)
     gate_fix = dict(active_fraction_mode="target", target_active_fraction=0.5, gate_logit_bias=0.0,
@@ -295,20 +291,16 @@ VARIANTS = (
 )
 
 
-def config_fields() -> list[str]:
-    return [f.name for f in dataclasses.fields(DRMConfig)]
-
-
 def build_config(variant: str, preset: str, vocab_size: int = 256, **overrides) -> DRMConfig:
     """Resolve preset dimensions, then the variant, then ``overrides`` into a DRMConfig."""
     if variant not in VARIANTS:
-        raise ValueError(f"unknown DRM variant {variant!r}{_hint(variant, VARIANTS)}")
+        raise unknown("DRM variant", variant, VARIANTS)
     if preset not in PRESET_DIMS:
-        raise ValueError(f"unknown preset {preset!r}{_hint(preset, PRESET_DIMS)}; known: {', '.join(PRESET_DIMS)}")
-    names = set(config_fields())
+        raise unknown("preset", preset, PRESETS)
+    names = {f.name for f in dataclasses.fields(DRMConfig)}
     for key in overrides:
         if key not in names:
-            raise ValueError(f"unknown DRM config key {key!r}{_hint(key, names)}")
+            raise unknown("DRM config key", key, names)
     dims = dict(PRESET_DIMS[preset])
     values = {**dims, **_variant_overrides(variant, dims), "vocab_size": vocab_size}
     if "loss_weights" in overrides:  # a partial dict updates the variant's weights
@@ -318,12 +310,12 @@ def build_config(variant: str, preset: str, vocab_size: int = 256, **overrides) 
     config.validate()
     if variant == "SSM_CONTROL" and "memory_hidden" not in overrides:
         reference = build_config("J", preset, vocab_size, **{k: v for k, v in overrides.items() if k != "use_drm_geometry"})
-        config.memory_hidden = matched_memory_width(config, count_parameters(reference))
+        config.memory_hidden = matched_memory_width(config, closed_form_parameter_count(reference))
     return config
 
 
 # ---------------------------------------------------------------------------------------
-# Closed-form parameter counts (architecture notes, section 5.1), used to match widths.
+# Closed-form parameter counts (``docs/drm.md`` section A.5.1), used to match widths.
 def _trunk(c: DRMConfig) -> int:
     return (c.d_read + 1) * c.hidden_size + (c.hidden_size + 1) * c.hidden_size
 
@@ -344,8 +336,9 @@ def _flow(c: DRMConfig) -> int:
     return (c.d_read + c.d_token + 1) * c.hidden_size + (c.hidden_size + 1) * c.n_directions
 
 
-def count_parameters(c: DRMConfig) -> int:
-    """Parameter count of the model ``c`` describes, without building it."""
+def closed_form_parameter_count(c: DRMConfig) -> int:
+    """The exact parameter count of the model ``c`` describes, computed without building it (the
+    tests check it against the built model; :func:`drmlab.models.count_parameters` counts a built one)."""
     ds, dt, h = c.d_state, c.d_token, c.hidden_size
     total = c.vocab_size * dt + ds  # embedding, z0
     total += c.d_read + (c.d_read + 1) * h + (h + 1) * c.vocab_size  # emitter
@@ -375,5 +368,5 @@ def matched_memory_width(control: DRMConfig, target: int) -> int:
     This is the rule that reproduces the reference SSM_CONTROL (S = 14,944 at 125m).
     """
     per_unit = control.d_read + control.d_token + 1 + 3 * control.d_state
-    without = count_parameters(dataclasses.replace(control, memory_hidden=0))
+    without = closed_form_parameter_count(dataclasses.replace(control, memory_hidden=0))
     return max(1, (target - without) // per_unit)

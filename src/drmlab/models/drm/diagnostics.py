@@ -1,4 +1,4 @@
-"""Geometry diagnostics of math.md sections 2, 4 and 14 to 16.
+"""Geometry diagnostics of ``docs/drm.md`` sections 2, 4 and 14 to 16.
 
 Everything here is a *measurement*, never a claim: dimD is gate activity (section 2),
 G is full rank by construction (section 4), so the spectral ranks below are labelled

@@ -1,4 +1,4 @@
-"""Auxiliary objective of math.md section 11 (architecture notes, section 6).
+"""Auxiliary objective of ``docs/drm.md`` section 11 (the terms: section A.6).
 
 L = CE + lambda_action L_action + sum_k lambda_k R_k. Every term is computed from the
 per-block geometry record, each block's values counting once per position of the block.

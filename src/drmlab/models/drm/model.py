@@ -1,8 +1,8 @@
-"""The DRM language model: embedding -> latent state path -> emitter (math.md sections 1-13).
+"""The DRM language model: embedding -> latent state path -> emitter (``docs/drm.md`` sections 1-13).
 
 Two sequence paths:
 
-* ``block_cumsum`` (section 7, architecture notes 4.1/4.2): per block of L tokens the
+* ``block_cumsum`` (sections 7, A.4.1 and A.4.2): per block of L tokens the
   geometry is evaluated once at the block-start state z_s, the local deltas
   delta_t = B(z_s + dt v_t) - z_s are prefix-summed, then the causal mixer, the
   token residual and the selective memory each add a bounded correction; the last
@@ -13,6 +13,10 @@ Two sequence paths:
 Everything that depends only on the tokens (first-layer token projections of the
 flow, mixer and memory, the token residual) is computed once for the whole sequence;
 only state-dependent work runs inside the block loop.
+
+Decoding (section A.4.5): ``init_state`` / ``step`` continue the same block path one token at a
+time, and ``forward(tokens, return_state=True)`` returns, from the parallel pass, the state that
+stepping through the tokens would reach -- mid-block included -- so a prompt needs no stepping.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from . import solvers
 from .config import DRMConfig
 from .losses import auxiliary_losses
 
-# Per-component seed offsets (architecture notes, section 2): each component draws its
+# Per-component seed offsets (``docs/drm.md`` section A.2): each component draws its
 # initialisation from the stream seed + offset, so removing one never changes another.
 SEED_OFFSETS = {
     "embedding": 101, "initial_state": 102, "direction_field": 103, "metric": 104, "flow": 105,
@@ -74,7 +78,7 @@ class BlockGeometry:
 @dataclass
 class DecodeState:
     """Everything :meth:`DRMModel.step` needs to continue the block path in O(1) per token
-    (architecture notes 4.5): the block-start state and its geometry, the running delta sum,
+    (``docs/drm.md`` section A.4.5): the block-start state and its geometry, the running delta sum,
     the previous prefix state, each mixer layer's left context, the memory path's previous
     state and memory, and each refinement layer's previous input."""
 
@@ -89,6 +93,25 @@ class DecodeState:
     refine_prev: list | None = None
     solver_prev: list | None = None  # X_k at the previous position, one per solver iteration
     solver_gram: torch.Tensor | None = None  # causal Anderson: prefix Gram sums [B, K, K]
+
+
+@dataclass
+class TokenParts:
+    """What the block path needs from the tokens alone, [B, T, ...] each (None where the component
+    is absent): the flow's, mixer's and memory's token projections, the token residual, and each
+    refinement layer's flow projection."""
+
+    flow: torch.Tensor | None
+    mixer: torch.Tensor | None
+    residual: torch.Tensor | None
+    memory: torch.Tensor | None
+    refine: list
+
+    def window(self, positions: slice) -> "TokenParts":
+        def cut(part):
+            return None if part is None else part[:, positions]
+        return TokenParts(cut(self.flow), cut(self.mixer), cut(self.residual), cut(self.memory),
+                          [part[:, positions] for part in self.refine])
 
 
 class DRMModel(nn.Module):
@@ -144,9 +167,7 @@ class DRMModel(nn.Module):
         """One position of :meth:`_refine_block`, keeping X_k of the previous position for every
         iteration k (and, for Anderson, the prefix Gram sums), so stepping equals the block form."""
         c = self.config
-        if c.block_solver == "anderson" and not c.solver_causal:
-            raise ValueError("the global Anderson form reads later positions of its block (and other batch rows), "
-                             "so it cannot be stepped; use solver_causal=True")
+        self._check_steppable()
         iterations, x = c.solver_iters, z[:, 0]
         previous = [anchor[:, 0]] * iterations if fresh else state.solver_prev
         new.solver_prev = []
@@ -174,6 +195,12 @@ class DRMModel(nn.Module):
             x = x + c.solver_relaxation * (mixed - x)
         new.solver_gram = gram
         return self.bound(x).unsqueeze(1)
+
+    def _check_steppable(self) -> None:
+        c = self.config
+        if c.block_solver == "anderson" and not c.solver_causal:
+            raise ValueError("the global Anderson form reads later positions of its block (and other batch rows), "
+                             "so it cannot be stepped; use solver_causal=True")
 
     def _geometry_at(self, z: torch.Tensor) -> tuple:
         """(gates, directions, gamma, U, rho) at states z [N, d] (None for absent modules)."""
@@ -214,26 +241,25 @@ class DRMModel(nn.Module):
         return anchor
 
     def _one_token(self, z: torch.Tensor, token_part: torch.Tensor, strength: float) -> torch.Tensor:
-        """F(z, e): the one-token transition with the geometry recomputed at z (notes/drm-solvers.md 0).
+        """F(z, e): the one-token transition with the geometry recomputed at z (``docs/drm.md`` section S.0).
 
         z [N..., d], token_part [N..., H] -> [N..., d]. In velocity mode F = B(z^a), the bound applied twice.
         """
         out = self._transition(z, self._geometry_at(z), token_part.unsqueeze(-2), strength).squeeze(-2)
         return self.bound(out) if self.config.step_mode == "velocity" else out
 
-    def _refine_block(self, z, anchor, token_part, strength):
-        """Block refiners (notes 3.3, 3.4) of the cumsum states z [B, L, d]; returns (B(X), residual)."""
+    def _refine_block(self, z, anchor, token_part, strength) -> solvers.BlockSolution:
+        """Block refiners (``docs/drm.md`` sections S.3.3, S.3.4) of the cumsum states z [B, L, d]
+        (the caller bounds the solution's X)."""
         c = self.config
 
         def phi(x):  # Phi(X)_t = F(X_{t-1}, e_t), X_0 = z_s
             return self._one_token(torch.cat([anchor, x[:, :-1]], dim=1), token_part, strength)
 
         if c.block_solver == "fixed_point":
-            x, residual = solvers.fixed_point(phi, z, c.solver_iters, c.solver_relaxation)
-        else:
-            x, residual = solvers.anderson(phi, z, c.solver_iters, c.anderson_history, c.anderson_ridge,
-                                           c.solver_relaxation, causal=c.solver_causal)
-        return self.bound(x), residual
+            return solvers.fixed_point(phi, z, c.solver_iters, c.solver_relaxation)
+        return solvers.anderson(phi, z, c.solver_iters, c.anderson_history, c.anderson_ridge,
+                                c.solver_relaxation, causal=c.solver_causal)
 
     def rollout(self, z_start: torch.Tensor, token_part: torch.Tensor, strength: float) -> torch.Tensor:
         """The exact sequential rollout z_t = F(z_{t-1}, e_t) from z_start [B, d]: [B, L, d]."""
@@ -244,7 +270,7 @@ class DRMModel(nn.Module):
         return torch.stack(outputs, dim=1)
 
     def _consistency(self, index, z_final, z_start, token_part, strength) -> dict:
-        """Notes section 4: MSE of the block's final states against a detached sequential rollout."""
+        """``docs/drm.md`` section S.4: MSE of the block's final states against a detached sequential rollout."""
         c, out = self.config, {}
         weights = c.loss_weights
         if weights.get("block_consistency", 0):
@@ -271,12 +297,20 @@ class DRMModel(nn.Module):
     # ------------------------------------------------------------------ sequence paths
     def states(self, tokens: torch.Tensor, step: int | None = None) -> tuple[torch.Tensor, list[BlockGeometry]]:
         """The output states [B, T, d_state] and the per-block geometry record."""
+        states, record, _ = self._states(tokens, step, return_state=False)
+        return states, record
+
+    def _states(self, tokens, step, return_state):
+        """(states, record, the decoding state after the last token or None)."""
         check_tokens(tokens, self.config.vocab_size)
+        if return_state:
+            self._check_steppable()
         e = self.embedding(tokens)
         strength = self.naturalization_strength(step)
         if self.config.sequence_mode == "recurrent":
-            return self._recurrent(e, strength)
-        return self._block_cumsum(e, strength)
+            states, record = self._recurrent(e, strength)
+            return states, record, DecodeState(z_start=states[:, -1]) if return_state else None
+        return self._block_cumsum(e, strength, return_state)
 
     def _recurrent(self, e, strength):
         c = self.config
@@ -291,54 +325,98 @@ class DRMModel(nn.Module):
             outputs.append(z)
         return torch.stack(outputs, dim=1), record
 
-    def _block_cumsum(self, e, strength):
-        c = self.config
-        batch, length = e.shape[:2]
-        z_start = self.initial_state(batch).to(e.dtype)
-        geometry = c.has_geometry
-        flow_tokens = self._flow_token_part(e) if geometry else None
-        mixer_tokens = self.mixer.token_part(e) if self.mixer is not None else None
-        residual = self.token_residual(e) if self.token_residual is not None else None
-        memory_tokens = self.memory.token_part(e) if self.memory is not None else None
-        refine_tokens = [layer.flow.token_part(e) for layer in self.refinement]
+    def _token_parts(self, e: torch.Tensor) -> TokenParts:
+        """Everything the block path needs from the tokens alone, for the whole sequence."""
+        return TokenParts(
+            flow=self._flow_token_part(e) if self.config.has_geometry else None,
+            mixer=self.mixer.token_part(e) if self.mixer is not None else None,
+            residual=self.token_residual(e) if self.token_residual is not None else None,
+            memory=self.memory.token_part(e) if self.memory is not None else None,
+            refine=[layer.flow.token_part(e) for layer in self.refinement],
+        )
 
-        outputs, record = [], []
+    def _block_cumsum(self, e, strength, return_state=False):
+        """The block path over e [B, T, d_token]: (states, record, the state after the last token
+        when ``return_state``, else None). Only the last state of a block crosses into the next."""
+        c = self.config
+        length = e.shape[1]
+        z_start = self.initial_state(e.shape[0]).to(e.dtype)
+        parts = self._token_parts(e)
+        outputs, record, state = [], [], None
         for start in range(0, length, c.block_size):
             block = slice(start, min(start + c.block_size, length))
-            anchor = z_start.unsqueeze(1)  # [B, 1, d]
-            if geometry:
-                block_geometry = self._geometry_at(z_start)
-                delta = self._transition(z_start, block_geometry, flow_tokens[:, block], strength) - anchor
-                z = self.bound(anchor + delta.cumsum(dim=1))
-                gates, rho = block_geometry[0], block_geometry[4]
-                dim_d = gates.sum(-1) if gates is not None else rho.new_zeros(batch)
-                record.append(BlockGeometry(delta.shape[1], *block_geometry, delta / c.dt))
-                if c.block_solver is not None:
-                    z, record[-1].solver_residual = self._refine_block(z, anchor, flow_tokens[:, block], strength)
-                    record[-1].refined_velocity = (z - torch.cat([anchor, z[:, :-1]], dim=1)) / c.dt
-            else:
-                z, delta, rho, dim_d = anchor, None, z_start.new_zeros(batch), z_start.new_zeros(batch)
-            if self.mixer is not None:
-                diffs = None if delta is None else z - torch.cat([anchor, z[:, :-1]], dim=1)
-                scalars = torch.stack([dim_d, rho], dim=-1)
-                h = self.mixer.input_features(z, diffs, delta, scalars, mixer_tokens[:, block])
-                z = self.bound(z + self.mixer(h))
-            if residual is not None:
-                z = self.bound(z + residual[:, block])
-            if z.shape[1] == 1 and (block.stop - block.start) > 1:
-                z = z.expand(batch, block.stop - block.start, -1)
-            if self.memory is not None:
-                previous = torch.cat([anchor, z[:, :-1]], dim=1)
-                forget, update = self.memory.gates(self.read(previous), memory_tokens[:, block])
-                m = linear_scan(forget, update, init=z_start)
-                z = self.bound(z + self.memory.scale * m)
-            for layer, tokens_part in zip(self.refinement, refine_tokens):
-                z = self._refine(layer, z, anchor, tokens_part[:, block], strength)
-            if geometry and c.has_consistency_loss:
-                record[-1].consistency = self._consistency(len(record) - 1, z, z_start, flow_tokens[:, block], strength)
+            if return_state and block.stop == length:
+                state = DecodeState(z_start=z_start, position=block.stop - start, refine_prev=[])
+            z = self._block(z_start, parts.window(block), block.stop - start, strength, record, state)
             outputs.append(z)
             z_start = z[:, -1]
-        return torch.cat(outputs, dim=1), record
+        if state is not None and state.position == c.block_size:  # complete: the next block starts afresh
+            state = DecodeState(z_start=z_start)
+        return torch.cat(outputs, dim=1), record, state
+
+    def _block(self, z_start, parts: TokenParts, length: int, strength, record: list, state: DecodeState | None):
+        """One block of ``length`` positions from z_start [B, d] -> its states [B, length, d].
+
+        Appends the block's geometry to ``record``. A ``state`` is filled with what :meth:`step`
+        holds after the block's last position (the running delta sum, the last prefix state, the
+        mixer's contexts, the memory, the refiners' last inputs and the solver's last iterates).
+        """
+        c = self.config
+        batch = z_start.shape[0]
+        anchor = z_start.unsqueeze(1)  # [B, 1, d]
+        if c.has_geometry:
+            z, delta, rho, dim_d = self._prefix_states(z_start, anchor, parts.flow, strength, record, state)
+        else:
+            z, delta, rho, dim_d = anchor, None, z_start.new_zeros(batch), z_start.new_zeros(batch)
+        if self.mixer is not None:
+            diffs = None if delta is None else z - torch.cat([anchor, z[:, :-1]], dim=1)
+            scalars = torch.stack([dim_d, rho], dim=-1)
+            h = self.mixer.input_features(z, diffs, delta, scalars, parts.mixer)
+            if state is not None:
+                correction, state.mixer_context = self.mixer(h, return_state=True)
+            else:
+                correction = self.mixer(h)
+            z = self.bound(z + correction)
+        if self.token_residual is not None:
+            z = self.bound(z + parts.residual)
+        if z.shape[1] == 1 and length > 1:
+            z = z.expand(batch, length, -1)
+        if self.memory is not None:
+            previous = torch.cat([anchor, z[:, :-1]], dim=1)
+            forget, update = self.memory.gates(self.read(previous), parts.memory)
+            m = linear_scan(forget, update, init=z_start)
+            if state is not None:
+                state.memory_prev_state, state.memory = z[:, -1:], m[:, -1]
+            z = self.bound(z + self.memory.scale * m)
+        for layer, token_part in zip(self.refinement, parts.refine):
+            if state is not None:
+                state.refine_prev.append(z[:, -1:])
+            z = self._refine(layer, z, anchor, token_part, strength)
+        if c.has_geometry and c.has_consistency_loss:
+            record[-1].consistency = self._consistency(len(record) - 1, z, z_start, parts.flow, strength)
+        return z
+
+    def _prefix_states(self, z_start, anchor, flow_tokens, strength, record: list, state: DecodeState | None):
+        """Section 7 with the geometry at the block start: z~_t = B(z_s + sum_{k<=t} delta_k), refined
+        by the block solver if one is set (anchor = z_s as [B, 1, d]). Returns (z~ [B, L, d], delta, rho, dimD) and records the
+        block's geometry (and, in ``state``, what stepping keeps of it)."""
+        c = self.config
+        geometry = self._geometry_at(z_start)
+        delta = self._transition(z_start, geometry, flow_tokens, strength) - anchor
+        delta_sum = delta.cumsum(dim=1)
+        z = self.bound(anchor + delta_sum)
+        gates, rho = geometry[0], geometry[4]
+        dim_d = gates.sum(-1) if gates is not None else rho.new_zeros(z_start.shape[0])
+        record.append(BlockGeometry(delta.shape[1], *geometry, delta / c.dt))
+        if c.block_solver is not None:
+            solution = self._refine_block(z, anchor, flow_tokens, strength)
+            z, record[-1].solver_residual = self.bound(solution.x), solution.residual
+            record[-1].refined_velocity = (z - torch.cat([anchor, z[:, :-1]], dim=1)) / c.dt
+            if state is not None:
+                _keep_solver_state(state, solution, c.block_solver)
+        if state is not None:
+            state.geometry, state.delta_sum, state.z_tilde_prev = geometry, delta_sum[:, -1:], z[:, -1:]
+        return z, delta, rho, dim_d
 
     def _refine(self, layer: RefinementLayer, z, anchor, token_part, strength):
         """Variant G: z_t <- B(z_t + eta dt Nat(u(z_{t-1}, e_t))) with each position's own geometry."""
@@ -352,13 +430,14 @@ class DRMModel(nn.Module):
         return self.bound(z + c.refinement_scale * c.dt * v)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, tokens: torch.Tensor, step: int | None = None) -> ModelOutput:
+    def forward(self, tokens: torch.Tensor, step: int | None = None, return_state: bool = False) -> ModelOutput:
         """tokens [B, T] -> logits [B, T, vocab]; logits[:, t] predicts token t + 1.
 
         ``step`` is the 1-based optimizer step (drives the naturalization warm-up);
-        None means evaluation (full strength).
+        None means evaluation (full strength). ``return_state``: ``.state`` is the
+        :class:`DecodeState` after the last token.
         """
-        states, record = self.states(tokens, step)
+        states, record, state = self._states(tokens, step, return_state)
         logits = self.emitter(self.read(states))
         aux = {}
         if record:
@@ -369,31 +448,13 @@ class DRMModel(nn.Module):
             aux["refined_action"] = _refined_action(self.config, record)
         if self.config.has_geometry and any(w != 0 for w in self.config.loss_weights.values()):
             aux.update(auxiliary_losses(self.config, record, states, logits))
-        return ModelOutput(logits=logits, aux=aux)
+        return ModelOutput(logits=logits, aux=aux, state=state)
 
     # ------------------------------------------------------------------ incremental decoding
     def init_state(self, batch_size: int) -> DecodeState:
         """The decoding state before the first token."""
         ref = self.embedding.weight
         return DecodeState(z_start=self.initial_state(batch_size).to(device=ref.device, dtype=ref.dtype))
-
-    @torch.no_grad()
-    def prefill(self, tokens: torch.Tensor) -> tuple[torch.Tensor, DecodeState]:
-        """Process a prompt [B, T]: the parallel forward over its complete blocks (only the last
-        state crosses a block boundary), then steps through the open block. Returns the logits
-        after the last token [B, vocab] and the state that continues the sequence."""
-        check_tokens(tokens, self.config.vocab_size)
-        c, length = self.config, tokens.shape[1]
-        done = length if c.sequence_mode == "recurrent" else (length // c.block_size) * c.block_size
-        state = self.init_state(tokens.shape[0])
-        logits = None
-        if done:
-            states, _ = self.states(tokens[:, :done])
-            state = DecodeState(z_start=states[:, -1])
-            logits = self.emitter(self.read(states[:, -1]))
-        for t in range(done, length):
-            logits, state = self.step(tokens[:, t], state)
-        return logits, state
 
     def step(self, tokens_t: torch.Tensor, state: DecodeState, step: int | None = None) -> tuple[torch.Tensor, DecodeState]:
         """Advance by one token: tokens_t [B] -> (logits [B, vocab], new state).
@@ -458,6 +519,15 @@ class DRMModel(nn.Module):
             new = DecodeState(z_start=z)
         return self.emitter(self.read(z)), new
 
+
+
+def _keep_solver_state(state: DecodeState, solution: solvers.BlockSolution, block_solver: str) -> None:
+    """What :meth:`DRMModel._solver_step` holds after a block's last position: each iterate X_k
+    there and, for Anderson, the Gram sums of the residuals over the block's positions."""
+    state.solver_prev = [x[:, -1] for x in solution.iterates]
+    if block_solver == "anderson":
+        stacked = torch.stack(solution.residuals, dim=-2)  # [B, L, K, d]
+        state.solver_gram = (stacked @ stacked.transpose(-1, -2)).sum(dim=1)
 
 
 def _refined_action(config: DRMConfig, record: list[BlockGeometry]) -> torch.Tensor:

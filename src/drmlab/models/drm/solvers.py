@@ -1,24 +1,24 @@
-"""The optional DRM solver paths of math.md section 14 (notes/drm-solvers.md).
+"""The optional DRM solver paths of ``docs/drm.md`` section 14 (in detail: its appendix S).
 
 * step modes: the one-token transition from a state z with the geometry at z,
   ``candidate`` (a softmax mix of per-direction candidate endpoints scored by metric
-  energy, risk and distance to the Euler anchor, section 1 of the notes) and
+  energy, risk and distance to the Euler anchor, section S.1) and
   ``geodesic`` (K gradient steps on the local energy
-  E(y) = l_a |y - z^a|^2 + l_m E_G((y - z)/dt) + l_r rho(y), section 2);
+  E(y) = l_a |y - z^a|^2 + l_m E_G((y - z)/dt) + l_r rho(y), section S.2);
 * block refiners of the within-block states X with Phi(X)_t = F(X_{t-1}, e_t):
-  the fixed-point iteration X <- X + w (Phi(X) - X) (section 3.3) and Anderson
-  acceleration (section 3.4) in its causal form (prefix Gram matrices per batch row
+  the fixed-point iteration X <- X + w (Phi(X) - X) (section S.3.3) and Anderson
+  acceleration (section S.3.4) in its causal form (prefix Gram matrices per batch row
   and position) and, for comparison only, its global form;
-* the reference's endpoint correction (section 3.1), kept only to pin its leak in a
+* the reference's endpoint correction (section S.3.1), kept only to pin its leak in a
   test: the model refuses it.
 
-None of these is a geodesic solver in the formal sense (math.md section 14): a low
+None of these is a geodesic solver in the formal sense (section 14): a low
 energy or action is a diagnostic, not a proof.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -34,7 +34,7 @@ def metric_apply(x: torch.Tensor, gamma: torch.Tensor | None, u_factor: torch.Te
 
 
 def candidate_step(model, z, anchor, geometry) -> torch.Tensor:
-    """Notes section 1: z' = sum_i softmax(s / tau)_i y_i with y_i = B(z^a + dt c a_i V_i).
+    """Section S.1: z' = sum_i softmax(s / tau)_i y_i with y_i = B(z^a + dt c a_i V_i).
 
     z [N..., 1, d] the start state, anchor [N..., L, d] the Euler anchors z^a for L tokens,
     geometry at z. Returns [N..., L, d] (not re-bounded: a convex combination of points in the ball).
@@ -59,7 +59,7 @@ def candidate_step(model, z, anchor, geometry) -> torch.Tensor:
 
 
 def geodesic_step(model, z, anchor, geometry) -> torch.Tensor:
-    """Notes section 2: from y = z^a, K times y <- B(y - eta grad E(y)) with
+    """Section S.2: from y = z^a, K times y <- B(y - eta grad E(y)) with
     grad E = 2 l_a (y - z^a) + (2 l_m / dt^2) G (y - z) + l_r grad rho(y); G from the start state z.
 
     The gradient is written in closed form (autograd only for an enabled risk field), so the
@@ -85,14 +85,28 @@ def geodesic_step(model, z, anchor, geometry) -> torch.Tensor:
 Phi = Callable[[torch.Tensor], torch.Tensor]
 
 
-def fixed_point(phi: Phi, x: torch.Tensor, iterations: int, relaxation: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Notes section 3.3: K times X <- X + w (Phi(X) - X). Returns (X, last residual [B, L])."""
+class BlockSolution(NamedTuple):
+    """A block refiner's result: X after K iterations, the last residual norm |Phi(X) - X| [B, L],
+    and every iterate X_k entering iteration k with its residual R_k = Phi(X_k) - X_k (k < K),
+    from which incremental decoding continues the block."""
+
+    x: torch.Tensor
+    residual: torch.Tensor
+    iterates: list
+    residuals: list
+
+
+def fixed_point(phi: Phi, x: torch.Tensor, iterations: int, relaxation: float = 1.0) -> BlockSolution:
+    """Section S.3.3: K times X <- X + w (Phi(X) - X)."""
     residual = x.new_zeros(x.shape[:-1])
+    iterates, residuals = [], []
     for _ in range(iterations):
         r = phi(x) - x
+        iterates.append(x)
+        residuals.append(r)
         residual = r.norm(dim=-1)
         x = x + relaxation * r
-    return x, residual
+    return BlockSolution(x, residual, iterates, residuals)
 
 
 def _anderson_weights(gram: torch.Tensor, ridge: float) -> torch.Tensor:
@@ -108,8 +122,8 @@ def _anderson_weights(gram: torch.Tensor, ridge: float) -> torch.Tensor:
 
 
 def anderson(phi: Phi, x: torch.Tensor, iterations: int, history: int = 4, ridge: float = 1e-4,
-             relaxation: float = 1.0, causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Notes section 3.4: Anderson acceleration of X = Phi(X) over a block x [B, L, d].
+             relaxation: float = 1.0, causal: bool = True) -> BlockSolution:
+    """Section S.3.4: Anderson acceleration of X = Phi(X) over a block x [B, L, d].
 
     causal: per row b and position t, Gamma_{b,t} = sum_{tau <= t} [R_i . R_j] + ridge I, so
     position t never reads a later position and no row reads another. Global (comparison
@@ -117,10 +131,13 @@ def anderson(phi: Phi, x: torch.Tensor, iterations: int, history: int = 4, ridge
     future tokens and on the other rows. The first iteration is a Picard step.
     """
     fs, rs = [], []
+    iterates, residuals = [], []
     residual = x.new_zeros(x.shape[:-1])
     for _ in range(iterations):
         f = phi(x)
         r = f - x
+        iterates.append(x)
+        residuals.append(r)
         residual = r.norm(dim=-1)
         fs, rs = (fs + [f])[-history:], (rs + [r])[-history:]
         if len(rs) < 2:
@@ -135,12 +152,12 @@ def anderson(phi: Phi, x: torch.Tensor, iterations: int, history: int = 4, ridge
         weights = _anderson_weights(gram, ridge)  # [B, L, h] or [h]
         mixed = (weights.unsqueeze(-1) * stacked_f).sum(-2)
         x = x + relaxation * (mixed - x)
-    return x, residual
+    return BlockSolution(x, residual, iterates, residuals)
 
 
 def reference_endpoint_correction(states: torch.Tensor, endpoint_target: torch.Tensor, weight: float,
                                   power: float, bound) -> torch.Tensor:
-    """Notes section 3.1, the reference's endpoint correction -- NOT causal, never used by the model.
+    """Section S.3.1, the reference's endpoint correction -- NOT causal, never used by the model.
 
     z~_j <- B(z~_j + w (j / L)^p Delta) with Delta = F(z~_{L-1}, e_L) - z~_L: every earlier
     position is moved by a term that depends on the block's last token. Kept so that a test

@@ -1,0 +1,109 @@
+"""The package graph: imports flow one way (docs/architecture.md), counting imports inside functions.
+
+ops <- resolvent <- models <- runs <- data / training / evaluation / generation <- experiments <- cli,
+with the base leaves (naming, presets, devices) below everything. A module may import its own
+package, any package of a lower layer, and a package of its own layer only while the graph of
+those same-layer imports has no loop.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import drmlab
+
+SRC = Path(drmlab.__file__).resolve().parent
+
+LAYERS = {
+    "naming": 0, "presets": 0, "devices": 0,
+    "ops": 1,
+    "resolvent": 2,
+    "models": 3,
+    "data": 3,
+    "runs": 4,
+    "training": 5, "evaluation": 5, "generation": 5,
+    "experiments": 6,
+    "cli": 7,
+}
+
+
+def _package(module: str) -> str | None:
+    """``drmlab.models.drm.model`` -> ``models``; the root package itself -> None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "drmlab" else None
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(text: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """Every drmlab module that the source ``text`` of ``module`` imports, anywhere (function bodies included)."""
+    tree = ast.parse(text)
+    here = module.split(".")
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "drmlab"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here if is_package else here[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] == "drmlab":
+                if target == "drmlab":  # ``from drmlab import x``: x is a subpackage or a root name
+                    found += [(node.lineno, f"drmlab.{a.name}") for a in node.names]
+                else:
+                    found.append((node.lineno, target))
+    return found
+
+
+def _edges():
+    edges = []
+    for path in sorted(SRC.rglob("*.py")):
+        source = _package(_module_name(path))
+        if source is None:  # drmlab/__init__.py: the facade over everything
+            continue
+        for line, target in _imports(path.read_text(), _module_name(path), path.name == "__init__.py"):
+            dest = _package(target)
+            if dest is not None and dest != source and dest in LAYERS:
+                edges.append((source, dest, f"{path.relative_to(SRC.parent)}:{line} imports {target}"))
+    return edges
+
+
+def test_every_package_has_a_layer():
+    packages = {p.stem if p.is_file() else p.name for p in SRC.iterdir()
+                if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").is_file())}
+    assert packages == set(LAYERS), f"packages without a layer: {packages - set(LAYERS)}; stale: {set(LAYERS) - packages}"
+
+
+def test_no_import_goes_up_a_layer():
+    upward = [why for source, dest, why in _edges() if LAYERS[dest] > LAYERS[source]]
+    assert not upward, "imports against the layering:\n" + "\n".join(upward)
+
+
+def test_no_loop_between_packages():
+    graph = defaultdict(set)
+    for source, dest, _ in _edges():
+        graph[source].add(dest)
+
+    def reaches(start, goal, seen=()):
+        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, seen + (nxt,))) for nxt in graph[start])
+
+    loops = sorted(p for p in list(graph) if reaches(p, p))
+    assert not loops, f"packages in an import loop: {loops}; edges: {dict(graph)}"
+
+
+def test_the_checker_sees_imports_inside_functions_and_relative_ones():
+    text = ("def f():\n    from drmlab.cli import main\n    import drmlab.training.trainer\n"
+            "from ..runs import RunDir\nfrom . import batches\nfrom drmlab import data\n")
+    found = sorted(t for _, t in _imports(text, "drmlab.training.trainer"))
+    assert found == ["drmlab.cli", "drmlab.data", "drmlab.runs", "drmlab.training", "drmlab.training.trainer"]

@@ -1,0 +1,123 @@
+"""The command line's start-up and its early refusals: help answers without importing torch, numpy or
+matplotlib; an unknown model or arm is refused in one line before any corpus is read; the verbs'
+defaults agree with the studies' own; nothing below drmlab.cli reads flags or prints."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import drmlab
+from drmlab.cli import VERBS, main
+
+HEAVY = ("torch", "numpy", "matplotlib")
+
+# Runs drmlab's main in a fresh interpreter, then reports which heavy modules it imported.
+RUNNER = """\
+import sys
+from drmlab.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print("HEAVY", sorted(m for m in {heavy!r} if m in sys.modules), file=sys.stderr)
+sys.exit(code)
+""".format(heavy=HEAVY)
+
+
+def _drmlab(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", RUNNER, *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_building_the_parser_imports_nothing_heavy():
+    code = ("import sys, drmlab.cli as c; c.build_parser(); "
+            f"loaded = [m for m in {HEAVY!r} if m in sys.modules]; assert not loaded, loaded")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_installed_command_answers_help():
+    script = Path(sys.executable).with_name("drmlab")
+    assert script.is_file(), f"no console script beside {sys.executable}: install the package (pip install -e .)"
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "VERB" in done.stdout
+    assert all(verb in done.stdout for verb in VERBS)
+
+
+@pytest.mark.parametrize("argv", [["--help"], *[[verb, "--help"] for verb in VERBS]], ids=lambda a: " ".join(a))
+def test_help_exits_0_without_heavy_imports(argv):
+    done = _drmlab(*argv)
+    assert done.returncode == 0, done.stderr
+    assert "usage: drmlab" in done.stdout
+    assert "HEAVY []" in done.stderr
+
+
+def test_an_argument_error_answers_without_heavy_imports():
+    done = _drmlab("ablate", "--preset", "huge")
+    assert done.returncode == 2 and "invalid choice: 'huge'" in done.stderr and "HEAVY []" in done.stderr
+
+
+@pytest.fixture
+def no_corpus(monkeypatch):
+    """Any corpus load fails the test: the refusals below must come before the data is touched."""
+    import drmlab.data
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a corpus was loaded before the names were checked")
+
+    monkeypatch.setattr(drmlab.data, "load_corpus", refuse)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--model", "JJ"], "unknown model 'JJ' (did you mean 'J'?)"),
+    (["ablate", "--models", "J,NOPE"], "unknown model 'NOPE' (did you mean 'LOOPED'?)"),
+    (["mqar", "--models", "NOPE", "--steps", "1"], "unknown model 'NOPE' (did you mean 'LOOPED'?)"),
+    (["loop-study", "--arms", "C,I13"], "unknown LOOPED arm 'I13' (did you mean 'I12'?)"),
+    (["ablate", "--models", "J,LOOPED:I13"], "unknown LOOPED arm 'I13' (did you mean 'I12'?)"),
+    (["inspect", "--model", "GTP2"], "unknown model 'GTP2' (did you mean 'GPT2'?)"),
+], ids=lambda v: v[0] if isinstance(v, list) else None)
+def test_an_unknown_name_is_refused_in_one_line_before_the_data(argv, message, tmp_path, no_corpus, capsys):
+    missing = str(tmp_path / "no-such-corpus")
+    data = [] if argv[0] in ("mqar", "inspect") else ["--data", missing]
+    assert main([*argv, *data, "--out" if argv[0] != "inspect" else "--json", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"drmlab {argv[0]}: error: "), err
+    assert message in err and missing not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_setting_is_refused_before_the_data(tmp_path, no_corpus, capsys):
+    base = ["--data", str(tmp_path / "no-such-corpus"), "--out", str(tmp_path / "out")]
+    assert main(["ablate", "--models", "J", "--set", "J.d_stat=3", *base]) == 2
+    assert "did you mean 'd_state'" in capsys.readouterr().err
+    assert main(["loop-study", "--arms", "C", "--set", "lrr=1e-3", *base]) == 2
+    assert "unknown setting 'lrr' (did you mean 'lr'?)" in capsys.readouterr().err
+
+
+def test_the_verbs_defaults_are_the_studies_defaults():
+    from drmlab.cli import ablate as ablate_cli, loop_study as loop_cli, mqar as mqar_cli
+    from drmlab.experiments import ablate, loop_study, mqar, mqar_models
+
+    assert mqar_cli.ANCHOR_ARM_NAMES == tuple(mqar_models.ANCHOR_ARMS)
+    assert mqar_cli.ARM_MODELS == mqar_models.ARM_MODELS
+    assert mqar_cli.DEFAULT_MODELS == ",".join(mqar.DEFAULT_MODELS)
+    assert mqar_cli.DEFAULT_KVS == ",".join(map(str, mqar.DEFAULT_KVS))
+    assert mqar_cli.DEFAULT_SEEDS == ",".join(map(str, mqar.DEFAULT_SEEDS))
+    assert ablate_cli.DEFAULT_MODELS == ",".join(ablate.DEFAULT_MODELS)
+    assert ablate_cli.DEFAULT_SEEDS == loop_cli.DEFAULT_SEEDS == ",".join(map(str, ablate.DEFAULT_SEEDS))
+    assert loop_cli.DEFAULT_ARMS == ",".join(loop_study.DEFAULT_ARMS)
+
+
+def test_nothing_below_the_cli_reads_flags_or_prints():
+    experiments = Path(drmlab.__file__).parent / "experiments"
+    offending = []
+    for path in sorted(experiments.rglob("*.py")):
+        code = "\n".join(line.split("#")[0] for line in path.read_text().splitlines())
+        for pattern in (r"\bprint\(", r"\bNamespace\b", r"\badd_parser\b", r"\bdrmlab\.cli\b", r"ArgumentParser"):
+            if re.search(pattern, code.split('"""', 2)[-1]):  # past the module docstring
+                offending.append(f"{path.relative_to(experiments)}: {pattern}")
+    assert not offending, offending
