@@ -1,6 +1,7 @@
 """linear_scan (drmlab.ops.linear_scan) against its sequential reference loop in float64, on
 every backend; the backend table; the C kernel's loader (drmlab.ops.ckernels)."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from drmlab.ops import backend_for, c_kernel_available, c_kernel_status, ckernel
 from drmlab.ops.backends import BackendUnavailable
 from drmlab.ops.linear_scan import BACKENDS as SCAN_BACKENDS
 from drmlab.ops.linear_scan import c as scan_c
+from drmlab.ops.linear_scan import log_depth
 from drmlab.ops.linear_scan import linear_scan_reference
 
 BACKENDS = ["c", "torch"]
@@ -33,7 +35,8 @@ def loop64(f, u, init=None):
 
 def test_every_backend_is_tested():
     # a backend added to the dispatcher's table must join the parametrised tests below
-    assert set(SCAN_BACKENDS.names) == set(BACKENDS)
+    # ("triton" is tested under Triton's interpreter in tests/test_ops_triton.py)
+    assert set(SCAN_BACKENDS.names) == set(BACKENDS) | {"triton"}
 
 
 def test_reference_is_the_recurrence():
@@ -232,6 +235,84 @@ def test_backends_agree_float32(c_kernel):
     assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+# --------------------------------------------------------------------------- the "torch" backend:
+# a log-depth scan (drmlab.ops.linear_scan.log_depth)
+
+
+def count_dispatched_ops(fn) -> int:
+    """How many aten operations ``fn()`` sends through the dispatcher (views included)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counter(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Counter.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counter():
+        fn()
+    return Counter.calls
+
+
+def log_depth_fwd_bwd(T):
+    """One forward + backward of the "torch" backend's scan at [1, T, 2] with init, called
+    directly: through linear_scan the backend runs inside one custom operator, whose inner
+    operations a dispatch mode does not see."""
+    f, u, init = rand_inputs(1, T, 2)
+
+    def run():
+        m = log_depth.forward(f, u, init)
+        log_depth.backward(f, m, init, torch.ones_like(m), True, True)
+    return run
+
+
+def test_torch_backend_dispatches_log_many_ops():
+    # the pure-torch backend composes steps pairwise over ceil(log2 T) levels: its forward +
+    # backward dispatches a fixed number of operations per level, not per step (the loop it
+    # replaced dispatched 537 kernels at T = 256 and 8,217 at T = 4,096)
+    short, long = (count_dispatched_ops(log_depth_fwd_bwd(T)) for T in (256, 4096))
+    assert long <= 3 * short, (short, long)
+    # log depth: each doubling of T adds the same few operations, one level more each way (an
+    # addcmul_ up, a mul for the coarser links, an addcmul_ down, and their strided views)
+    per_level = [count_dispatched_ops(log_depth_fwd_bwd(2 * T))
+                 - count_dispatched_ops(log_depth_fwd_bwd(T)) for T in (1024, 2048)]
+    assert per_level[0] == per_level[1] <= 24, per_level
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_torch_backend_every_length(dtype):
+    # every pairing pattern of the odd-even scan -- odd and even lengths at each of the first
+    # levels, and 2^k - 1, 2^k, 2^k + 1 -- forward and reverse (the backward), with exact zero
+    # gates and gates broadcast over batch or channels, against the float64 loop
+    complex_ = dtype.is_complex
+    for T in [*range(1, 67), 127, 128, 129, 255, 257]:
+        f, u, init = rand_inputs(2, T, 3, dtype=dtype, seed=T, complex_=complex_)
+        f = f.clone()
+        f[0, T // 3] = 0.0
+        gates = f if T % 3 else (f[:1] if T % 2 else f[..., :1])
+        kept = [x.clone() for x in (gates, u, init)]
+        check_against_loop(gates, u, init, "torch")
+        check_against_loop(gates, u, None, "torch")
+        for x, before in zip((gates, u, init), kept):  # the gates are read as views, never written
+            assert torch.equal(x, before)
+
+
+def test_torch_backend_keeps_only_gates_states_and_init():
+    # memory: the backward needs f, m and init -- nothing per level of the scan is kept
+    f, u, init = (x.requires_grad_() for x in rand_inputs(2, 1000, 3))
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = linear_scan(f, u, init, backend="torch")
+    assert sorted(saved) == sorted(x.untyped_storage().data_ptr() for x in (f, out, init))
+    assert sum(saved.values()) == sum(x.untyped_storage().nbytes() for x in (f, out, init))
+
+
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_threaded_split_matches(backend, n_threads, monkeypatch):
     # the C path splits the work between threads: over B when B >= threads, else over blocks of
@@ -327,7 +408,7 @@ def test_require_env_var_end_to_end(tmp_path):
 
 def test_backend_table_names_the_backends_that_can_run():
     f, u, init = rand_inputs(2, 5, 3)
-    with pytest.raises(ValueError, match="unknown backend 'nope'.*'c', 'torch'"):
+    with pytest.raises(ValueError, match="unknown backend 'nope'.*'c'.*'torch'"):
         linear_scan(f, u, init, backend="nope")
     meta = torch.zeros(2, 5, 3, device="meta")
     assert backend_for(meta) == "torch"
@@ -368,6 +449,7 @@ def test_concurrent_builds_are_atomic(tmp_path, c_kernel):
 def test_cuda_uses_torch_path():
     f, u, init = rand_inputs(2, 33, 5)
     fc, uc, ic = (x.cuda() for x in (f, u, init))
-    assert backend_for(uc) == "torch"
+    # "auto" on CUDA: the Triton kernels when triton imports (tests/test_ops_triton.py), else torch
+    assert backend_for(uc) == ("triton" if importlib.util.find_spec("triton") else "torch")
     out = linear_scan(fc, uc, ic)
     assert (out.cpu() - loop64(f, u, init)).abs().max().item() <= 1e-12

@@ -23,6 +23,11 @@ writer (:meth:`RunDir.clean_orphans`). Loading checks every file's size and sha2
 pointer, so a flipped bit or a truncated file is refused with one line naming the file, never
 silently loaded. Every JSON read names its file when it fails; a full disk is an :class:`OSError`
 naming the path, with nothing half-written left behind.
+
+**Sharded models.** A model sharded over processes (FSDP2, :mod:`drmlab.training.distributed`)
+is saved from full tensors gathered on process 0 (``save_checkpoint(..., full_state=...)``) and
+read back as full tensors on every process (:meth:`RunDir.read_checkpoint`), so the files are the
+single-process ones: a run trained sharded is evaluated, sampled or resumed in one process.
 """
 
 from __future__ import annotations
@@ -139,8 +144,9 @@ def sha256_file(path: Path) -> str:
 # ---------------------------------------------------------------- optimizer state as tensors
 
 
-def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    sd = optimizer.state_dict()
+def _flatten_optimizer(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """An optimizer state dict (``optimizer.state_dict()`` form: parameters numbered 0, 1, ... over the
+    groups) as (tensors named ``state.<index>.<name>``, JSON-able groups and non-tensor state)."""
     tensors, scalars = {}, {}
     for index, state in sd["state"].items():
         for key, value in state.items():
@@ -185,6 +191,16 @@ def _restore_rng(tensors: dict[str, torch.Tensor]) -> None:
     if cuda and torch.cuda.is_available():
         states = [tensors[k] for k in cuda][: torch.cuda.device_count()]
         torch.cuda.set_rng_state_all(states)
+
+
+def tied_names(model: torch.nn.Module) -> dict[str, str]:
+    """``{dropped name: kept name}`` for the state-dict entries that are one tensor under several
+    names (tied weights): the entries a checkpoint stores once, under the first name in sorted
+    order -- the rule of safetensors' ``save_model``, so both writers make the same file."""
+    groups: dict[int, list[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(tensor), []).append(name)
+    return {name: min(names) for names in groups.values() if len(names) > 1 for name in names if name != min(names)}
 
 
 def non_finite_parameters(model: torch.nn.Module) -> list[str]:
@@ -423,9 +439,15 @@ class RunDir:
     def read_state(self) -> dict:
         return read_json(self.checkpoint_dir() / STATE_FILE)
 
-    def save_checkpoint(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: dict) -> Path:
+    def save_checkpoint(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: dict, *,
+                        full_state: tuple[dict[str, torch.Tensor], dict | None] | None = None) -> Path:
         """Write the checkpoint of ``model`` (and ``optimizer``) with trainer ``state`` (needs ``step``)
-        and commit it as one unit (module docstring); returns its folder."""
+        and commit it as one unit (module docstring); returns its folder.
+
+        ``full_state`` = (the model's full state dict, the optimizer's full state dict in
+        ``optimizer.state_dict()`` form or None), gathered from a sharded model, is written instead
+        of reading ``model`` and ``optimizer`` (``model`` then only names its tied weights); the
+        files are the same as a single process writes."""
         self.create()
         step = int(state["step"])
         meta = {"format": CHECKPOINT_FORMAT, "step": str(step)}
@@ -435,16 +457,24 @@ class RunDir:
         try:
             folder.mkdir(exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=_TEMP_CHECKPOINT_PREFIX, dir=self.path))
-            save_model(model, str(tmp / MODEL_FILE), metadata=meta, force_contiguous=True)
+            if full_state is None:
+                save_model(model, str(tmp / MODEL_FILE), metadata=meta, force_contiguous=True)
+                optimizer_sd = optimizer.state_dict() if optimizer is not None else None
+            else:
+                model_sd, optimizer_sd = full_state
+                dropped = tied_names(model)
+                meta.update(dropped)  # as save_model does to its metadata (the optimizer file gets it too)
+                save_file({k: v.contiguous() for k, v in model_sd.items() if k not in dropped}, str(tmp / MODEL_FILE),
+                          metadata=meta)
             names = [MODEL_FILE]
-            full_state = dict(state, format=CHECKPOINT_FORMAT)
-            if optimizer is not None:
-                tensors, opt_meta = _flatten_optimizer(optimizer)
+            trainer_state = dict(state, format=CHECKPOINT_FORMAT)
+            if optimizer_sd is not None:
+                tensors, opt_meta = _flatten_optimizer(optimizer_sd)
                 tensors.update(_rng_tensors())
                 save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata=meta)
-                full_state["optimizer"] = opt_meta
+                trainer_state["optimizer"] = opt_meta
                 names.append(OPTIMIZER_FILE)
-            write_json_atomic(tmp / STATE_FILE, jsonable(full_state))
+            write_json_atomic(tmp / STATE_FILE, jsonable(trainer_state))
             names.append(STATE_FILE)
             files = {}
             for name in names:
@@ -487,16 +517,58 @@ class RunDir:
                                              "it cannot be loaded")
         return folder, pointer
 
-    def load_checkpoint(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                        restore_rng: bool = True) -> dict:
-        """Load weights (and optimizer state, RNG) into ``model`` after verifying the checksums; return
-        the trainer state."""
+    def _verified_state(self) -> tuple[Path, dict, dict]:
+        """(folder, pointer, trainer state) of the committed checkpoint after checking every file."""
         folder, pointer = self.verify_checkpoint()
         state = read_json(folder / STATE_FILE)
         step = int(state["step"])
         if step != int(pointer["step"]):
             raise CorruptCheckpointError(f"{folder / STATE_FILE} says step {step} but {self.pointer_path} says "
                                          f"step {pointer['step']}: the checkpoint is inconsistent")
+        return folder, pointer, state
+
+    def _read_optimizer(self, folder: Path, pointer: dict, state: dict, restore_rng: bool) -> dict:
+        opt_path = folder / OPTIMIZER_FILE
+        if OPTIMIZER_FILE not in pointer["files"] or "optimizer" not in state:
+            raise FileNotFoundError(f"no optimizer state in {folder}; cannot resume training from it")
+        try:
+            tensors = load_file(str(opt_path))
+        except Exception as exc:
+            raise CorruptCheckpointError(f"{opt_path} cannot be read ({type(exc).__name__}: {exc})") from None
+        if restore_rng:
+            _restore_rng(tensors)
+        return _unflatten_optimizer(tensors, state["optimizer"])
+
+    def read_checkpoint(self, model: torch.nn.Module, *, optimizer: bool = True, restore_rng: bool = True
+                        ) -> tuple[dict, dict[str, torch.Tensor], dict | None]:
+        """(trainer state, the model's full state dict on the CPU, the optimizer's state dict in
+        ``optimizer.state_dict()`` form or None) of the committed checkpoint, after verifying the
+        checksums; for loading into a sharded ``model``, whose tied weights are filled in from the
+        one stored copy and whose names and shapes are checked here (on every process alike)."""
+        folder, pointer, state = self._verified_state()
+        model_path = folder / MODEL_FILE
+        try:
+            tensors = load_file(str(model_path))
+        except Exception as exc:
+            raise CorruptCheckpointError(f"{model_path} cannot be read ({type(exc).__name__}: {exc})") from None
+        for dropped, kept in tied_names(model).items():
+            if dropped not in tensors and kept in tensors:
+                tensors[dropped] = tensors[kept]
+        expected = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
+        found = {name: tuple(t.shape) for name, t in tensors.items()}
+        if found != expected:
+            missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+            shapes = sorted(n for n in set(found) & set(expected) if found[n] != expected[n])
+            raise ValueError(f"{model_path} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
+                             f"other shapes {[(n, found[n], expected[n]) for n in shapes[:3]]}")
+        optimizer_sd = self._read_optimizer(folder, pointer, state, restore_rng) if optimizer else None
+        return state, tensors, optimizer_sd
+
+    def load_checkpoint(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                        restore_rng: bool = True) -> dict:
+        """Load weights (and optimizer state, RNG) into ``model`` after verifying the checksums; return
+        the trainer state."""
+        folder, pointer, state = self._verified_state()
         model_path = folder / MODEL_FILE
         device = next(iter(model.parameters())).device
         try:
@@ -506,16 +578,7 @@ class RunDir:
         except Exception as exc:  # safetensors' own errors for a damaged header
             raise CorruptCheckpointError(f"{model_path} cannot be read ({type(exc).__name__}: {exc})") from None
         if optimizer is not None:
-            opt_path = folder / OPTIMIZER_FILE
-            if OPTIMIZER_FILE not in pointer["files"] or "optimizer" not in state:
-                raise FileNotFoundError(f"no optimizer state in {folder}; cannot resume training from it")
-            try:
-                tensors = load_file(str(opt_path))
-            except Exception as exc:
-                raise CorruptCheckpointError(f"{opt_path} cannot be read ({type(exc).__name__}: {exc})") from None
-            optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))
-            if restore_rng:
-                _restore_rng(tensors)
+            optimizer.load_state_dict(self._read_optimizer(folder, pointer, state, restore_rng))
         return state
 
     # the model

@@ -29,9 +29,11 @@ examples:
   drmlab train --model J --set d_state=64 --set lr=5e-4 --tokens 500k
   drmlab train --resume --out runs/gpt2-tiny     # continue an interrupted run exactly
   drmlab train --out runs/gpt2-tiny --overwrite  # delete that run and start it again
+  drmlab train --model MAMBA --compile           # torch.compile the training forward as one graph
+  torchrun --no-python --nproc_per_node 8 drmlab train --model J --preset 125m --fsdp   # FSDP2, 8 GPUs
 
 resuming: --resume continues bit-exactly and refuses other data, tokenizer, model settings or
-schedule-defining train settings. It accepts other --device/--threads/--quiet, evaluation and
+schedule-defining train settings. It accepts other --device/--threads/--quiet/--compile, evaluation and
 checkpoint cadence (--eval-every, --eval-tokens, --set checkpoint_every=...), a higher --tokens
 under the constant schedule, and -- after a stop for non-finite values or divergence -- the advised
 fixes --lr, --set warmup_fraction=... and --set grad_clip=...; each change is recorded in a
@@ -93,6 +95,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true",
                         help="delete the run already in --out (its config, metrics, checkpoints, summary, eval.json) and start again")
     parser.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast for the training forward")
+    parser.add_argument("--compile", action="store_true", default=None,
+                        help="torch.compile the training forward as one graph (fullgraph=True, inductor; evaluation "
+                             "stays eager); a model that cannot compile is refused at the first step, naming the "
+                             "operation that broke the graph")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="under torchrun: shard weights, gradients and optimizer state over the processes with "
+                             "FSDP2 (each block, then the root) instead of DDP; the run directory keeps the "
+                             "single-process format (no effect in one process)")
     add_runtime_arguments(parser)
     parser.set_defaults(func=run)
     return parser
@@ -102,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.evaluation import byte_counter, rescorer
     from drmlab.models import build_model, count_parameters
     from drmlab.runs import RunDir
+    from drmlab.training.compiling import CompileError
     from drmlab.training.trainer import NonFiniteLossError, TrainingInterrupted, train
 
     if args.resume and args.overwrite:
@@ -143,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         "eval_every": None if args.eval_every is None else (0 if str(args.eval_every) == "0" else parse_tokens(args.eval_every)),
         "eval_tokens": None if str(args.eval_tokens).lower() in ("none", "all") else parse_tokens(args.eval_tokens),
         "bf16": args.bf16,
+        "compile": args.compile,
     }
     base = {}
     if saved is not None:
@@ -152,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         values.pop("eval_tokens", None)  # the whole stream, whatever the run had
     cfg = resolve_train_config(preset, **values)
     out = Path(args.out or f"runs/{name}-{preset}-seed{cfg.seed}")
-    if not args.resume and not args.overwrite and RunDir(out).holds_run():
+    if main_process and not args.resume and not args.overwrite and RunDir(out).holds_run():
         raise FileExistsError(f"{out} already holds {RunDir(out).describe()}; use --resume to continue it, "
                               "--overwrite to delete it and start again, or another --out")
 
@@ -177,11 +189,17 @@ def run(args: argparse.Namespace) -> int:
               f"({cfg.total_steps} steps of {cfg.tokens_per_step:,}), seed {cfg.seed}, writing to {out}", file=sys.stderr)
     try:
         summary = train(model, corpus.train, corpus.val, cfg, out, resume=args.resume, run_info=run_info,
-                        evaluate=evaluate, device=args.device, quiet=args.quiet, overwrite=args.overwrite)
+                        evaluate=evaluate, device=args.device, quiet=args.quiet, overwrite=args.overwrite,
+                        fsdp=args.fsdp)
     except NonFiniteLossError as exc:
         print(f"drmlab train: error: {exc}\n  to continue from the kept checkpoint with a fix: "
               f"drmlab train --resume --out {out} --lr LOWER (or --set warmup_fraction=0.05)", file=sys.stderr)
         return 1
+    except CompileError as exc:
+        retry = (f"drmlab train --resume --out {out} --set compile=false" if RunDir(out).has_checkpoint()
+                 else "the same command without --compile, with --overwrite (this run wrote no checkpoint)")
+        print(f"drmlab train: error: {exc}\n  to train it uncompiled: {retry}", file=sys.stderr)
+        return 2
     except TrainingInterrupted as exc:
         print(f"drmlab train: {exc}\n  continue with: drmlab train --resume --out {out}", file=sys.stderr)
         return 128 + exc.signal

@@ -2,8 +2,9 @@
 ``list_models()``, and ``count_parameters(model)``. The families are listed in ``families.py``;
 layers shared between families live in ``layers/``."""
 
+from drmlab.models.inputs import ModelInputError
 from drmlab.models.output import ModelOutput
 from drmlab.models.parameters import count_parameters
 from drmlab.models.registry import build_model, list_models, register
 
-__all__ = ["ModelOutput", "build_model", "count_parameters", "list_models", "register"]
+__all__ = ["ModelInputError", "ModelOutput", "build_model", "count_parameters", "list_models", "register"]

@@ -1,9 +1,10 @@
-"""The value every model's forward returns, and the token check every forward and step makes.
+"""The value every model's forward returns (``docs/architecture.md`` section 2).
 
 Every model is called as ``model(tokens, step=None, return_state=False)``; ``return_state=True``
 asks the parallel forward for the decoding state after the last token as well (``.state``), the
 same state that ``init_state`` + ``step`` over the tokens would reach, so a prompt is prefilled by
-one parallel pass (:func:`drmlab.generation.prefill`).
+one parallel pass (:func:`drmlab.generation.prefill`). What a forward, ``init_state`` and ``step``
+accept, and the error for anything else, is :mod:`drmlab.models.inputs`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from drmlab.models.inputs import check_tokens  # noqa: F401  (its former home; the contract is in inputs)
 
 
 @dataclass
@@ -27,18 +30,3 @@ class ModelOutput:
     logits: torch.Tensor
     aux: dict[str, torch.Tensor] = field(default_factory=dict)
     state: object = None
-
-
-def check_tokens(tokens: torch.Tensor, vocab_size: int) -> None:
-    """Raise ValueError naming the problem when ``tokens`` is not a valid [B, T] id tensor."""
-    if not isinstance(tokens, torch.Tensor):
-        raise ValueError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
-    if tokens.dim() != 2:
-        raise ValueError(f"tokens must have shape [batch, time] (rank 2), got shape {tuple(tokens.shape)}")
-    if tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-        raise ValueError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
-    if tokens.numel():
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= vocab_size:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")

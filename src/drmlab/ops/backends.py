@@ -28,11 +28,14 @@ class Backend:
     ``impl`` is whatever the operator's dispatcher calls (a module or an object with the
     operator's forward / backward); ``unavailable(device, dtype)`` returns None when the backend
     runs on tensors of that device and compute dtype, else the reason it does not.
+    ``auto_devices``: the device types on which ``"auto"`` may choose it (None: every device);
+    elsewhere it runs only when asked for by name (Triton on the CPU, under its interpreter).
     """
 
     name: str
     impl: Any
     unavailable: Callable[[torch.device, torch.dtype], Optional[str]]
+    auto_devices: Optional[tuple[str, ...]] = None
 
 
 class BackendTable:
@@ -60,6 +63,8 @@ class BackendTable:
         """
         if name in (None, "auto"):
             for backend in self.backends.values():
+                if backend.auto_devices is not None and device.type not in backend.auto_devices:
+                    continue
                 if backend.unavailable(device, dtype) is None:
                     return backend
             raise BackendUnavailable(f"{self.operator}: no backend runs on {device.type} {dtype}")

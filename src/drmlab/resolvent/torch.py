@@ -45,8 +45,23 @@ that does not require grad, so a learnable switch never loses its gradient to a 
 
 Dtypes: float64 is computed in float64; float32, bfloat16 and float16 are computed in float32
 (the log-gate and phase running sums always in float64) and returned in the input dtype, except
-the ``sdpa`` path, which runs in the input dtype. The torch paths do not refuse non-finite input
-(the reference does) and do not give the reference's +-inf overflow guarantees.
+the ``sdpa`` path, which runs in the input dtype. The torch paths do not give the reference's +-inf
+overflow guarantees.
+
+Refusals (``check_finite=True``; off by default, and off in the language model, for speed): the
+reference's refusals of ``docs/resolvent.md`` section 4, raised as the same
+:class:`drmlab.resolvent.reference.NonFinite` with the same message, checked in the reference's
+order over every ``(b, h)`` slice -- a non-finite switch, a non-finite ``q``, ``k``, ``u``
+(``magnitude``) or ``theta`` (``phase``), a blended phase ``g theta`` that overflows, a causal logit
+``qk s_ij`` that overflows (heads with ``qk = 0`` skip it, as in the reference). The blended
+phase and the logits are evaluated in the compute dtype: for float64 inputs the refusals are the
+reference's exactly; in float32 a logit or phase beyond the float32 range (3.4e38), which the
+paths would turn into inf or NaN, is refused although the float64 reference accepts it. Values
+``v`` are not checked (the reference's readout is not guarded either). The logit check costs one
+bound from the row norms (``max |q_i| max |k_j| max(1, |qk|)`` below a quarter of the dtype's
+largest value proves that nothing overflows) and, only for slices that fail the bound, one pass
+over the causal logits in row chunks (never ``[S, S]`` at once). The check reads values, so under
+``torch.compile`` it breaks the graph; it is meant for eager debugging and tests.
 
 Gradient caveat: at a gate that is exactly closed (``m_k = 0``) the gradient with respect to
 ``m_k`` is taken as 0 (the segment mask is piecewise constant); with a clamp that is the true
@@ -64,6 +79,7 @@ import torch
 import torch.nn.functional as F
 
 from drmlab.ops import linear_scan
+from drmlab.resolvent.reference import NonFinite
 
 __all__ = [
     "resolvent_attention",
@@ -184,11 +200,16 @@ def resolvent_weights(
     beta: Switch,
     qk: Switch,
     g: Switch,
+    *,
+    check_finite: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The dense operator ``W`` as real and imaginary parts, each ``[B, H, S, S]`` (exactly 0
-    above the diagonal and on dead entries). Shapes as in :func:`resolvent_attention`."""
+    above the diagonal and on dead entries). Shapes and ``check_finite`` as in
+    :func:`resolvent_attention`."""
     B, H, S, _ = q.shape
     cdt = _compute_dtype(q.dtype)
+    if check_finite:
+        _refuse_non_finite(q, k, magnitude, phase, beta, qk, g, cdt)
     beta_t, qk_t, g_t = (_switch(x, B, H, cdt, q.device) for x in (beta, qk, g))
     mag, phi = _dense_parts(q, k, magnitude, phase, beta_t, qk_t, g_t, cdt)
     if phi is None:
@@ -214,13 +235,19 @@ def _plan(start: torch.Tensor, S: int, bq: int, bk: int):
     the diagonal, clipped to ``j1 <= i1`` (causality) and starting no earlier than the smallest
     segment start of the block; ``seg`` says whether a segment mask is needed there."""
     nq = (S + bq - 1) // bq
-    pad = nq * bq - S
-    st = start.reshape(-1, S)
-    if pad:
-        st = torch.cat([st, st[:, -1:].expand(-1, pad)], dim=1)
-    st = st.reshape(-1, nq, bq)
-    lo = st.amin(dim=(0, 2)).tolist()
-    hi = st.amax(dim=(0, 2)).tolist()
+    if torch.compiler.is_compiling():
+        # A traced graph cannot branch on the segment starts (values): visit every key block up
+        # to the diagonal, each with the segment mask. Same result to the bit: a block before
+        # every row's segment start is masked whole and adds exact zeros (weight exp(-inf)).
+        lo, hi = [0] * nq, [S] * nq
+    else:
+        pad = nq * bq - S
+        st = start.reshape(-1, S)
+        if pad:
+            st = torch.cat([st, st[:, -1:].expand(-1, pad)], dim=1)
+        st = st.reshape(-1, nq, bq)
+        lo = st.amin(dim=(0, 2)).tolist()
+        hi = st.amax(dim=(0, 2)).tolist()
     plan = []
     for qb in range(nq):
         i0, i1 = qb * bq, min(S, (qb + 1) * bq)
@@ -252,7 +279,10 @@ def _causal_bias(i0, bq, c0, j1, dtype, device):
     """``[bq, j1 - c0]``: -inf above the diagonal (key > query), else 0, for queries ``i0 ..``
     and keys ``c0 .. j1``. Depends only on ``(i0 - c0, bq, j1 - c0)``, so it is cached. (Adding
     it is several times faster than ``masked_fill_`` on a strided tile.)"""
-    return _causal_bias_cached(i0 - c0, bq, j1 - c0, dtype, torch.device(device))
+    # a traced graph builds the bias itself (a graph holds no cache; calling the lru_cache
+    # wrapper there only makes Dynamo warn that it ignores it)
+    build = _causal_bias_cached.__wrapped__ if torch.compiler.is_compiling() else _causal_bias_cached
+    return build(i0 - c0, bq, j1 - c0, dtype, torch.device(device))
 
 
 def _mask_block(x, st_q, i0, j0, j1, seg):
@@ -489,6 +519,57 @@ def _scan(v, magnitude, phase, beta, g, cdt, phase_free):
     return y.real, y.imag
 
 
+# ----------------------------------------------------------------------------------- refusals
+
+# Elements of one logit chunk of the exact overflow check (float32: 16 MiB).
+_CHECK_ELEMENTS = 1 << 22
+
+
+def _all_finite(x: Switch) -> bool:
+    if torch.is_tensor(x):
+        return bool(torch.isfinite(x.detach()).all())
+    return math.isfinite(float(x))
+
+
+@torch.no_grad()
+def _refuse_non_finite(q, k, magnitude, phase, beta, qk, g, cdt) -> None:
+    """Raise :class:`NonFinite` where :func:`drmlab.resolvent.reference.operator` would refuse any
+    ``(b, h)`` slice, with the reference's message, refusals taken in the reference's order (see
+    the module docstring, "Refusals")."""
+    if not (_all_finite(beta) and _all_finite(qk) and _all_finite(g)):
+        raise NonFinite("non-finite switch")
+    for name, x in (("q", q), ("k", k), ("u", magnitude), ("theta", phase)):
+        if x is not None and not bool(torch.isfinite(x.detach()).all()):
+            raise NonFinite(f"non-finite {name}")
+    B, H, S, d = q.shape
+    if S == 0:
+        return
+    if phase is not None:
+        g_t = _switch(g, B, H, cdt, q.device)
+        if not bool(torch.isfinite(g_t[..., None] * phase.detach().to(cdt)).all()):
+            raise NonFinite("blended phase g * theta overflows")
+    qk_t = _switch(qk, B, H, cdt, q.device).expand(B, H)
+    active = qk_t != 0  # with qk = 0 the logit is exactly 0: nothing to check
+    # Every partial sum of q_i.k_j, in any order of evaluation, is at most |q_i||k_j|: when that
+    # bound (times |qk|) is far inside the dtype's range, no logit can overflow.
+    q_norm = torch.linalg.vector_norm(q.detach().to(torch.float64), dim=-1).amax(-1)
+    k_norm = torch.linalg.vector_norm(k.detach().to(torch.float64), dim=-1).amax(-1)
+    bound = q_norm * k_norm * qk_t.to(torch.float64).abs().clamp_min(1.0)
+    suspect = active & ~(bound < torch.finfo(cdt).max / 4)
+    if not bool(suspect.any()):
+        return
+    qs, ks, scale = q.detach()[suspect].to(cdt), k.detach()[suspect].to(cdt), qk_t[suspect]
+    rows = max(1, _CHECK_ELEMENTS // (qs.shape[0] * S))
+    keys = torch.arange(S, device=q.device)
+    for i0 in range(0, S, rows):
+        i1 = min(S, i0 + rows)
+        # the reference's order: s_ij = (q_i.k_j) / sqrt(d), then qk * s_ij
+        logit = scale[:, None, None] * (torch.matmul(qs[:, i0:i1], ks[:, :i1].transpose(-1, -2)) / math.sqrt(d))
+        causal = keys[None, :i1] <= torch.arange(i0, i1, device=q.device)[:, None]
+        if not bool((torch.isfinite(logit) | ~causal).all()):
+            raise NonFinite("logit qk * s_ij overflows")
+
+
 # ----------------------------------------------------------------------------------- public
 
 
@@ -506,6 +587,8 @@ def select_path(
 def _phase_free(phase: Optional[torch.Tensor], g: Switch) -> bool:
     if phase is None or _fixed_at(g, 0.0):
         return True
+    if torch.compiler.is_compiling():  # a traced graph cannot read the phases: take the general path
+        return False
     return not phase.requires_grad and not bool((phase != 0).any())
 
 
@@ -524,6 +607,7 @@ def resolvent_attention(
     block_q: int = 128,
     block_k: int = 1024,
     block_bh: Optional[int] = None,
+    check_finite: bool = False,
 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Causal resolvent attention, batched over ``[B, H]``.
 
@@ -542,6 +626,10 @@ def resolvent_attention(
         block_q, block_k, block_bh: tile of the ``flash`` path: query positions, key positions
             and rows of ``B * H`` per step (memory per step ~ ``block_bh*block_q*block_k``);
             ``block_bh=None`` sizes tiles to about 2^21 elements.
+        check_finite: raise :class:`drmlab.resolvent.reference.NonFinite`, as the float64
+            reference does, for a non-finite switch, q, k, magnitude or phase, an overflowing
+            blended phase or an overflowing causal logit (module docstring, "Refusals"). Off by
+            default: it reads every input once more and can cost a pass over the logits.
 
     Returns:
         ``Re O`` of shape ``[B, H, S, e]`` in the input dtype, or ``(Re O, Im O)`` when
@@ -565,6 +653,8 @@ def resolvent_attention(
     if path not in PATHS:
         raise ValueError(f"unknown path {path!r}; use one of {PATHS}")
     out_dtype = q.dtype
+    if check_finite:
+        _refuse_non_finite(q, k, magnitude, phase, beta, qk, g, _compute_dtype(q.dtype))
     if S == 0:
         empty = v.new_zeros(v.shape, dtype=out_dtype)
         return (empty, empty.clone()) if return_imag else empty
@@ -584,15 +674,18 @@ def resolvent_attention(
         im = None
     else:
         beta_t, qk_t, g_t = (_switch(x, B, H, cdt, q.device) for x in (beta, qk, g))
-        if chosen == "dense":
-            re, im = _dense(q, k, v, magnitude, None if free else phase, beta_t, qk_t, g_t, cdt)
-        elif chosen == "flash":
-            re, im = _flash(q, k, v, magnitude, phase, beta_t, qk_t, g_t, cdt, free,
-                            block_q, block_k, block_bh)
-        else:  # scan
-            if not _fixed_at(qk, 0.0):
-                raise ValueError("path='scan' needs constant qk = 0")
-            re, im = _scan(v, magnitude, phase, beta_t, g_t, cdt, free)
+        # computed in cdt as documented, under an autocast too (its bf16 matmuls would round the
+        # scores and overflow the flash tiles' float32 floor)
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            if chosen == "dense":
+                re, im = _dense(q, k, v, magnitude, None if free else phase, beta_t, qk_t, g_t, cdt)
+            elif chosen == "flash":
+                re, im = _flash(q, k, v, magnitude, phase, beta_t, qk_t, g_t, cdt, free,
+                                block_q, block_k, block_bh)
+            else:  # scan
+                if not _fixed_at(qk, 0.0):
+                    raise ValueError("path='scan' needs constant qk = 0")
+                re, im = _scan(v, magnitude, phase, beta_t, g_t, cdt, free)
     re = re.to(out_dtype)
     if not return_imag:
         return re

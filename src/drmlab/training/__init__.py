@@ -1,6 +1,6 @@
 """Training: the config (``config``), batch sources (``batches``), AdamW and schedules (``optim``),
-torchrun plumbing (``distributed``) and the loop (``trainer``). Run directories and checkpoints are
-:mod:`drmlab.runs`.
+torchrun plumbing (``distributed``), ``torch.compile`` and its one-line errors (``compiling``) and
+the loop (``trainer``). Run directories and checkpoints are :mod:`drmlab.runs`.
 
 Names are loaded on first use, so ``drmlab.training.config`` can be read without importing torch.
 """
@@ -12,6 +12,7 @@ _EXPORTS = {
     "TrainConfig": "drmlab.training.config",
     "parse_tokens": "drmlab.training.config",
     "resolve_train_config": "drmlab.training.config",
+    "CompileError": "drmlab.training.compiling",
     "NonFiniteLossError": "drmlab.training.trainer",
     "lm_loss": "drmlab.training.trainer",
     "read_metrics": "drmlab.runs",

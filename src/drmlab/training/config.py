@@ -45,6 +45,7 @@ class TrainConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0           # global gradient-norm clip; 0 disables
     bf16: bool = False               # bf16 autocast for the training forward (weights stay fp32)
+    compile: bool = False            # torch.compile the training forward as one graph (fullgraph=True, inductor)
     eval_every: int | None = None    # tokens between sampled evaluations; None: tokens / 5; 0: never
     eval_windows: int = 32           # validation windows of seq_len in the sampled evaluation (fixed set)
     eval_tokens: int | None = None   # cap on targets in the final rescoring; None: whole validation stream
@@ -115,7 +116,7 @@ class TrainConfig:
         number("beta1", 0, 1, open_high=True)
         number("beta2", 0, 1, open_high=True)
         number("warmup_fraction", 0, 1, optional=True)
-        for key in ("decay_all_params", "bf16"):
+        for key in ("decay_all_params", "bf16", "compile"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
         if self.schedule not in SCHEDULES:

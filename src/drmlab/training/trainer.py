@@ -22,6 +22,15 @@ each change is recorded in a ``resume`` row of metrics.jsonl. Training into a di
 already holds a run is refused unless ``resume`` or ``overwrite``; the writing process holds the
 run's lock (:class:`drmlab.runs.RunLock`).
 
+``cfg.compile`` runs the training forward through ``torch.compile(fullgraph=True)``
+(:mod:`drmlab.training.compiling`); evaluation and checkpoints use the uncompiled model. A model
+that cannot be compiled as one graph stops the run at its first step with
+:class:`~drmlab.training.compiling.CompileError`, one line naming the operation that broke the graph.
+
+``fsdp=True`` under torchrun shards the model with FSDP2 instead of wrapping it in DDP
+(:mod:`drmlab.training.distributed`); the run directory and its checkpoints keep the
+single-process format.
+
 Stops, each leaving the last committed checkpoint loadable and finite: a non-finite loss, gradient
 norm or weight, or a linear-algebra failure inside the model (:class:`NonFiniteLossError`, before
 the optimizer touches the weights); a loss ``divergence_nats`` above the uniform guess ln(vocab)
@@ -50,15 +59,17 @@ from drmlab.models.parameters import count_parameters
 from drmlab.runs import MetricsLog, RunDir, jsonable, non_finite_parameters
 from drmlab.training import distributed as dist_utils
 from drmlab.training.batches import BatchSource, LMWindows, eval_sample
+from drmlab.training.compiling import compile_errors, compile_model
 from drmlab.training.config import TRAIN_DEFAULTS, TrainConfig
 from drmlab.training.optim import build_optimizer, lr_at
 
 IGNORE_INDEX = BatchSource.IGNORE_INDEX  # a target that is not scored
 
 # Train settings that may differ when resuming: they change neither the batches nor the updates
-# (``tokens`` only under the constant schedule, where it does not shape the learning rate).
+# (``tokens`` only under the constant schedule, where it does not shape the learning rate;
+# ``compile`` only the order of rounding, as another device or thread count does).
 RESUMABLE_CHANGES = ("tokens", "eval_every", "eval_windows", "eval_tokens", "eval_batch_size", "checkpoint_every",
-                     "divergence_nats", "divergence_steps")
+                     "divergence_nats", "divergence_steps", "compile")
 # ... and after a stop by the non-finite guard or the divergence guard, the advised fixes too.
 FIXES_AFTER_NON_FINITE = ("lr", "warmup_fraction", "grad_clip")
 # Data provenance that must not change on resume (entries of config.json).
@@ -191,14 +202,18 @@ class Trainer:
 
     def __init__(self, model: torch.nn.Module, batches: BatchSource, cfg: TrainConfig, run: RunDir | None, *,
                  val_tokens: np.ndarray | None, evaluate: Evaluate | None, run_info: dict | None,
-                 device, quiet: bool, progress_seconds: float = PROGRESS_SECONDS):
+                 device, quiet: bool, progress_seconds: float = PROGRESS_SECONDS, fsdp: bool = False):
         cfg.validate()
         self.cfg, self.batches, self.run, self.evaluate = cfg, batches, run, evaluate
         self.info, self.device = dist_utils.setup(str(device) if isinstance(device, torch.device) else device)
         self.main = self.info.is_main
         self.model = model.to(self.device)
-        self.optimizer = build_optimizer(self.model, cfg)
         self.config = resolved_config(self.model, cfg, run_info, self.info.world_size, self.device)
+        self.sharded = fsdp and self.info.enabled  # FSDP2: every process holds 1/N of the weights
+        self.config["runtime"]["data_parallel"] = "fsdp" if self.sharded else "ddp" if self.info.enabled else None
+        if self.sharded:
+            self.model = dist_utils.shard_model(self.model, self.info, self.device)
+        self.optimizer = build_optimizer(self.model, cfg)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.eval_windows = (eval_sample(val_tokens, cfg.eval_windows, cfg.seq_len)
                              if val_tokens is not None and cfg.eval_windows else None)
@@ -231,7 +246,8 @@ class Trainer:
                 summary = run.read_summary() or {}
                 changed = check_resumable(run.read_config(), self.config,
                                           after_non_finite=summary.get("stopped") in ("non-finite", "diverged"))
-            state = run.load_checkpoint(self.model, self.optimizer)
+            state = (dist_utils.load_sharded_checkpoint(run, self.model, self.optimizer) if self.sharded
+                     else run.load_checkpoint(self.model, self.optimizer))
             self.start_step = self.last_ckpt_step = int(state["step"])
             self.elapsed_before = float(state.get("elapsed", 0.0))
             self.train_seconds_before = float(state.get("train_seconds", 0.0))
@@ -245,6 +261,8 @@ class Trainer:
         dist_utils.barrier(self.info)
         probe = self.batches.batch(self.cfg.seed, 1, 0)[0][:1, : min(self.cfg.seq_len, 16)]
         self.net = dist_utils.wrap_model(self.model, self.info, self.device, probe=probe)
+        if self.cfg.compile:  # the training forward only: evaluation and checkpoints use self.model
+            self.net = compile_model(self.net)
         self.log = MetricsLog(run.metrics_path if (run is not None and main) else None)
         if resume and main:
             self.log.log({"kind": "resume", "step": self.start_step, "changed": changed,
@@ -271,9 +289,9 @@ class Trainer:
         total_ce = torch.zeros((), device=dev)
         for micro in range(cfg.grad_accum):
             inputs, targets = self.batches.batch(cfg.seed, step, micro, info.rank, info.world_size)
-            sync = info.enabled and micro < cfg.grad_accum - 1
+            sync = info.enabled and not self.sharded and micro < cfg.grad_accum - 1  # FSDP reduce-scatters each micro-batch
             try:
-                with self.net.no_sync() if sync else contextlib.nullcontext():
+                with self.net.no_sync() if sync else contextlib.nullcontext(), self._compile_errors():
                     loss, ce = targets_loss(self.net, inputs.to(dev), targets.to(dev), step, bf16=cfg.bf16)
                     (loss / cfg.grad_accum).backward()
             except torch.linalg.LinAlgError as exc:  # e.g. a Cholesky of a metric the weights broke
@@ -288,7 +306,9 @@ class Trainer:
         if not math.isfinite(loss_value):
             raise NonFiniteLossError(f"non-finite training loss ({loss_value}) at {self._where(step)}; stopped, {self._kept()}. "
                                      "Try a lower lr or a warm-up (warmup_fraction=0.05).")
-        if cfg.grad_clip > 0:
+        if self.sharded:
+            grad_norm = dist_utils.sharded_grad_norm(self.params, cfg.grad_clip)
+        elif cfg.grad_clip > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
         else:
             grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params if p.grad is not None])))
@@ -304,6 +324,10 @@ class Trainer:
         self.train_seconds += dt
         return {"kind": "train", "step": step, "tokens": step * cfg.tokens_per_step, "loss": loss_value, "ce": ce_value,
                 "lr": lr, "grad_norm": grad_norm, "tok_s": cfg.tokens_per_step / dt, "elapsed": self.elapsed()}
+
+    def _compile_errors(self):
+        """Under ``compile``: a model that cannot compile raises CompileError naming the operation."""
+        return compile_errors(str(self.config["model"])) if self.cfg.compile else contextlib.nullcontext()
 
     def _check_divergence(self, step: int, loss: float) -> None:
         cfg = self.cfg
@@ -337,6 +361,9 @@ class Trainer:
                       f"lr {row['lr']:.3g}, {row['tok_s']:,.0f} tok/s, {row['elapsed']:,.0f} s", file=sys.stderr, flush=True)
         if cfg.eval_every_steps and (step % cfg.eval_every_steps == 0 or step == cfg.total_steps):
             self.sampled_evaluation(step)
+        if self.info.enabled:  # every process stops after the same step (a signal may reach only some of them)
+            signum = dist_utils.all_reduce_max(float(self.stop_signal or 0), self.info, self.device)
+            self.stop_signal = int(signum) or None
         if self.stop_signal is not None or step == last_step or (
                 cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0):
             self.save(step)
@@ -349,8 +376,9 @@ class Trainer:
     def sampled_evaluation(self, step: int) -> None:
         if self.eval_windows is None:
             return
-        if self.main:
+        if self.main or self.sharded:  # a sharded forward needs every process
             val_ce = sampled_eval(self.model, self.eval_windows, self.cfg.eval_batch_size, self.device)
+        if self.main:
             self.log.log({"kind": "eval", "step": step, "tokens": step * self.cfg.tokens_per_step, "val_ce": val_ce,
                           "val_windows": int(self.eval_windows.shape[0]), "elapsed": self.elapsed()})
             if self.bar is not None:
@@ -358,15 +386,18 @@ class Trainer:
         dist_utils.barrier(self.info)
 
     def save(self, step: int) -> None:
-        bad = non_finite_parameters(self.model)
+        bad = dist_utils.non_finite_parameters(self.model, self.info) if self.sharded else non_finite_parameters(self.model)
         if bad:  # never commit weights that cannot be used; the previous checkpoint stays
             raise NonFiniteLossError(f"non-finite weights ({', '.join(bad[:3])}) after {self._where(step)}; stopped, "
                                      f"{self._kept()}. Try a lower lr or a warm-up (warmup_fraction=0.05).")
+        full_state = None
+        if self.run is not None and self.sharded:  # collective: gathered on process 0
+            full_state = dist_utils.gather_full_state(self.model, self.optimizer, self.info)
         if self.run is not None and self.main:
             self.run.save_checkpoint(self.model, self.optimizer, {
                 "step": step, "tokens": step * self.cfg.tokens_per_step, "elapsed": self.elapsed(),
                 "train_seconds": self.train_seconds_before + self.train_seconds, "world_size": self.info.world_size,
-            })
+            }, full_state=full_state)
         self.last_ckpt_step = step
         dist_utils.barrier(self.info)
 
@@ -408,7 +439,7 @@ class Trainer:
         if eval_rows:
             summary["last_sampled_val_ce"] = eval_rows[-1]["val_ce"]
         if self.evaluate is not None and summary["finished"]:
-            if main:
+            if main or self.sharded:  # a sharded forward needs every process; process 0 reports
                 t0 = time.perf_counter()
                 result = self.evaluate(self.model, self.device, self.bar is not None)
                 summary.update({f"val_{k}": v for k, v in result.items() if k in ("ce", "bpb", "ppl", "targets", "bytes")})
@@ -439,6 +470,7 @@ def train(
     stop_after_step: int | None = None,
     overwrite: bool = False,
     progress_seconds: float = PROGRESS_SECONDS,
+    fsdp: bool = False,
 ) -> dict:
     """Train ``model`` under ``cfg``; return the summary (also ``out_dir/summary.json``).
 
@@ -450,7 +482,8 @@ def train(
     ``stop_after_step`` ends the run early with a checkpoint (an interruption, for tests).
     ``overwrite`` deletes a previous run in ``out_dir`` (without it, and without ``resume``, such a
     directory is refused). Without a terminal a progress line goes to stderr every
-    ``progress_seconds`` unless ``quiet``.
+    ``progress_seconds`` unless ``quiet``. ``fsdp`` shards the model with FSDP2 under torchrun
+    (ignored in one process).
     The returned dict also holds ``"rows"``: every metrics row written in this call.
     """
     if not isinstance(batches, BatchSource):
@@ -461,7 +494,7 @@ def train(
         raise ValueError("resume needs an output directory")
     run = out_dir if isinstance(out_dir, RunDir) or out_dir is None else RunDir(out_dir)
     trainer = Trainer(model, batches, cfg, run, val_tokens=val_tokens, evaluate=evaluate, run_info=run_info,
-                      device=device, quiet=quiet, progress_seconds=progress_seconds)
+                      device=device, quiet=quiet, progress_seconds=progress_seconds, fsdp=fsdp)
     last_step = cfg.total_steps if stop_after_step is None else min(cfg.total_steps, stop_after_step)
     final_loss = None
     try:

@@ -267,6 +267,8 @@ class SelectiveMemory(nn.Module):
     f = sigmoid(W_f h + b_f + forget_bias), w = sigmoid(W_w h + b_w), c = tanh(W_c h + b_c).
     ``gates`` returns (f, u = w * c) for all positions; the scan itself is
     ``drmlab.ops.linear_scan`` (associative, never dividing by cumulative products).
+    Under a reduced-precision autocast the token part, the gates and the scan stay in float32
+    (or wider): a forget gate rounded to bf16 (8 bits) would compound over the recurrence.
     """
 
     def __init__(self, c: DRMConfig):
@@ -278,12 +280,21 @@ class SelectiveMemory(nn.Module):
         self.candidate = nn.Linear(c.memory_hidden, c.d_state)
 
     def token_part(self, e: torch.Tensor) -> torch.Tensor:
-        return F.linear(e, self.in_proj.weight[:, self.d_read:], self.in_proj.bias)
+        dtype = torch.promote_types(e.dtype, torch.float32)
+        with torch.autocast(device_type=e.device.type, enabled=False):
+            return F.linear(e.to(dtype), self.in_proj.weight[:, self.d_read:].to(dtype), self.in_proj.bias.to(dtype))
 
     def gates(self, prev_read: torch.Tensor, token_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = F.silu(F.linear(prev_read, self.in_proj.weight[:, : self.d_read]) + token_part)
-        f = torch.sigmoid(self.forget(h) + self.forget_bias)
-        u = torch.sigmoid(self.write(h)) * torch.tanh(self.candidate(h))
+        """(f, u) [B, L, d_state] in float32 or wider, computed with autocast off."""
+        dtype = torch.promote_types(torch.promote_types(prev_read.dtype, token_part.dtype), torch.float32)
+
+        def linear(x, layer):
+            return F.linear(x, layer.weight.to(dtype), layer.bias.to(dtype))
+
+        with torch.autocast(device_type=prev_read.device.type, enabled=False):
+            h = F.silu(F.linear(prev_read.to(dtype), self.in_proj.weight[:, : self.d_read].to(dtype)) + token_part.to(dtype))
+            f = torch.sigmoid(linear(h, self.forget) + self.forget_bias)
+            u = torch.sigmoid(linear(h, self.write)) * torch.tanh(linear(h, self.candidate))
         return f, u
 
 

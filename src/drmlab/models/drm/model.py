@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from drmlab.models.output import ModelOutput, check_tokens
+from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens
+from drmlab.models.output import ModelOutput
 from drmlab.ops import linear_scan
 
 from .components import (
@@ -302,10 +303,10 @@ class DRMModel(nn.Module):
 
     def _states(self, tokens, step, return_state):
         """(states, record, the decoding state after the last token or None)."""
-        check_tokens(tokens, self.config.vocab_size)
+        check_tokens(tokens, self.config.vocab_size, self.model_name)
         if return_state:
             self._check_steppable()
-        e = self.embedding(tokens)
+        e = self.embedding(tokens.long())
         strength = self.naturalization_strength(step)
         if self.config.sequence_mode == "recurrent":
             states, record = self._recurrent(e, strength)
@@ -453,6 +454,7 @@ class DRMModel(nn.Module):
     # ------------------------------------------------------------------ incremental decoding
     def init_state(self, batch_size: int) -> DecodeState:
         """The decoding state before the first token."""
+        check_batch_size(batch_size, self.model_name)
         ref = self.embedding.weight
         return DecodeState(z_start=self.initial_state(batch_size).to(device=ref.device, dtype=ref.dtype))
 
@@ -463,11 +465,9 @@ class DRMModel(nn.Module):
         memory and refinement), one position at a time; stepping a sequence reproduces the
         parallel logits. The state passed in is not modified.
         """
-        if tokens_t.dim() != 1:
-            raise ValueError(f"step expects tokens of shape [batch], got shape {tuple(tokens_t.shape)}")
-        check_tokens(tokens_t.unsqueeze(1), self.config.vocab_size)
+        check_step_tokens(tokens_t, self.config.vocab_size, state.z_start.shape[0], self.model_name)
         c = self.config
-        e = self.embedding(tokens_t).unsqueeze(1)  # [B, 1, d_t]
+        e = self.embedding(tokens_t.long()).unsqueeze(1)  # [B, 1, d_t]
         strength = self.naturalization_strength(step)
         if c.sequence_mode == "recurrent":
             z = state.z_start

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from drmlab.models.output import ModelOutput, check_tokens
+from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens
+from drmlab.models.output import ModelOutput
 
 from .config import GPT2Settings
 
@@ -40,10 +41,12 @@ def _transformers():
 
 @dataclass(frozen=True)
 class GPT2DecodeState:
-    """Per-layer (keys, values) [B, H, S, head_dim] of the tokens seen so far."""
+    """Per-layer (keys, values) [B, H, S, head_dim] of the tokens seen so far, and the batch B
+    (held apart from the caches, which are empty before the first token)."""
 
     layers: tuple = ()
     length: int = 0
+    batch_size: int | None = None  # None: read it from the caches
 
 
 class GPT2(nn.Module):
@@ -86,7 +89,7 @@ class GPT2(nn.Module):
     def forward(self, tokens: torch.Tensor, step: int | None = None, return_state: bool = False) -> ModelOutput:
         """Logits [B, T, V] for ``tokens`` [B, T]; ``step`` is accepted and ignored. ``return_state``:
         ``.state`` is the key/value cache after the last token."""
-        check_tokens(tokens, self.config.vocab_size)
+        check_tokens(tokens, self.config.vocab_size, self.model_name)
         if return_state:
             logits, state = self._cached_forward(tokens, self.init_state(tokens.shape[0]))
             return ModelOutput(logits=logits, aux={}, state=state)
@@ -102,7 +105,8 @@ class GPT2(nn.Module):
 
     # ------------------------------------------------------------------ incremental decoding
     def init_state(self, batch_size: int) -> GPT2DecodeState:
-        return GPT2DecodeState()
+        check_batch_size(batch_size, self.model_name)
+        return GPT2DecodeState(batch_size=batch_size)
 
     def _cached_forward(self, tokens: torch.Tensor, state: GPT2DecodeState):
         from transformers import DynamicCache
@@ -116,12 +120,14 @@ class GPT2(nn.Module):
         out = self.hf(input_ids=tokens.long(), use_cache=True, **{name: cache})
         returned = out["cache"] if "cache" in out else out["past_key_values"]
         layers = tuple((layer.keys, layer.values) for layer in returned.layers)
-        return out.logits, GPT2DecodeState(layers=layers, length=state.length + tokens.shape[1])
+        return out.logits, GPT2DecodeState(layers=layers, length=state.length + tokens.shape[1],
+                                           batch_size=tokens.shape[0])
 
     def step(self, tokens_t: torch.Tensor, state: GPT2DecodeState) -> tuple[torch.Tensor, GPT2DecodeState]:
         """One token [B] through the key/value cache -> (logits [B, vocab], new state)."""
-        if tokens_t.dim() != 1:
-            raise ValueError(f"step expects tokens of shape [batch], got shape {tuple(tokens_t.shape)}")
-        check_tokens(tokens_t.unsqueeze(1), self.config.vocab_size)
+        batch = state.batch_size
+        if batch is None and state.layers:  # a state built by hand: its caches know the batch
+            batch = state.layers[0][0].shape[0]
+        check_step_tokens(tokens_t, self.config.vocab_size, batch, self.model_name)
         logits, state = self._cached_forward(tokens_t.unsqueeze(1), state)
         return logits[:, -1], state

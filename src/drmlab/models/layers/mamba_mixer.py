@@ -109,16 +109,23 @@ class MambaMixer(nn.Module):
         return F.silu(causal_depthwise_conv1d(x, self.conv1d.weight, self.conv1d.bias))
 
     def _project(self, x: torch.Tensor):
-        """(dt, B, C) from the conv output x."""
-        r, b_t, c_t = torch.split(self.x_proj(x), [self.dt_rank, self.d_state, self.d_state], dim=-1)
-        return F.softplus(self.dt_proj(r)), b_t, c_t
+        """(dt, B, C) from the conv output x, in float32 or wider with autocast off: they set the
+        scan's decay exp(dt A) and drive (dt x) B, which a bf16 autocast would round (the scan
+        itself always accumulates in float32)."""
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            bias = self.x_proj.bias
+            projected = F.linear(x.to(dtype), self.x_proj.weight.to(dtype), None if bias is None else bias.to(dtype))
+            r, b_t, c_t = torch.split(projected, [self.dt_rank, self.d_state, self.d_state], dim=-1)
+            dt = F.softplus(F.linear(r, self.dt_proj.weight.to(dtype), self.dt_proj.bias.to(dtype)))
+        return dt, b_t, c_t
 
     def forward(self, h: torch.Tensor, return_state: bool = False):
         """h [B, T, d_model] -> [B, T, d_model]; with ``return_state`` also the state after h."""
         x_in, z = self.in_proj(h).chunk(2, dim=-1)
         x = self._conv(x_in)
         dt, b_t, c_t = self._project(x)
-        y, last = selective_scan(x, dt, -torch.exp(self.A_log), b_t, c_t,
+        y, last = selective_scan(x.to(dt.dtype), dt, -torch.exp(self.A_log.to(dt.dtype)), b_t, c_t,
                                  chunk=self.scan_chunk, recompute=self.scan_recompute)
         y = y.to(x.dtype) + x * self.D.to(x.dtype)
         out = self.out_proj(y * F.silu(z))

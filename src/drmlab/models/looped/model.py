@@ -54,7 +54,8 @@ import torch.nn.functional as F
 
 from drmlab.models.layers import CausalSelfAttention, MambaMixer, PreLNBlock
 from drmlab.models.legacy_names import accept_legacy_names
-from drmlab.models.output import ModelOutput, check_tokens
+from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens, leading_batch
+from drmlab.models.output import ModelOutput
 
 from .config import LoopedConfig, block_kinds, schedule_order
 from .selective_ssm import SelectiveSSM
@@ -153,7 +154,7 @@ class LoopedLM(nn.Module):
                 f"{self.config.max_seq_len}); build the model with a larger max_seq_len or positions='none'")
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        check_tokens(tokens, self.config.vocab_size)
+        check_tokens(tokens, self.config.vocab_size, self.model_name)
         self._check_length(tokens.shape[1])
         x = self.tok_emb(tokens.long())
         if self.pos_emb is not None:
@@ -187,6 +188,7 @@ class LoopedLM(nn.Module):
 
     # ------------------------------------------------------------------ incremental decoding
     def init_state(self, batch_size: int) -> LoopedState:
+        check_batch_size(batch_size, self.model_name)
         ref = self.tok_emb.weight
         layers = tuple(self.blocks[i].init_state(batch_size, ref.dtype, ref.device) for i in self.order)
         return LoopedState(position=0, layers=layers)
@@ -194,11 +196,9 @@ class LoopedLM(nn.Module):
     def step(self, tokens_t: torch.Tensor, state: LoopedState,
              step: int | None = None) -> tuple[torch.Tensor, LoopedState]:
         """Advance by one token: tokens_t [B] -> (logits [B, V], new state). Reproduces ``forward``."""
-        if not isinstance(tokens_t, torch.Tensor) or tokens_t.dim() != 1:
-            raise ValueError(f"step expects tokens of shape [batch], got {getattr(tokens_t, 'shape', tokens_t)!r}")
-        check_tokens(tokens_t.unsqueeze(1), self.config.vocab_size)
         if len(state.layers) != len(self.order):
             raise ValueError(f"state has {len(state.layers)} layer states, the model applies {len(self.order)} blocks")
+        check_step_tokens(tokens_t, self.config.vocab_size, leading_batch(state.layers), self.model_name)
         self._check_length(state.position + 1)
         x = self.tok_emb(tokens_t.long())
         if self.pos_emb is not None:

@@ -29,7 +29,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from drmlab.models.layers import MambaMixer, MambaMixerState
-from drmlab.models.output import ModelOutput, check_tokens
+from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens, leading_batch
+from drmlab.models.output import ModelOutput
 
 from .config import MambaConfig
 
@@ -102,7 +103,7 @@ class MambaLM(nn.Module):
     def forward(self, tokens: torch.Tensor, step: int | None = None, return_state: bool = False) -> ModelOutput:
         """Logits [B, T, vocab] for ``tokens`` [B, T]; ``step`` is accepted and ignored.
         ``return_state``: ``.state`` is the decoding state after the last token."""
-        check_tokens(tokens, self.config.vocab_size)
+        check_tokens(tokens, self.config.vocab_size, self.model_name)
         x = self.embeddings(tokens.long())
         conv, ssm = [], []
         for layer in self.layers:
@@ -118,6 +119,7 @@ class MambaLM(nn.Module):
     # ------------------------------------------------------------------ generation
     def init_state(self, batch_size: int) -> MambaState:
         """The decoding state before the first token (zeros)."""
+        check_batch_size(batch_size, self.model_name)
         ref = self.embeddings.weight
         states = [layer.mixer.init_state(batch_size, ref.dtype, ref.device) for layer in self.layers]
         return MambaState(conv=tuple(s.conv for s in states), ssm=tuple(s.ssm for s in states))
@@ -125,10 +127,7 @@ class MambaLM(nn.Module):
     def step(self, tokens_t: torch.Tensor, state: MambaState, step: int | None = None):
         """Advance by one token: tokens_t [B] -> (logits [B, vocab], new state), O(1) per token.
         The state passed in is not modified."""
-        if not isinstance(tokens_t, torch.Tensor) or tokens_t.dim() != 1:
-            shape = tuple(tokens_t.shape) if isinstance(tokens_t, torch.Tensor) else type(tokens_t).__name__
-            raise ValueError(f"step expects tokens of shape [batch], got {shape}")
-        check_tokens(tokens_t.unsqueeze(1), self.config.vocab_size)
+        check_step_tokens(tokens_t, self.config.vocab_size, leading_batch(state.ssm), self.model_name)
         x = self.embeddings(tokens_t.long())
         conv, ssm = [], []
         for layer, context, s in zip(self.layers, state.conv, state.ssm):

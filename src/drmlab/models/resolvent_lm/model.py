@@ -37,7 +37,8 @@ import torch.nn as nn
 
 from drmlab.models.layers import CausalSelfAttention, PreLNBlock
 from drmlab.models.legacy_names import accept_legacy_names
-from drmlab.models.output import ModelOutput, check_tokens
+from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens, leading_batch
+from drmlab.models.output import ModelOutput
 from drmlab.resolvent.gates import GateHead
 from drmlab.resolvent.torch import resolvent_attention
 
@@ -171,8 +172,8 @@ class ResolventLM(nn.Module):
     def forward(self, tokens: torch.Tensor, step: int | None = None, return_state: bool = False) -> ModelOutput:
         """tokens [B, T] -> logits [B, T, vocab]; ``step`` is accepted and unused. ``return_state``:
         ``.state`` is the per-layer cache after the last token."""
-        check_tokens(tokens, self.config.vocab_size)
-        x = self.embedding(tokens)
+        check_tokens(tokens, self.config.vocab_size, self.model_name)
+        x = self.embedding(tokens.long())
         caches = []
         for block in self.blocks:
             x = block(x, return_state=return_state)
@@ -182,15 +183,14 @@ class ResolventLM(nn.Module):
         return ModelOutput(logits=self._logits(x), state=tuple(caches) if return_state else None)
 
     def init_state(self, batch_size: int) -> tuple:
+        check_batch_size(batch_size, self.model_name)
         ref = self.embedding.weight
         return tuple(block.init_state(batch_size, ref.dtype, ref.device) for block in self.blocks)
 
     def step(self, tokens_t: torch.Tensor, state: tuple) -> tuple[torch.Tensor, tuple]:
         """One token [B] -> (logits [B, vocab], new per-layer caches)."""
-        if tokens_t.dim() != 1:
-            raise ValueError(f"step expects tokens of shape [batch], got shape {tuple(tokens_t.shape)}")
-        check_tokens(tokens_t.unsqueeze(1), self.config.vocab_size)
-        x = self.embedding(tokens_t)
+        check_step_tokens(tokens_t, self.config.vocab_size, leading_batch(state), self.model_name)
+        x = self.embedding(tokens_t.long())
         caches = []
         for block, cache in zip(self.blocks, state):
             x, cache = block.step(x, cache)

@@ -6,11 +6,14 @@ along dim 1 of ``[B, T, D]`` tensors, real or complex.  It is the one scan share
 memory, the SSM control, the selective-SSM mixer, Mamba's chunked selective scan and the
 resolvent path-product corner.
 
-Exactness: every backend runs the plain sequential recurrence (the composition of the affine
-maps ``(f_2, u_2) o (f_1, u_1) = (f_2 f_1, u_2 + f_2 u_1)`` applied left to right) and its
-reverse-scan backward (:mod:`.function`).  Nothing is divided by a cumulative product of gates
-and no logarithm of a gate is taken, so a zero gate cuts the past exactly and long sequences
-cannot overflow.
+Exactness: every backend composes the affine maps ``(f_2, u_2) o (f_1, u_1) = (f_2 f_1,
+u_2 + f_2 u_1)`` -- one after the other, or pairwise (``"torch"``) -- forward and in its
+reverse-scan backward.  Nothing is divided by a cumulative product of gates and no logarithm
+of a gate is taken, so a zero gate cuts the past exactly and long sequences cannot overflow
+(the pairwise products can, only for gates with |f| > 1: see :mod:`.log_depth`).
+Every backend runs inside one custom operator, ``drmlab::linear_scan`` (:mod:`.op`, with its
+gradient and a fake implementation), which autograd and ``torch.compile`` see: a compiled model
+traces through the scan without a graph break.
 
 This package: :func:`linear_scan` (the dispatcher), :data:`BACKENDS` (backend name ->
 implementation, in the order ``"auto"`` tries them), :func:`backend_for`, and
@@ -21,7 +24,13 @@ to).  Backends:
   and complex128, split over ``torch.get_num_threads()`` threads; built on first use by
   :mod:`drmlab.ops.ckernels` (``DRMLAB_NO_CKERNEL=1`` switches it off,
   ``DRMLAB_REQUIRE_CKERNEL=1`` makes a failed build an error).
-* ``"torch"`` (:mod:`.torch_loop`): a loop over time on any device.
+* ``"torch"`` (:mod:`.log_depth`): a log-depth scan from torch operations on any device --
+  O(log T) dispatched operations and O(T) work, composing the affine steps pairwise (exact in
+  the same sense: no division, no logarithm).
+* ``"triton"`` (:mod:`.triton`): Triton kernels, one program per (batch row, channel block)
+  walking time in registers; the default on CUDA when ``triton`` imports (``drmlab[gpu]``), on
+  CPU tensors only by name under ``TRITON_INTERPRET=1`` (how the tests prove it exact).  Never
+  run on a GPU in this repository's tests.
 """
 
 from __future__ import annotations
@@ -31,15 +40,17 @@ from typing import Optional
 import torch
 
 from ..backends import Backend, BackendTable
-from . import c, torch_loop
-from .function import LinearScanFunction
+from . import c, log_depth
+from . import triton as triton_scan
+from .op import choose_backend, linear_scan_op
 from .reference import linear_scan_reference
 
 __all__ = ["linear_scan", "backend_for", "linear_scan_reference", "BACKENDS"]
 
 BACKENDS = BackendTable("linear_scan", [
     Backend("c", c, c.unavailable),
-    Backend("torch", torch_loop, torch_loop.unavailable),
+    Backend("triton", triton_scan, triton_scan.unavailable, auto_devices=triton_scan.AUTO_DEVICES),
+    Backend("torch", log_depth, log_depth.unavailable),
 ])
 
 
@@ -59,14 +70,6 @@ def backend_for(tensor: torch.Tensor, dtype: Optional[torch.dtype] = None) -> st
     return BACKENDS.choose(None, tensor.device, compute).name
 
 
-def _compiler_disable(fn):
-    # The scan is opaque to torch.compile (ctypes kernel, or a loop over T steps that should not
-    # be unrolled into a graph): compiled callers get a graph break around it.
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    return disable(fn) if disable is not None else fn
-
-
-@_compiler_disable
 def linear_scan(
     f: torch.Tensor,
     u: torch.Tensor,
@@ -107,12 +110,13 @@ def linear_scan(
     if f.device != u.device or (init is not None and init.device != u.device):
         raise ValueError("linear_scan: f, u and init must be on one device")
 
-    impl = BACKENDS.choose(backend, u.device, compute).impl
+    name = choose_backend(backend, u.device, compute)
+    impl = BACKENDS.backends[name].impl
     fc = f.to(compute).expand(shape)
     uc = u.to(compute).expand(shape)
     ic = None if init is None else init.to(compute).expand(B, D)
     if impl.DENSE_INPUTS:
         fc, uc = fc.contiguous(), uc.contiguous()
         ic = None if ic is None else ic.contiguous()
-    out = LinearScanFunction.apply(fc, uc, ic, impl)
+    out = linear_scan_op(fc, uc, ic, name)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -4,7 +4,7 @@ r"""The C backend of :func:`drmlab.ops.linear_scan`: the kernels of ``scan.c`` t
 reverse-scan backward of ``docs/drm.md`` section 9 for float32, float64, complex64 and
 complex128, on contiguous CPU buffers.  :mod:`drmlab.ops.ckernels` builds and loads it;
 :func:`prepare` binds its symbols, checks its ABI version and runs every kernel once against the
-torch loop (a guard against a miscompile).  A call is split over ``torch.get_num_threads()``
+pure-torch backend (a guard against a miscompile).  A call is split over ``torch.get_num_threads()``
 threads: over batch rows when there are enough, else over blocks of 16 channels.
 """
 
@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from .. import ckernels, threads
-from . import torch_loop
+from . import log_depth
 
 __all__ = ["KERNEL", "SOURCE", "prepare", "forward", "backward", "unavailable", "DENSE_INPUTS",
            "C_DTYPES"]
@@ -54,14 +54,14 @@ def prepare(lib: ctypes.CDLL) -> None:
 
 
 def _self_test(lib: ctypes.CDLL) -> None:
-    """A tiny run of every kernel against the torch loop."""
+    """A tiny run of every kernel against the pure-torch backend."""
     gen = torch.Generator().manual_seed(0)
     for dtype in C_DTYPES:
         f, u, dm = (torch.randn(2, 5, 3, dtype=dtype, generator=gen) for _ in range(3))
         m0 = torch.randn(2, 3, dtype=dtype, generator=gen)
-        ref = torch_loop.forward(f, u, m0)
+        ref = log_depth.forward(f, u, m0)
         got = _forward(lib, f, u, m0)
-        ref_grads = torch_loop.backward(f, ref, m0, dm, True, True)
+        ref_grads = log_depth.backward(f, ref, m0, dm, True, True)
         got_grads = _backward(lib, f, ref, m0, dm, True, True)
         tol = 1e-5 if dtype in (torch.float32, torch.complex64) else 1e-12
         for a, b in zip((ref, *ref_grads), (got, *got_grads)):
@@ -151,5 +151,5 @@ def forward(f: torch.Tensor, u: torch.Tensor, init: Optional[torch.Tensor]) -> t
 
 def backward(f: torch.Tensor, m: torch.Tensor, init: Optional[torch.Tensor], dm: torch.Tensor,
              need_f: bool, need_init: bool):
-    """(du, df or None, dinit or None), as :func:`drmlab.ops.linear_scan.torch_loop.backward`."""
+    """(du, df or None, dinit or None), as :func:`drmlab.ops.linear_scan.log_depth.backward`."""
     return _backward(KERNEL.library(), f, m, init, dm, need_f, need_init)

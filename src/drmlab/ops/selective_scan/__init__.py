@@ -14,8 +14,17 @@ every backend to).  Backends:
   the [B, T, E, N] states; built on first use by :mod:`drmlab.ops.ckernels`.
 * ``"torch"`` (:mod:`.chunked`; every device): time in chunks, each one
   :func:`drmlab.ops.linear_scan` over the flattened (E, N) channels.
+* ``"triton"`` (:mod:`.triton`): the fused scan as Triton kernels (states in registers, one
+  saved state per segment, the backward recomputing each segment as the C kernel does); the
+  default on CUDA when ``triton`` imports, on CPU tensors only by name under
+  ``TRITON_INTERPRET=1`` (how the tests prove it exact).  Never run on a GPU in this
+  repository's tests; it runs inside ``drmlab::selective_scan`` too.
 
-Both are exact recurrences: no division by cumulative gate products, no logarithm of a gate.
+All are exact recurrences: no division by cumulative gate products, no logarithm of a gate.
+The C kernel runs inside the custom operator ``drmlab::selective_scan`` (:mod:`.op`, with its
+gradient and a fake implementation); the torch path is torch operations around the
+``drmlab::linear_scan`` operator.  Either way ``torch.compile(model, fullgraph=True)`` traces a
+model through the scan without a graph break.
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ import torch
 
 from ..backends import Backend, BackendTable
 from . import c, chunked
+from . import triton as triton_scan
 from .chunked import AUTO_CHUNK_ELEMENTS
+from .op import choose_backend
 from .reference import selective_scan_reference
 
 __all__ = ["selective_scan", "selective_scan_reference", "selective_scan_backend", "BACKENDS",
@@ -32,6 +43,7 @@ __all__ = ["selective_scan", "selective_scan_reference", "selective_scan_backend
 
 BACKENDS = BackendTable("selective_scan", [
     Backend("c", c, c.unavailable),
+    Backend("triton", triton_scan, triton_scan.unavailable, auto_devices=triton_scan.AUTO_DEVICES),
     Backend("torch", chunked, chunked.unavailable),
 ])
 
@@ -67,7 +79,7 @@ def selective_scan(x, dt, A, Bm, Cm, h0=None, *, chunk: int = 0, recompute: bool
             raise ValueError(f"{name} must be [B, T, N] = {(b, length, n)}, got {tuple(t.shape)}")
     if h0 is not None and h0.shape != (b, e, n):
         raise ValueError(f"h0 must be [B, E, N] = {(b, e, n)}, got {tuple(h0.shape)}")
-    impl = BACKENDS.choose(backend, x.device, _compute_dtype(x)).impl
+    impl = BACKENDS.backends[choose_backend(backend, x.device, _compute_dtype(x))].impl
     if length == 0 or b == 0:  # nothing to scan: the torch path returns the empty y and h0
         impl = chunked
     return impl.scan(x, dt, A, Bm, Cm, h0, chunk=chunk, recompute=recompute)

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .. import ckernels, threads
+from .op import selective_scan_op
 
-__all__ = ["KERNEL", "SOURCE", "prepare", "scan", "unavailable", "C_DTYPES"]
+__all__ = ["KERNEL", "SOURCE", "prepare", "scan", "forward", "backward", "saved_shape", "unavailable",
+           "C_DTYPES"]
 
 SOURCE = Path(__file__).resolve().parent / "selective_scan.c"
 C_DTYPES = {torch.float32: "f32", torch.float64: "f64"}
@@ -72,64 +73,77 @@ def _ptr(t):
     return None if t is None else t.data_ptr()
 
 
-class _SelectiveScanC(torch.autograd.Function):
-    """The fused C kernel. Inputs contiguous, one dtype: x, dt [B, T, E]; At [N, E]; Bm, Cm
-    [B, T, N]; h0 [B, N, E] or None. Outputs y [B, T, E] and the last state [B, N, E]."""
+def saved_shape(b: int, length: int, e: int, n: int) -> tuple[int, int, int, int]:
+    """The shape of what :func:`forward` keeps for the backward: the state entering every
+    segment, [B, segments, N, E]."""
+    k = _segment_length(length, n * e)
+    return (b, -(-length // k), n, e)
 
-    @staticmethod
-    def forward(ctx, x, dt, At, Bm, Cm, h0):
-        lib = KERNEL.library()
-        b, length, e = x.shape
-        n = At.shape[0]
-        k = _segment_length(length, n * e)
-        nseg = -(-length // k)
-        y = torch.empty_like(x)
-        h_last = x.new_empty(b, n, e)
-        need_grad = any(ctx.needs_input_grad)
-        ck = x.new_empty(b, nseg, n, e) if need_grad else None
-        fn = getattr(lib, f"drm_sscan_fwd_{C_DTYPES[x.dtype]}")
-        args = tuple(map(_ptr, (x, dt, At, Bm, Cm, h0, y, h_last, ck))) + (b, length, e, n, k)
-        threads.run_pieces([functools.partial(fn, *args, b0, b1) for b0, b1 in _batch_pieces(b)])
-        ctx.segment = k
-        ctx.has_h0 = h0 is not None
-        ctx.save_for_backward(x, dt, At, Bm, Cm, ck)
-        return y, h_last
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy, dh_last):
-        x, dt, At, Bm, Cm, ck = ctx.saved_tensors
-        lib = KERNEL.library()
-        b, length, e = x.shape
-        n, k = At.shape[0], ctx.segment
-        dy = torch.zeros_like(x) if dy is None else dy.contiguous()
-        dh_last = None if dh_last is None else dh_last.contiguous()
-        dx, ddt = torch.empty_like(x), torch.empty_like(dt)
-        dB, dC = torch.empty_like(Bm), torch.empty_like(Cm)
-        dh0 = x.new_empty(b, n, e) if ctx.has_h0 else None
-        pieces = _batch_pieces(b)
-        # each thread its own dA accumulator and workspaces
-        dA = x.new_zeros(len(pieces), n, e)
-        work = x.new_empty(len(pieces), 2, k, n, e)
-        g = x.new_empty(len(pieces), n, e)
-        fn = getattr(lib, f"drm_sscan_bwd_{C_DTYPES[x.dtype]}")
-        shared = tuple(map(_ptr, (x, dt, At, Bm, Cm, ck, dy, dh_last, dx, ddt)))
-        threads.run_pieces([
-            functools.partial(fn, *shared, *map(_ptr, (dA[i], dB, dC, dh0, work[i, 0], work[i, 1], g[i])),
-                              b, length, e, n, k, b0, b1)
-            for i, (b0, b1) in enumerate(pieces)
-        ])
-        return dx, ddt, dA.sum(0), dB, dC, dh0
+def forward(x, dt, A, Bm, Cm, h0, need_grad: bool):
+    """The fused forward on contiguous inputs of one C dtype (x, dt [B, T, E]; A [E, N]; Bm, Cm
+    [B, T, N]; h0 [B, E, N] or None; T > 0): (y [B, T, E], h_{T-1} [B, E, N], the segment
+    states of :func:`saved_shape` when ``need_grad``, else an empty tensor)."""
+    lib = KERNEL.library()
+    b, length, e = x.shape
+    n = A.shape[1]
+    At = A.t().contiguous()
+    h0t = None if h0 is None else h0.transpose(1, 2).contiguous()
+    k = _segment_length(length, n * e)
+    y = torch.empty_like(x)
+    h_last = x.new_empty(b, n, e)
+    ck = x.new_empty(saved_shape(b, length, e, n)) if need_grad else x.new_empty(0)
+    fn = getattr(lib, f"drm_sscan_fwd_{C_DTYPES[x.dtype]}")
+    args = tuple(map(_ptr, (x, dt, At, Bm, Cm, h0t, y, h_last, ck if need_grad else None))) + (b, length, e, n, k)
+    threads.run_pieces([functools.partial(fn, *args, b0, b1) for b0, b1 in _batch_pieces(b)])
+    return y, h_last.transpose(1, 2).contiguous(), ck
+
+
+def backward(x, dt, A, Bm, Cm, h0, ck, dy, dh_last):
+    """(dx, ddt, dA, dB, dC, dh0) from the inputs of :func:`forward`, its segment states ``ck``
+    and the output gradients (dy [B, T, E]; dh_last [B, E, N] or None); dh0 is an empty tensor
+    when h0 is None.  Each segment is recomputed from its entering state, then the adjoint
+    recurrence runs back through it (formulas in the C file)."""
+    lib = KERNEL.library()
+    b, length, e = x.shape
+    n = A.shape[1]
+    k = _segment_length(length, n * e)
+    if ck.shape != saved_shape(b, length, e, n):
+        raise RuntimeError(f"selective_scan C backward: segment states {tuple(ck.shape)}, expected "
+                           f"{saved_shape(b, length, e, n)} (SEGMENT_ELEMENTS changed between forward and backward?)")
+    At = A.t().contiguous()
+    dy = dy.contiguous()
+    dh_last = None if dh_last is None else dh_last.transpose(1, 2).contiguous()
+    dx, ddt = torch.empty_like(x), torch.empty_like(dt)
+    dB, dC = torch.empty_like(Bm), torch.empty_like(Cm)
+    dh0 = x.new_empty(b, n, e) if h0 is not None else None
+    pieces = _batch_pieces(b)
+    # each thread its own dA accumulator and workspaces
+    dA = x.new_zeros(len(pieces), n, e)
+    work = x.new_empty(len(pieces), 2, k, n, e)
+    g = x.new_empty(len(pieces), n, e)
+    fn = getattr(lib, f"drm_sscan_bwd_{C_DTYPES[x.dtype]}")
+    shared = tuple(map(_ptr, (x, dt, At, Bm, Cm, ck, dy, dh_last, dx, ddt)))
+    threads.run_pieces([
+        functools.partial(fn, *shared, *map(_ptr, (dA[i], dB, dC, dh0, work[i, 0], work[i, 1], g[i])),
+                          b, length, e, n, k, b0, b1)
+        for i, (b0, b1) in enumerate(pieces)
+    ])
+    dh0 = x.new_empty(0) if dh0 is None else dh0.transpose(1, 2).contiguous()
+    return dx, ddt, dA.sum(0).t().contiguous(), dB, dC, dh0
 
 
 def scan(x, dt, A, Bm, Cm, h0=None, *, chunk: int = 0, recompute: bool = False):
     """(y [B, T, E], h_{T-1} [B, E, N]) from checked inputs with B, T > 0 (the layout of
-    :func:`drmlab.ops.selective_scan`).  ``chunk`` and ``recompute`` tune the chunked torch path
-    only: the kernel picks its own segment length and always recomputes."""
+    :func:`drmlab.ops.selective_scan`), through the custom operator ``drmlab::selective_scan``
+    (:mod:`.op`: its gradient and fake implementation; one opaque node under ``torch.compile``).
+    ``chunk`` and ``recompute`` tune the chunked torch path only: the kernel picks its own
+    segment length and always recomputes."""
     dtype = torch.promote_types(x.dtype, torch.float32)
     with torch.autocast(device_type="cpu", enabled=False):
-        x, dt, Bm, Cm = (t.to(dtype).contiguous() for t in (x, dt, Bm, Cm))
-        At = A.to(dtype).t().contiguous()
-        h0t = None if h0 is None else h0.to(dtype).transpose(1, 2).contiguous()
-        y, h_last = _SelectiveScanC.apply(x, dt, At, Bm, Cm, h0t)
-    return y, h_last.transpose(1, 2)
+        x, dt, A, Bm, Cm = (t.to(dtype).contiguous() for t in (x, dt, A, Bm, Cm))
+        h0 = None if h0 is None else h0.to(dtype).contiguous()
+        need_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, dt, A, Bm, Cm, h0))
+        y, h_last, _ = selective_scan_op(x, dt, A, Bm, Cm, h0, need_grad, "c")
+    return y, h_last
