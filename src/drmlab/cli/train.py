@@ -108,41 +108,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
-    from drmlab.evaluation import byte_counter, rescorer
-    from drmlab.models import build_model, count_parameters
-    from drmlab.runs import RunDir
-    from drmlab.training.compiling import CompileError
-    from drmlab.training.trainer import NonFiniteLossError, TrainingInterrupted, train
-
-    if args.resume and args.overwrite:
-        raise ValueError("--resume and --overwrite exclude each other")
-    apply_threads(args)
-    main_process = os.environ.get("RANK", "0") == "0"  # under torchrun only process 0 reports
-    if not main_process:
-        args.quiet = True
-    saved = None
-    if args.resume:
-        if args.out is None:
-            raise ValueError("--resume needs --out DIR (the run to continue)")
-        run = RunDir(args.out)
-        if not run.has_config():
-            raise FileNotFoundError(f"nothing to resume: {run.config_path} does not exist")
-        saved = run.read_config()
-
-    name = args.model or (saved or {}).get("model") or DEFAULT_MODEL
-    check_model_names([name])  # before any corpus is loaded
-    preset = args.preset or (saved or {}).get("preset") or DEFAULT_PRESET
-    data = args.data if args.data is not None else (saved or {}).get("data_source")
-    tokenizer = args.tokenizer or (saved or {}).get("tokenizer") or "bytes"
-
-    # Every setting is checked before the corpus loads (a model's setting names do not depend on the vocabulary).
+def resolve_settings(args: argparse.Namespace, saved: dict | None):
+    """(model name, preset, data source, tokenizer, model overrides, TrainConfig) from the flags, layered
+    over the resumed run's config.json; every setting is checked before any corpus is loaded (a
+    model's setting names do not depend on the vocabulary)."""
+    saved = saved or {}
+    name = args.model or saved.get("model") or DEFAULT_MODEL
+    check_model_names([name])
+    preset = args.preset or saved.get("preset") or DEFAULT_PRESET
+    data = args.data if args.data is not None else saved.get("data_source")
+    tokenizer = args.tokenizer or saved.get("tokenizer") or "bytes"
     assignments = parse_assignments(args.assignments)
     model_keys = [] if all(k in TRAIN_KEYS for k in assignments) else model_setting_names(name, preset, 256)
     train_set, model_overrides = split_overrides(assignments, model_keys)
-    if saved is not None:
-        model_overrides = {**saved.get("overrides", {}), **model_overrides}
-
+    model_overrides = {**saved.get("overrides", {}), **model_overrides}
     explicit = {
         "tokens": parse_tokens(args.tokens) if args.tokens is not None else None,
         "seed": args.seed,
@@ -156,13 +135,32 @@ def run(args: argparse.Namespace) -> int:
         "bf16": args.bf16,
         "compile": args.compile,
     }
-    base = {}
-    if saved is not None:
-        base = {k: v for k, v in saved.get("train", {}).items() if k in TRAIN_KEYS}
+    base = {k: v for k, v in saved.get("train", {}).items() if k in TRAIN_KEYS}
     values = {**base, **{k: v for k, v in explicit.items() if v is not None}, **train_set}
     if str(args.eval_tokens).lower() == "all":
         values.pop("eval_tokens", None)  # the whole stream, whatever the run had
-    cfg = resolve_train_config(preset, **values)
+    return name, preset, data, tokenizer, model_overrides, resolve_train_config(preset, **values)
+
+
+def run(args: argparse.Namespace) -> int:
+    from drmlab.evaluation import byte_counter, rescorer
+    from drmlab.models import build_model, count_parameters
+    from drmlab.runs import RunDir
+
+    if args.resume and args.overwrite:
+        raise ValueError("--resume and --overwrite exclude each other")
+    apply_threads(args)
+    main_process = os.environ.get("RANK", "0") == "0"  # under torchrun only process 0 reports
+    if not main_process:
+        args.quiet = True
+    saved = None
+    if args.resume:
+        if args.out is None:
+            raise ValueError("--resume needs --out DIR (the run to continue)")
+        if not RunDir(args.out).has_config():
+            raise FileNotFoundError(f"nothing to resume: {RunDir(args.out).config_path} does not exist")
+        saved = RunDir(args.out).read_config()
+    name, preset, data, tokenizer, model_overrides, cfg = resolve_settings(args, saved)
     out = Path(args.out or f"runs/{name}-{preset}-seed{cfg.seed}")
     if main_process and not args.resume and not args.overwrite and RunDir(out).holds_run():
         raise FileExistsError(f"{out} already holds {RunDir(out).describe()}; use --resume to continue it, "
@@ -171,22 +169,32 @@ def run(args: argparse.Namespace) -> int:
     corpus = load_corpus_for(data, tokenizer, args.cache_dir)
     model = build_model(name, preset, vocab_size=corpus.vocab_size, seed=cfg.seed, **model_overrides)
     check_seq_len(model, cfg.seq_len)
-    run_info = {
-        "model": name,
-        "preset": preset,
-        "overrides": model_overrides,
-        "vocab_size": corpus.vocab_size,
-        "tokenizer": corpus.tokenizer.name,
-        "data_source": data,
-        "data": corpus.meta,
-    }
+    run_info = {"model": name, "preset": preset, "overrides": model_overrides, "vocab_size": corpus.vocab_size,
+                "tokenizer": corpus.tokenizer.name, "data_source": data, "data": corpus.meta}
     val_bytes = corpus.meta.get("val_bytes") if isinstance(corpus.meta, dict) else None
     evaluate = rescorer(corpus.val, cfg.seq_len, batch_size=cfg.eval_batch_size, max_targets=cfg.eval_tokens,
                         count_bytes=byte_counter(corpus.val, corpus.tokenizer, val_bytes))
-    n_params = count_parameters(model)
     if not args.quiet:
-        print(f"training {name} ({preset}, {n_params:,} parameters) on {cfg.total_steps * cfg.tokens_per_step:,} tokens "
-              f"({cfg.total_steps} steps of {cfg.tokens_per_step:,}), seed {cfg.seed}, writing to {out}", file=sys.stderr)
+        print(f"training {name} ({preset}, {count_parameters(model):,} parameters) on "
+              f"{cfg.total_steps * cfg.tokens_per_step:,} tokens ({cfg.total_steps} steps of {cfg.tokens_per_step:,}), "
+              f"seed {cfg.seed}, writing to {out}", file=sys.stderr)
+    summary, code = _train_reporting_stops(args, model, corpus, cfg, out, run_info, evaluate)
+    if summary is None or not main_process:
+        return code
+    if summary.get("val_ce") is not None:
+        print(f"{name} {preset} seed {cfg.seed}: val CE {summary['val_ce']:.4f} nats/token, "
+              f"{summary['val_bpb']:.4f} bits/byte, ppl {summary['val_ppl']:.3f} over {summary['val_targets']:,} tokens; "
+              f"{summary['tokens']:,} tokens trained at {summary['tokens_per_s'] or 0:,.0f} tok/s")
+    print(f"results in {out}/: summary.json, metrics.jsonl, config.json, checkpoints/")
+    return 0
+
+
+def _train_reporting_stops(args, model, corpus, cfg, out: Path, run_info: dict, evaluate) -> tuple[dict | None, int]:
+    """(summary, 0), or (None, exit code) after one line saying why training stopped and how to go on."""
+    from drmlab.runs import RunDir
+    from drmlab.training.compiling import CompileError
+    from drmlab.training.trainer import NonFiniteLossError, TrainingInterrupted, train
+
     try:
         summary = train(model, corpus.train, corpus.val, cfg, out, resume=args.resume, run_info=run_info,
                         evaluate=evaluate, device=args.device, quiet=args.quiet, overwrite=args.overwrite,
@@ -194,21 +202,14 @@ def run(args: argparse.Namespace) -> int:
     except NonFiniteLossError as exc:
         print(f"drmlab train: error: {exc}\n  to continue from the kept checkpoint with a fix: "
               f"drmlab train --resume --out {out} --lr LOWER (or --set warmup_fraction=0.05)", file=sys.stderr)
-        return 1
+        return None, 1
     except CompileError as exc:
         retry = (f"drmlab train --resume --out {out} --set compile=false" if RunDir(out).has_checkpoint()
                  else "the same command without --compile, with --overwrite (this run wrote no checkpoint)")
         print(f"drmlab train: error: {exc}\n  to train it uncompiled: {retry}", file=sys.stderr)
-        return 2
+        return None, 2
     except TrainingInterrupted as exc:
         print(f"drmlab train: {exc}\n  continue with: drmlab train --resume --out {out}", file=sys.stderr)
-        return 128 + exc.signal
+        return None, 128 + exc.signal
     summary.pop("rows", None)
-    if not main_process:
-        return 0
-    if summary.get("val_ce") is not None:
-        print(f"{name} {preset} seed {cfg.seed}: val CE {summary['val_ce']:.4f} nats/token, "
-              f"{summary['val_bpb']:.4f} bits/byte, ppl {summary['val_ppl']:.3f} over {summary['val_targets']:,} tokens; "
-              f"{summary['tokens']:,} tokens trained at {summary['tokens_per_s'] or 0:,.0f} tok/s")
-    print(f"results in {out}/: summary.json, metrics.jsonl, config.json, checkpoints/")
-    return 0
+    return summary, 0

@@ -34,13 +34,19 @@ Paths (``path=``):
   ``e^-600`` in float64) of its row's largest is set to 0 (relative effect below
   ``S * 1e-26``), which keeps subnormals, and the many-fold CPU slowdown they cause, out of the
   matmuls; masked pairs are exact zeros.
+* ``"flex"``: phase-free heads only (no phase, or ``g = 0``): the same scores as ``flash``
+  through ``torch.nn.attention.flex_attention`` (:mod:`drmlab.resolvent.flex`: the log-gate
+  difference as ``score_mod``, causality and closed-gate segments as a block-sparse mask built
+  from the segment starts; ``block_q`` is its sparsity block). On CUDA it is compiled and never
+  builds ``[S, S]``; on a CPU only the forward runs (eager, a correctness check). **Not run on a
+  GPU when written.**
 * ``"scan"``: ``qk = 0`` (includes the path-product corner): the gated chain
   ``y_i = a_i y_{i-1} + v_i`` through :func:`drmlab.ops.linear_scan` in O(S), divided by
   ``Z_i^beta`` from the real scan ``Z_i = m_i Z_{i-1} + 1`` when ``beta != 0``. With a phase the
   chain runs in complex64/complex128 (the scan's complex mode); without, in real arithmetic.
 
 ``path="auto"`` picks ``sdpa`` when ``g == 0`` and ``beta == 1``, else ``scan`` when ``qk == 0``,
-else ``flash``; a switch only counts as fixed at a corner when it is a Python number or a tensor
+else ``flash`` -- on CUDA in float32/bf16/fp16, a phase-free ``flash`` becomes ``flex``; a switch only counts as fixed at a corner when it is a Python number or a tensor
 that does not require grad, so a learnable switch never loses its gradient to a fast path.
 
 Dtypes: float64 is computed in float64; float32, bfloat16 and float16 are computed in float32
@@ -89,7 +95,7 @@ __all__ = [
     "PATHS",
 ]
 
-PATHS = ("auto", "dense", "sdpa", "flash", "scan")
+PATHS = ("auto", "dense", "sdpa", "flash", "flex", "scan")
 
 Switch = Union[float, int, torch.Tensor]
 
@@ -494,6 +500,25 @@ def _flash(q, k, v, magnitude, phase, beta, qk, g, cdt, phase_free, block_q, blo
     return c * cc + s * ss, s * cc - c * ss
 
 
+# ----------------------------------------------------------------------------------- flex
+
+
+def _flex(q, k, v, magnitude, beta, qk, g, cdt, block_size):
+    """The phase-free head through :func:`drmlab.resolvent.flex.gated_flex_attention`: the same
+    ``L`` and segment starts as ``dense`` and ``flash``, the same ``Z^(1 - beta)`` rescale."""
+    from drmlab.resolvent.flex import gated_flex_attention
+
+    B, H, _, d = q.shape
+    m, _ = blend_gates(magnitude.to(cdt), None, g)
+    L, start, _ = _gate_sums(m, None)
+    qs = q.to(cdt) * (qk[..., None, None] / math.sqrt(d))
+    o, lse = gated_flex_attention(qs, k.to(cdt), v.to(cdt), _expand_heads(L, B, H),
+                                  _expand_heads(start, B, H), block_size)
+    if not _fixed_at(beta, 1.0):
+        o = o * torch.exp((1.0 - beta)[..., None] * lse)[..., None]
+    return o, None
+
+
 # ----------------------------------------------------------------------------------- scan
 
 
@@ -584,6 +609,13 @@ def select_path(
     return "flash"
 
 
+@functools.lru_cache(maxsize=1)
+def _has_flex() -> bool:
+    from drmlab.resolvent.flex import flex_available
+
+    return flex_available()
+
+
 def _phase_free(phase: Optional[torch.Tensor], g: Switch) -> bool:
     if phase is None or _fixed_at(g, 0.0):
         return True
@@ -620,7 +652,7 @@ def resolvent_attention(
         phase: ``[B, H or 1, S]`` gate phases ``theta``, or None for zero phase.
         beta, qk, g: the switches, each a number or a tensor of shape ``[]``, ``[H]`` or
             ``[B, H]`` (learnable: gradients flow to tensors that require grad).
-        path: ``"auto"`` (default), ``"dense"``, ``"sdpa"``, ``"flash"`` or ``"scan"``; see the
+        path: ``"auto"`` (default), ``"dense"``, ``"sdpa"``, ``"flash"``, ``"flex"`` or ``"scan"``; see the
             module docstring. A forced fast path outside its corner raises ValueError.
         return_imag: also return the imaginary part of the readout.
         block_q, block_k, block_bh: tile of the ``flash`` path: query positions, key positions
@@ -662,6 +694,9 @@ def resolvent_attention(
     chosen = select_path(phase, beta, qk, g) if path == "auto" else path
     free = _phase_free(phase, g)
     cdt = _compute_dtype(q.dtype)
+    if (path == "auto" and chosen == "flash" and free and q.device.type == "cuda"
+            and cdt == torch.float32 and _has_flex()):
+        chosen = "flex"  # never run on a GPU when written: see drmlab.resolvent.flex
 
     if chosen == "sdpa":
         if not (_fixed_at(g, 0.0) and _fixed_at(beta, 1.0)):
@@ -679,6 +714,10 @@ def resolvent_attention(
         with torch.autocast(device_type=q.device.type, enabled=False):
             if chosen == "dense":
                 re, im = _dense(q, k, v, magnitude, None if free else phase, beta_t, qk_t, g_t, cdt)
+            elif chosen == "flex":
+                if not free:
+                    raise ValueError("path='flex' needs a phase-free head (no phase, or g = 0)")
+                re, im = _flex(q, k, v, magnitude, beta_t, qk_t, g_t, cdt, block_q)
             elif chosen == "flash":
                 re, im = _flash(q, k, v, magnitude, phase, beta_t, qk_t, g_t, cdt, free,
                                 block_q, block_k, block_bh)
