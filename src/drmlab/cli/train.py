@@ -157,9 +157,10 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         if args.out is None:
             raise ValueError("--resume needs --out DIR (the run to continue)")
-        if not RunDir(args.out).has_config():
-            raise FileNotFoundError(f"nothing to resume: {RunDir(args.out).config_path} does not exist")
-        saved = RunDir(args.out).read_config()
+        resumed = RunDir(args.out)
+        if not resumed.has_config():
+            raise FileNotFoundError(f"nothing to resume: {resumed.config_path} does not exist")
+        saved = resumed.read_config()
     name, preset, data, tokenizer, model_overrides, cfg = resolve_settings(args, saved)
     out = Path(args.out or f"runs/{name}-{preset}-seed{cfg.seed}")
     if main_process and not args.resume and not args.overwrite and RunDir(out).holds_run():

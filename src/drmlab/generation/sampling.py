@@ -14,9 +14,8 @@ import torch
 @torch.no_grad()
 def prefill(model, tokens: torch.Tensor) -> tuple[torch.Tensor, object]:
     """Logits after the last prompt token [B, vocab] and the decoding state that continues it,
-    from one parallel forward (``model(tokens, return_state=True)``): no per-token loop."""
-    if tokens.dim() != 2 or tokens.shape[1] == 0:
-        raise ValueError(f"the prompt must have shape [batch, length >= 1], got {tuple(tokens.shape)}")
+    from one parallel forward (``model(tokens, return_state=True)``): no per-token loop. The model
+    checks the prompt (``drmlab.models.inputs``: an empty or mis-shaped one is a ValueError)."""
     out = model(tokens, return_state=True)
     return out.logits[:, -1], out.state
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from drmlab.models.inputs import check_tokens  # noqa: F401  (its former home; the contract is in inputs)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from .. import ckernels, threads
-from .op import selective_scan_op
+from .op import fused_scan
 
 __all__ = ["KERNEL", "SOURCE", "prepare", "scan", "forward", "backward", "saved_shape", "unavailable",
            "C_DTYPES"]
@@ -139,11 +139,4 @@ def scan(x, dt, A, Bm, Cm, h0=None, *, chunk: int = 0, recompute: bool = False):
     (:mod:`.op`: its gradient and fake implementation; one opaque node under ``torch.compile``).
     ``chunk`` and ``recompute`` tune the chunked torch path only: the kernel picks its own
     segment length and always recomputes."""
-    dtype = torch.promote_types(x.dtype, torch.float32)
-    with torch.autocast(device_type="cpu", enabled=False):
-        x, dt, A, Bm, Cm = (t.to(dtype).contiguous() for t in (x, dt, A, Bm, Cm))
-        h0 = None if h0 is None else h0.to(dtype).contiguous()
-        need_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, dt, A, Bm, Cm, h0))
-        y, h_last, _ = selective_scan_op(x, dt, A, Bm, Cm, h0, need_grad, "c")
-    return y, h_last
+    return fused_scan(x, dt, A, Bm, Cm, h0, "c")

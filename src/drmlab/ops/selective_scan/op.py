@@ -72,6 +72,21 @@ def selective_scan_op(x: Tensor, dt: Tensor, A: Tensor, Bm: Tensor, Cm: Tensor, 
     return tuple(t.to(dtype).contiguous() for t in (y, h_last, saved))
 
 
+def fused_scan(x: Tensor, dt: Tensor, A: Tensor, Bm: Tensor, Cm: Tensor, h0: Optional[Tensor], backend: str
+               ) -> tuple[Tensor, Tensor]:
+    """(y, h_last) of a fused backend (``"c"`` or ``"triton"``) through :func:`selective_scan_op`:
+    inputs made contiguous in the compute dtype (float64 stays, everything else float32), autocast
+    off, the saved segment states only when a gradient will be asked for."""
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        x, dt, A, Bm, Cm = (t.to(dtype).contiguous() for t in (x, dt, A, Bm, Cm))
+        h0 = None if h0 is None else h0.to(dtype).contiguous()
+        need_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, dt, A, Bm, Cm, h0))
+        y, h_last, _ = selective_scan_op(x, dt, A, Bm, Cm, h0, need_grad, backend)
+    return y, h_last
+
+
 @selective_scan_op.register_fake
 def _selective_scan_fake(x, dt, A, Bm, Cm, h0, need_grad, backend):
     b, length, e = x.shape

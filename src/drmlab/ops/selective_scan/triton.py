@@ -53,7 +53,7 @@ from typing import Optional
 import torch
 
 from ..linear_scan.triton import AUTO_DEVICES, FP_FUSION, jit_kernels, triton_unavailable
-from .op import selective_scan_op
+from .op import fused_scan
 
 __all__ = ["scan", "forward", "backward", "saved_shape", "segment_length", "unavailable",
            "AUTO_DEVICES", "BLOCK_E", "SEGMENT_STEPS", "TILE_ELEMENTS"]
@@ -294,11 +294,4 @@ def scan(x, dt, A, Bm, Cm, h0=None, *, chunk: int = 0, recompute: bool = False):
     :func:`drmlab.ops.selective_scan`), through the custom operator ``drmlab::selective_scan``
     (its gradient and fake implementation: :mod:`.op`).  ``chunk`` and ``recompute`` tune the
     chunked torch path only: these kernels pick their own segment length and always recompute."""
-    dtype = torch.promote_types(x.dtype, torch.float32)
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        x, dt, A, Bm, Cm = (t.to(dtype).contiguous() for t in (x, dt, A, Bm, Cm))
-        h0 = None if h0 is None else h0.to(dtype).contiguous()
-        need_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, dt, A, Bm, Cm, h0))
-        y, h_last, _ = selective_scan_op(x, dt, A, Bm, Cm, h0, need_grad, "triton")
-    return y, h_last
+    return fused_scan(x, dt, A, Bm, Cm, h0, "triton")
