@@ -13,6 +13,8 @@ REFERENCE_125M = {
     # the rest of the reference table (docs/drm.md section A.5.3)
     "B": 127_266_438, "C": 127_266_438, "E": 129_625_734, "F": 132_525_446, "G": 125_829_830,
     "H": 127_009_664, "I": 127_009_664, "J_DILATED": 127_191_968, "J_NO_NATURALIZATION": 126_080_896,
+    # the upstream project's later variants (../shared/notes/upstream-asm.md section 1)
+    "J_DIRECT_CONTROL": 29_777_664, "J_DIRECT_CONTROL_MATCHED": 83_206_700,
 }
 
 
@@ -40,6 +42,29 @@ def test_ssm_control_matched_within_one_percent(preset):
     j = closed_form_parameter_count(build_config("J", preset))
     control = closed_form_parameter_count(build_config("SSM_CONTROL", preset))
     assert control <= j and (j - control) / j < 0.01
+
+
+@pytest.mark.parametrize("preset", ["micro", "tiny", "small", "125m"])
+def test_direct_control_matched_is_nearest_to_no_direction(preset):
+    """ASM-S's rule: the memory width whose count is nearest J_NO_DIRECTION's (at 125m 7,212, +300)."""
+    target = closed_form_parameter_count(build_config("J_NO_DIRECTION", preset))
+    config = build_config("J_DIRECT_CONTROL_MATCHED", preset)
+    gaps = {w: abs(closed_form_parameter_count(build_config("J_DIRECT_CONTROL_MATCHED", preset, memory_hidden=w)) - target)
+            for w in (config.memory_hidden - 1, config.memory_hidden, config.memory_hidden + 1)}
+    assert gaps[config.memory_hidden] == min(gaps.values())
+    assert gaps[config.memory_hidden] < gaps[config.memory_hidden - 1] and gaps[config.memory_hidden] <= gaps[config.memory_hidden + 1]
+    if preset == "125m":
+        assert config.memory_hidden == 7212
+    # the floor rule (SSM_CONTROL's) stays below its target
+    assert closed_form_parameter_count(build_config("SSM_CONTROL", preset)) <= closed_form_parameter_count(build_config("J", preset))
+
+
+def test_matched_width_follows_overrides():
+    """A caller's dimension override moves both sides of the match (the reference is rebuilt with it)."""
+    target = closed_form_parameter_count(build_config("J_NO_DIRECTION", "micro", d_state=24))
+    config = build_config("J_DIRECT_CONTROL_MATCHED", "micro", d_state=24)
+    per_unit = config.d_read + config.d_token + 1 + 3 * config.d_state
+    assert abs(closed_form_parameter_count(config) - target) <= per_unit / 2
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

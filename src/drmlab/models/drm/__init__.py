@@ -1,7 +1,8 @@
 """The DRM family (``docs/drm.md``): config, components, model, losses, solvers and diagnostics.
 
 Its model names are the variants A-J, J_DILATED, J_NO_DIRECTION, J_NO_METRIC,
-J_NO_NATURALIZATION and SSM_CONTROL (:data:`VARIANTS`).
+J_NO_NATURALIZATION, SSM_CONTROL and the upstream project's later variants J_DIRECT_CONTROL and
+J_DIRECT_CONTROL_MATCHED (:data:`VARIANTS`).
 """
 
 from .config import PRESET_DIMS, VARIANTS, DRMConfig, build_config, closed_form_parameter_count

@@ -251,6 +251,8 @@ def _variant_overrides(name: str, dims: dict) -> dict:
     c = dict(b, **gate_fix)
     d = dict(c, token_state_residual=True)
     j = dict(ce_only, risk="none", token_state_residual=True, selective_memory=True)
+    direct = dict(j, use_direction_field=False, use_relational_metric=False, use_metric_naturalization=False,
+                  step_mode="velocity")
     table = {
         "A": a,
         "B": b,
@@ -267,6 +269,11 @@ def _variant_overrides(name: str, dims: dict) -> dict:
         "J_NO_DIRECTION": dict(j, use_direction_field=False),
         "J_NO_NATURALIZATION": dict(j, use_metric_naturalization=False),
         "SSM_CONTROL": dict(j, use_drm_geometry=False),  # memory width matched in build_config
+        # the upstream project's later variants (docs/drm.md section U): the direct transition with
+        # neither metric nor naturalization (ASM-D), and the same with its memory widened until its
+        # count is nearest to J_NO_DIRECTION's (ASM-S; width matched in build_config)
+        "J_DIRECT_CONTROL": direct,
+        "J_DIRECT_CONTROL_MATCHED": direct,
     }
     return table[name]
 
@@ -288,7 +295,10 @@ def _narrow_two_stage(dims: dict) -> dict:
 VARIANTS = (
     "A", "B", "C", "D", "E", "F", "G", "H", "I", "J", "J_DILATED",
     "J_NO_DIRECTION", "J_NO_METRIC", "J_NO_NATURALIZATION", "SSM_CONTROL",
+    "J_DIRECT_CONTROL", "J_DIRECT_CONTROL_MATCHED",
 )
+# variant -> (the variant whose parameter count its memory width matches, the matching rule)
+MATCHED_MEMORY = {"SSM_CONTROL": ("J", "floor"), "J_DIRECT_CONTROL_MATCHED": ("J_NO_DIRECTION", "nearest")}
 
 
 def build_config(variant: str, preset: str, vocab_size: int = 256, **overrides) -> DRMConfig:
@@ -308,9 +318,11 @@ def build_config(variant: str, preset: str, vocab_size: int = 256, **overrides) 
     values.update(overrides)
     config = DRMConfig(**values)
     config.validate()
-    if variant == "SSM_CONTROL" and "memory_hidden" not in overrides:
-        reference = build_config("J", preset, vocab_size, **{k: v for k, v in overrides.items() if k != "use_drm_geometry"})
-        config.memory_hidden = matched_memory_width(config, closed_form_parameter_count(reference))
+    if variant in MATCHED_MEMORY and "memory_hidden" not in overrides:
+        reference_variant, rule = MATCHED_MEMORY[variant]
+        own = set(_variant_overrides(variant, dims)) - set(_variant_overrides(reference_variant, dims))
+        reference = build_config(reference_variant, preset, vocab_size, **{k: v for k, v in overrides.items() if k not in own})
+        config.memory_hidden = matched_memory_width(config, closed_form_parameter_count(reference), rule=rule)
     return config
 
 
@@ -362,11 +374,19 @@ def closed_form_parameter_count(c: DRMConfig) -> int:
     return total
 
 
-def matched_memory_width(control: DRMConfig, target: int) -> int:
-    """Largest memory width S whose model does not exceed ``target`` parameters.
+def matched_memory_width(control: DRMConfig, target: int, rule: str = "floor") -> int:
+    """The memory width S that matches ``control``'s parameter count to ``target``.
 
-    This is the rule that reproduces the reference SSM_CONTROL (S = 14,944 at 125m).
+    ``rule="floor"``: the largest S whose model does not exceed ``target`` (the reference
+    SSM_CONTROL, S = 14,944 at 125m). ``rule="nearest"``: the S whose count is nearest to
+    ``target``, the upstream ASM-S rule (S = 7,212 at 125m, 300 parameters above J_NO_DIRECTION;
+    the floor rule would give 7,211, 7,381 below); a tie goes to the smaller width.
     """
+    if rule not in ("floor", "nearest"):
+        raise ValueError(f"rule must be 'floor' or 'nearest', got {rule!r}")
     per_unit = control.d_read + control.d_token + 1 + 3 * control.d_state
     without = closed_form_parameter_count(dataclasses.replace(control, memory_hidden=0))
-    return max(1, (target - without) // per_unit)
+    width = max(1, (target - without) // per_unit)
+    if rule == "nearest" and abs(without + (width + 1) * per_unit - target) < abs(without + width * per_unit - target):
+        width += 1
+    return width
