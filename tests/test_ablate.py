@@ -158,3 +158,27 @@ def test_the_study_runs_from_python_with_plain_arguments(corpus_file, tmp_path, 
     with pytest.raises(ValueError, match="n_positions=32; raise the model setting GPT2.n_positions to 64"):
         ablate.plan_study(["GPT2"], [1], "micro", train={"seq_len": 64})
 
+
+
+def test_a_stopped_run_inside_a_study_is_one_line(corpus_file, tmp_path, monkeypatch, capsys):
+    """SIGTERM or a non-finite stop inside `drmlab ablate` ends the command with one line, no traceback."""
+    from drmlab.cli import main
+    from drmlab.training import trainer
+
+    argv = ["ablate", "--models", "GPT2", "--seeds", "1", "--preset", "micro", "--tokens", "1k", "--out",
+            str(tmp_path / "s"), "--data", str(corpus_file), "--cache-dir", str(tmp_path / "cache"), "--quiet"]
+
+    def stopped(*args, **kwargs):
+        raise trainer.TrainingInterrupted("SIGTERM received: stopped after step 2 of 4, checkpoint committed in X", 15, 2)
+
+    monkeypatch.setattr(trainer, "train", stopped)
+    assert main(argv) == 143
+    err = capsys.readouterr().err
+    assert "SIGTERM received" in err and "rerun the same command" in err and "Traceback" not in err
+
+    def diverged(*args, **kwargs):
+        raise trainer.DivergenceError("the loss diverged: 9.9 at step 3; stopped")
+
+    monkeypatch.setattr(trainer, "train", diverged)
+    assert main(argv) == 1
+    assert "error: the loss diverged" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """The package graph: imports flow one way (docs/architecture.md), counting imports inside functions.
 
-ops <- resolvent <- models <- runs <- data / training / evaluation / generation <- experiments <- cli,
+ops <- resolvent <- models <- runs <- data / training / evaluation / generation <- integrations (with its
+public alias hf) <- experiments <- cli,
 with the base leaves (naming, presets, devices) below everything. A module may import its own
 package, any package of a lower layer, and a package of its own layer only while the graph of
 those same-layer imports has no loop.
@@ -24,8 +25,9 @@ LAYERS = {
     "data": 3,
     "runs": 4,
     "training": 5, "evaluation": 5, "generation": 5,
-    "experiments": 6,
-    "cli": 7,
+    "integrations": 6, "hf": 6,
+    "experiments": 7,
+    "cli": 8,
 }
 
 

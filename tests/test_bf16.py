@@ -34,7 +34,8 @@ LOGIT_BOUND_EPS = 8
 # LOOPED's SSM mixer (the study's selective SSM, and Mamba's mixer inside LOOPED).
 EXTRA = {"LOOPED:MC": {"arm": "MC"}, "LOOPED:MC/mamba": {"arm": "MC", "ssm_variant": "mamba"}}
 # Models that run a scan (a test that would pass with no scan call at all proves nothing).
-SCANNING = {"J", "J_DILATED", "J_NO_DIRECTION", "J_NO_METRIC", "J_NO_NATURALIZATION", "SSM_CONTROL", "MAMBA",
+SCANNING = {"J", "J_DILATED", "J_NO_DIRECTION", "J_NO_METRIC", "J_NO_NATURALIZATION", "SSM_CONTROL", "MAMBA", "ASM_CM",
+            "J_DIRECT_CONTROL", "J_DIRECT_CONTROL_MATCHED", "J_METRIC_SUBSPACE", "J_METRIC_ORTHONORMAL_DIRECTION",
             "LOOPED:MC", "LOOPED:MC/mamba"}
 RUNNING_SUMS = ("cumsum", "cumprod", "logcumsumexp")
 WIDE = (torch.float32, torch.float64, torch.complex64, torch.complex128)

@@ -15,6 +15,8 @@ REFERENCE_125M = {
     "H": 127_009_664, "I": 127_009_664, "J_DILATED": 127_191_968, "J_NO_NATURALIZATION": 126_080_896,
     # the upstream project's later variants (../shared/notes/upstream-asm.md section 1)
     "J_DIRECT_CONTROL": 29_777_664, "J_DIRECT_CONTROL_MATCHED": 83_206_700,
+    "J_METRIC_SUBSPACE": 126_080_896, "J_METRIC_ORTHONORMAL_DIRECTION": 126_080_896,
+    "ASM_CM": 84_011_396,  # J_NO_DIRECTION + the durable fast-weight memory (804,996; docs/drm.md section V)
 }
 
 
@@ -98,7 +100,8 @@ def test_prefix_causality_float32(variant):
     _causality_check(build_model(variant, preset="micro", seed=2), torch.float32, 1e-6)
 
 
-@pytest.mark.parametrize("variant", ["J", "J_DILATED", "SSM_CONTROL", "G", "J_NO_DIRECTION", "A"])
+@pytest.mark.parametrize("variant", ["J", "J_DILATED", "SSM_CONTROL", "G", "J_NO_DIRECTION", "A",
+                                     "J_METRIC_SUBSPACE", "J_METRIC_ORTHONORMAL_DIRECTION"])
 def test_prefix_causality_float64(variant):
     _causality_check(build_model(variant, preset="micro", seed=2), torch.float64, 1e-12)
 

@@ -213,6 +213,30 @@ def test_resume_is_bit_exact(tmp_path):
     assert summary["val_ce"] == straight["val_ce"] and summary["steps"] == 8
 
 
+def test_milestones_rescore_the_model_as_it_was_then(tmp_path):
+    """A milestone row is the final evaluation of the weights after that step (the same number as
+    rescoring a run stopped there), does not change training, and survives a resume."""
+    tr, va = _data()
+    cfg = _cfg(tokens=8 * 16 * 8, milestones=[8 * 16 * 2, 8 * 16 * 5])
+    evaluate = rescorer(va, cfg.seq_len, batch_size=cfg.eval_batch_size)
+    full = train(TinyLM(seed=3), tr, va, cfg, tmp_path / "full", quiet=True, evaluate=evaluate)
+    marks = [r for r in full["rows"] if r["kind"] == "milestone"]
+    assert [(r["step"], r["tokens"]) for r in marks] == [(2, 256), (5, 640)]
+    plain = train(TinyLM(seed=3), tr, va, _cfg(tokens=8 * 16 * 8), quiet=True)
+    assert [r["loss"] for r in full["rows"] if r["kind"] == "train"] == [r["loss"] for r in plain["rows"] if r["kind"] == "train"]
+    stopped = TinyLM(seed=3)
+    train(stopped, tr, va, cfg, tmp_path / "stopped", quiet=True, stop_after_step=5, evaluate=evaluate)
+    assert marks[1]["val_ce"] == evaluate(stopped, torch.device("cpu"))["ce"]
+    resumed = train(TinyLM(seed=0), tr, va, cfg, tmp_path / "stopped", resume=True, quiet=True, evaluate=evaluate)
+    assert [r["val_ce"] for r in read_metrics(tmp_path / "stopped") if r["kind"] == "milestone"] == [r["val_ce"] for r in marks]
+    assert resumed["val_ce"] == full["val_ce"]
+    with pytest.raises(ValueError, match="milestones must increase"):
+        _cfg(tokens=1024, milestones=[512, 256]).validate()
+    with pytest.raises(ValueError, match="below the budget"):
+        _cfg(tokens=1024, milestones=[1024]).validate()
+    assert split_overrides({"milestones": "1M,2M"}, ())[0] == {"milestones": [1_000_000, 2_000_000]}
+
+
 def test_resume_rejects_changed_settings(tmp_path):
     tr, va = _data()
     train(TinyLM(), tr, va, _cfg(), tmp_path, quiet=True, stop_after_step=2)

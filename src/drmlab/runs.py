@@ -12,6 +12,7 @@ Everything that reads or writes a run goes through :class:`RunDir`. A run direct
   the torch RNG state(s) as ``rng.*``), ``trainer_state.json`` (step, tokens, timings, optimizer
   hyper-parameters and its non-tensor state) and ``manifest.json`` (the same sums as the pointer);
 * ``summary.json`` -- the finished run's numbers; ``eval.json`` -- a later ``drmlab eval``;
+* ``tensorboard/`` -- with ``--tensorboard``, metrics.jsonl's rows as TensorBoard event files;
 * ``.lock`` -- held (``flock``) by the one process writing the run; it names that process.
 
 **Commit protocol.** A checkpoint is written complete into a temporary folder (every file fsynced),
@@ -52,6 +53,7 @@ SUMMARY_FILE = "summary.json"
 EVAL_FILE = "eval.json"
 POINTER_FILE = "checkpoint.json"
 CHECKPOINTS_DIR = "checkpoints"
+TENSORBOARD_DIR = "tensorboard"  # event files written with --tensorboard (drmlab.training.tensorboard)
 LOCK_FILE = ".lock"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -320,10 +322,12 @@ class RunDir:
         return "a run that wrote no checkpoint"
 
     def remove_run(self) -> None:
-        """Delete this run's own files (config, metrics, summary, eval.json, checkpoints); nothing else."""
+        """Delete this run's own files (config, metrics, summary, eval.json, checkpoints, TensorBoard
+        event files); nothing else."""
         for name in RUN_FILES:
             (self.path / name).unlink(missing_ok=True)
         shutil.rmtree(self.path / CHECKPOINTS_DIR, ignore_errors=True)
+        shutil.rmtree(self.path / TENSORBOARD_DIR, ignore_errors=True)
         self.clean_orphans()
 
     def clean_orphans(self) -> list[str]:
@@ -613,21 +617,31 @@ class RunDir:
 
 
 class MetricsLog:
-    """Appends rows to ``metrics.jsonl`` (line-buffered) and keeps them; ``path=None`` keeps them only."""
+    """Appends rows to ``metrics.jsonl`` (line-buffered) and keeps them; ``path=None`` keeps them only.
 
-    def __init__(self, path: Path | None):
+    ``sinks``: objects with ``write(row)`` and ``close()`` that receive every row after it is in the
+    file (metrics.jsonl stays the one source of truth), e.g. TensorBoard's
+    (:class:`drmlab.training.tensorboard.TensorBoardSink`)."""
+
+    def __init__(self, path: Path | None, sinks=()):
         self.handle = open(path, "a", buffering=1) if path is not None else None
         self.rows: list[dict] = []
+        self.sinks = list(sinks)
 
     def log(self, row: dict) -> None:
         self.rows.append(row)
         if self.handle is not None:
             self.handle.write(json.dumps(row) + "\n")
+        for sink in self.sinks:
+            sink.write(row)
 
     def close(self) -> None:
         if self.handle is not None:
             self.handle.close()
             self.handle = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
 
 def load_run_model(run_dir: str | Path, device: str | torch.device | None = "cpu"):

@@ -19,11 +19,15 @@ VERBS = {
     "train": "drmlab.cli.train",
     "eval": "drmlab.cli.eval",
     "generate": "drmlab.cli.generate",
+    "export": "drmlab.cli.export",
+    "lm-eval": "drmlab.cli.lm_eval",
     "inspect": "drmlab.cli.inspect",
     "ablate": "drmlab.cli.ablate",
     "mqar": "drmlab.cli.mqar",
+    "specialise": "drmlab.cli.specialise",
     "loop-study": "drmlab.cli.loop_study",
     "compare": "drmlab.cli.compare",
+    "report": "drmlab.cli.report",
     "proofs": "drmlab.cli.proofs",
     "residual-probe": "drmlab.cli.residual_probe",
     "readme": "drmlab.cli.readme",
@@ -55,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"drmlab {args.verb}: interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as exc:  # a training stop inside a study (drmlab train reports its own)
+        code = training_stop(args.verb, exc)
+        if code is None:
+            raise
+        return code
     except (ValueError, OSError, ImportError) as exc:  # bad input, missing or damaged files, a full disk
         print(f"drmlab {args.verb}: error: {exc}", file=sys.stderr)
         return 2
@@ -62,3 +71,19 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def training_stop(verb: str, exc: BaseException) -> int | None:
+    """One line for a run of a study stopped by a signal (exit 128 + signal) or by the trainer's
+    non-finite / divergence guards (exit 1); None for any other error. The trainer's classes are
+    looked up only when the trainer was imported (this module imports no torch)."""
+    trainer = sys.modules.get("drmlab.training.trainer")
+    if trainer is None:
+        return None
+    if isinstance(exc, trainer.TrainingInterrupted):
+        print(f"drmlab {verb}: {exc}\n  rerun the same command to continue", file=sys.stderr)
+        return 128 + exc.signal
+    if isinstance(exc, trainer.NonFiniteLossError):
+        print(f"drmlab {verb}: error: {exc}", file=sys.stderr)
+        return 1
+    return None

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from drmlab.cli.common import add_data_arguments, add_runtime_arguments, apply_threads, log_to_stderr, parse_seeds, split_list
+from drmlab.cli.common import (add_data_arguments, add_lr_sweep_arguments, add_runtime_arguments, add_tensorboard_argument, apply_threads,
+                               check_tensorboard, log_to_stderr, parse_seeds, split_list)
 from drmlab.naming import suggest
 from drmlab.presets import PRESETS
 
@@ -22,8 +23,12 @@ examples:
   drmlab ablate                                     # J, SSM_CONTROL, GPT2 x seeds 1,2,3, tiny, 5,005,312 tokens
   drmlab ablate --models J,J_NO_DIRECTION --seeds 1,2,3 --preset tiny --tokens 1M --out studies/dir
   drmlab ablate --models J,GPT2 --set J.d_state=64 --set lr=1e-3
+  drmlab ablate --models J,GPT2 --lr-grid 5e-4,1e-3,2e-3,4e-3 --tune-tokens 1M   # each at its own best lr
 
-  Rerun the same command to resume an interrupted study. Settings: --set KEY=VALUE applies a train
+  With --lr-grid every model first trains once per rate (first seed, --tune-tokens tokens), is scored
+  on a slice held out of the training split, and runs its seeds at its best rate.
+  Rerun the same command to resume an interrupted study; run it in a second terminal to use a second
+  core (each process takes the runs the other does not hold). Settings: --set KEY=VALUE applies a train
   setting to every run; --set MODEL.KEY=VALUE a model setting to that model only.
 
 promotion gate (the reference's, for every ordered pair candidate/baseline): >= 3 paired seeds,
@@ -48,10 +53,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--out", default=None, metavar="DIR", help="study directory (default studies/ablate-PRESET)")
     add_data_arguments(parser)
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
+    add_lr_sweep_arguments(parser)
     parser.add_argument("--eval-tokens", default=None, metavar="N", help="cap on validation tokens rescored per run (default: all)")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="[MODEL.]KEY=VALUE",
                         help="train setting for every run, or MODEL.KEY=VALUE for one model's config; repeatable")
     parser.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast for training")
+    add_tensorboard_argument(parser, "each run's directory (OUT/runs/MODEL-seedS)")
     add_runtime_arguments(parser)
     parser.set_defaults(func=run)
     return parser
@@ -82,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.experiments import ablate, ablate_report
     from drmlab.cli.common import parse_assignments
 
+    check_tensorboard(args)
     apply_threads(args)
     models = split_list(args.models, "models")
     seeds = parse_seeds(args.seeds)
@@ -90,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
     results = ablate.run_study(models, seeds, out=out, preset=args.preset, tokens=args.tokens,
                                train=train_settings(args, train), model_settings=model_settings, data=args.data,
                                tokenizer=args.tokenizer or "bytes", cache_dir=args.cache_dir, device=args.device,
-                               quiet=args.quiet, log=log_to_stderr)
+                               quiet=args.quiet, log=log_to_stderr, lr_grid=args.lr_grid, tune_tokens=args.tune_tokens,
+                               tensorboard=args.tensorboard)
     print(ablate_report.markdown(results))
-    print(f"results in {out}/: results.md, results.csv, results.json, curves.png, seeds.png")
+    print(f"results in {out}/: results.md, results.csv, results.json, curves.png, seeds.png"
+          + (", lr_sweep.png" if results.get("lr_sweep") else ""))
     return 0

@@ -28,6 +28,22 @@ def add_runtime_arguments(parser: argparse.ArgumentParser, *, device_default: st
         parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def add_tensorboard_argument(parser: argparse.ArgumentParser, where: str = "the run directory") -> None:
+    """--tensorboard: metrics.jsonl's rows also as TensorBoard event files (an output option, not a setting)."""
+    parser.add_argument("--tensorboard", action="store_true",
+                        help=f"also write every metrics row (loss, lr, grad norm, tokens/s, sampled validation CE, DRM "
+                             f"diagnostics) as TensorBoard event files into {where}/tensorboard/; may differ on a "
+                             "resume (needs: pip install 'drmlab[tensorboard]')")
+
+
+def check_tensorboard(args: argparse.Namespace) -> None:
+    """Refuse --tensorboard without the tensorboard package, in one line, before any corpus is loaded."""
+    if getattr(args, "tensorboard", False):
+        from drmlab.training.tensorboard import require_tensorboard
+
+        require_tensorboard()
+
+
 def apply_threads(args: argparse.Namespace) -> None:
     """Set torch's intra-op threads from ``--threads`` (when given and positive)."""
     threads = getattr(args, "threads", None)
@@ -125,3 +141,11 @@ def parse_assignments(items: list[str] | None) -> dict:
             raise ValueError(f"--set expects key=value, got {item!r}")
         out[key] = parse_value(value.strip())
     return out
+
+
+def add_lr_sweep_arguments(parser: argparse.ArgumentParser, budget: str = "--tokens") -> None:
+    """--lr-grid and --tune-tokens: sweep the learning rate per model first (drmlab.experiments.lr_sweep)."""
+    parser.add_argument("--lr-grid", default=None, metavar="LR,LR,...",
+                        help="sweep these rates per model (first seed, scored on a slice held out of the training "
+                             "data, never the validation split), then run its seeds at its best rate; instead of --lr")
+    parser.add_argument("--tune-tokens", default=None, metavar="N", help=f"budget of each sweep run (default: {budget})")

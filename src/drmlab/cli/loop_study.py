@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from drmlab.cli.common import add_data_arguments, add_runtime_arguments, apply_threads, log_to_stderr, parse_seeds, split_list
+from drmlab.cli.common import add_data_arguments, add_lr_sweep_arguments, add_runtime_arguments, apply_threads, log_to_stderr, parse_seeds, split_list
 from drmlab.presets import PRESETS
 
 DEFAULT_ARMS = "A,B,C,I12u,I12"
@@ -30,10 +30,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--out", default=None, metavar="DIR", help="study directory (default studies/loop-PRESET)")
     add_data_arguments(parser)
     parser.add_argument("--lr", type=float, default=None)
+    add_lr_sweep_arguments(parser)
     parser.add_argument("--eval-tokens", default=None, metavar="N")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="a train setting for every run, repeatable")
     parser.add_argument("--bf16", action="store_true", default=None)
+    parser.add_argument("--eval-loops", default=None, metavar="N1,N2,...",
+                        help="also rescore every trained looped arm with its blocks applied N' times for each N' "
+                             "given (e.g. 2,4,8,16), eps frozen at the trained value and re-set to 1/N' "
+                             "(docs/looped.md section 4.1); vanilla arms are reported as not applicable")
     add_runtime_arguments(parser)
     parser.set_defaults(func=run)
     return parser
@@ -52,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
         arms, seeds, out=out, preset=args.preset, tokens=args.tokens,
         train=train_settings(args, parse_assignments(args.assignments)), data=args.data,
         tokenizer=args.tokenizer or "bytes", cache_dir=args.cache_dir, device=args.device, quiet=args.quiet,
-        log=log_to_stderr)
+        log=log_to_stderr, lr_grid=args.lr_grid, tune_tokens=args.tune_tokens, eval_loops=args.eval_loops)
     print(ablate_report.markdown(results))
     print(loop_table)
-    print(f"results in {out}/: results.md, results.json, loop.md, curves.png, seeds.png, loss_vs_n.png")
+    extra = ", eval_loops.png (and eval_loops/, the per-run scores)" if args.eval_loops is not None else ""
+    print(f"results in {out}/: results.md, results.json, loop.md, curves.png, seeds.png, loss_vs_n.png{extra}")
     return 0

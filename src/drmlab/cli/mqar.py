@@ -3,6 +3,8 @@
 Parses the flags into plain arguments of :func:`drmlab.experiments.mqar.plan_study` and
 :func:`~drmlab.experiments.mqar.run_planned`, prints each run's line to stderr and the table to
 stdout. The defaults below mirror the study's (tests/test_cli.py checks they agree).
+``--protocol distance`` runs :mod:`drmlab.experiments.mqar_distance` instead (docs/mqar.md section 8):
+the flags both protocols share default to None here and take each protocol's own default.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from drmlab.cli.common import add_runtime_arguments, apply_threads, log_to_stderr, parse_int_list, parse_seeds, split_list
+from drmlab.cli.common import (add_runtime_arguments, add_tensorboard_argument, apply_threads, check_tensorboard,
+                               log_to_stderr, parse_int_list, parse_seeds, split_list)
 from drmlab.presets import PRESETS
 
 ANCHOR_ARM_NAMES = ("L1_ds8", "L1_ds64", "L4_ds8", "L4_ds64", "L4u_ds8", "L4u_ds64")
@@ -18,6 +21,21 @@ ARM_MODELS = ("study", "registry")
 DEFAULT_MODELS = "L1_ds64,L4_ds64,L4u_ds64"
 DEFAULT_KVS = "4,16"
 DEFAULT_SEEDS = "0,1"
+DEFAULT_STEPS, DEFAULT_BATCH_SIZE, DEFAULT_OUT = 1500, 256, "runs/mqar"
+PROTOCOLS = ("fixed", "distance")
+# --protocol distance (docs/mqar.md section 8; tests/test_mqar_distance.py checks they are the study's)
+DISTANCE_MODELS = "J_NO_DIRECTION,SSM_CONTROL"
+DISTANCE_SEEDS = "1234"
+DISTANCE_LENGTHS = "40,512,4096,32768"
+DISTANCE_STEPS, DISTANCE_BATCH_SIZE, DISTANCE_LR, DISTANCE_OUT = 2000, 32, 1e-3, "runs/mqar-distance"
+DISTANCE_MILESTONES = "250,500,1000,2000"
+DISTANCE_N_EVAL, DISTANCE_EVAL_BATCH, DISTANCE_EVAL_SEED, DISTANCE_CHUNK = 512, 128, 0, 512
+# the fixed protocol's own flags: refused with --protocol distance unless left at these defaults
+FIXED_ONLY = {"kv": "--kv", "vocab_kv": "--vocab-kv", "queries": "--queries", "seq_len": "--seq-len",
+              "n_train": "--n-train", "n_test": "--n-test", "arm_model": "--arm-model", "lr_grid": "--lr-grid"}
+DISTANCE_ONLY = {"lengths": "--lengths", "milestones": "--milestones", "lr": "--lr", "n_eval": "--n-eval",
+                 "eval_batch": "--eval-batch", "eval_seed": "--eval-seed", "chunk": "--chunk", "read_all": "--read-all",
+                 "ckpt": "--ckpt"}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -29,21 +47,26 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         epilog="anchor arms: " + " ".join(ANCHOR_ARM_NAMES) + "\nexamples:\n"
                "  drmlab mqar                                   # L1/L4/L4u at d_state 64, kv 4 and 16, seeds 0,1\n"
                "  drmlab mqar --models L4_ds64 --kv 4 --steps 300\n"
-               "  drmlab mqar --models GPT2,MAMBA,J --width 128 --kv 4,8,16",
+               "  drmlab mqar --models GPT2,MAMBA,J --width 128 --kv 4,8,16\n"
+               "  drmlab mqar --protocol distance --lengths 40,512,4096,32768   # recall after L - 40 filler tokens\n"
+               "  drmlab mqar --protocol distance --ckpt runs/specialised --read-all",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=DEFAULT_MODELS,
+    parser.add_argument("--models", default=None,
                         help=f"comma-separated registered models (NAME or NAME:ARM, e.g. LOOPED:B) and/or "
-                             f"anchor arms (default {DEFAULT_MODELS})")
+                             f"anchor arms (default {DEFAULT_MODELS}; distance: {DISTANCE_MODELS})")
     parser.add_argument("--kv", default=DEFAULT_KVS, help=f"comma-separated numbers of key-value pairs (default {DEFAULT_KVS})")
-    parser.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"comma-separated run seeds (default {DEFAULT_SEEDS})")
+    parser.add_argument("--seeds", default=None,
+                        help=f"comma-separated run seeds (default {DEFAULT_SEEDS}; distance: {DISTANCE_SEEDS})")
     parser.add_argument("--preset", default="tiny", choices=PRESETS, help="model preset for the non-width dimensions (default tiny)")
     parser.add_argument("--width", type=int, default=None, help="model width: d_model / n_embd / d_token = d_state "
                         "(docs/mqar.md section 5); default: the preset's (128 for the anchor arms)")
     parser.add_argument("--arm-model", choices=ARM_MODELS, default="study",
                         help="anchor arms: 'study' = untied head + torch default init (default); "
                              "'registry' = LOOPED as registered (tied head, GPT-2 init)")
-    parser.add_argument("--steps", type=int, default=1500, help="optimizer steps per run (default 1500)")
-    parser.add_argument("--batch-size", type=int, default=256, help="sequences per step (default 256)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"optimizer steps per run (default {DEFAULT_STEPS}; distance: {DISTANCE_STEPS})")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help=f"sequences per step (default {DEFAULT_BATCH_SIZE}; distance: {DISTANCE_BATCH_SIZE})")
     parser.add_argument("--vocab-kv", type=int, default=64, help="number of keys = number of values (default 64)")
     parser.add_argument("--queries", type=int, default=None, help="queries per sequence (default kv)")
     parser.add_argument("--seq-len", type=int, default=None, help="sequence length (default 2*kv + queries + 4)")
@@ -52,22 +75,100 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--n-test", type=int, default=1024, help="test sequences (default 1024)")
     parser.add_argument("--set", dest="assignments", action="append", metavar="KEY=VALUE",
                         help="a TrainConfig or model-config setting for every run (repeatable), e.g. lr=3e-4, d_state=16")
-    parser.add_argument("--out", default="runs/mqar", help="output folder (default runs/mqar)")
+    parser.add_argument("--lr-grid", default=None, metavar="LR,LR,...",
+                        help="sweep these rates per model and kv first (first seed, scored on held-out training "
+                             "sequences, never the test set), then train the seeds at the best one")
+    parser.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT}; distance: {DISTANCE_OUT})")
+    add_tensorboard_argument(parser, "each run's directory (OUT/runs/MODEL_kvK_sS)")
+    add_distance_arguments(parser)
     add_runtime_arguments(parser)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, fixed_only_defaults={dest: parser.get_default(dest) for dest in FIXED_ONLY})
     return parser
+
+
+def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
+    """--protocol and the flags of the distance protocol (docs/mqar.md section 8)."""
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="fixed",
+                        help="fixed: the kv-table probe above (default); distance: recall of 8 pairs after L - 40 "
+                             "filler tokens, trained on the 40-token control, read at --lengths")
+    group = parser.add_argument_group("--protocol distance")
+    group.add_argument("--lengths", default=None, help=f"example lengths L >= 40 (default {DISTANCE_LENGTHS}; "
+                       "the 40-token control is always read)")
+    group.add_argument("--milestones", default=None, help="training steps at which the control accuracy is measured "
+                       f"(default: those of {DISTANCE_MILESTONES} below --steps; --steps always is one)")
+    group.add_argument("--lr", type=float, default=None, help=f"constant AdamW learning rate (default {DISTANCE_LR:g})")
+    group.add_argument("--n-eval", type=int, default=None,
+                       help=f"evaluation sequences per length, 8 targets each (default {DISTANCE_N_EVAL})")
+    group.add_argument("--eval-batch", type=int, default=None,
+                       help=f"sequences read together (default {DISTANCE_EVAL_BATCH})")
+    group.add_argument("--eval-seed", type=int, default=None, help=f"seed of the evaluation sequences (default {DISTANCE_EVAL_SEED})")
+    group.add_argument("--chunk", type=int, default=None, help=f"inputs up to this many tokens are one forward; longer "
+                       f"ones prefill this many and step the rest (default {DISTANCE_CHUNK})")
+    group.add_argument("--read-all", action="store_true", help="read the long lengths even when the control failed")
+    group.add_argument("--ckpt", action="append", metavar="RUN_DIR",
+                       help="also evaluate this run directory's model (no training; repeatable); with --ckpt and no "
+                            "--models nothing is trained")
 
 
 def run(args: argparse.Namespace) -> int:
     from drmlab.experiments import mqar, mqar_report
     from drmlab.cli.common import parse_assignments
 
+    if args.protocol == "distance":
+        return run_distance(args)
+    fixed_defaults(args)
+    check_tensorboard(args)
     apply_threads(args)
     study = mqar.plan_study(split_list(args.models, "models"), parse_int_list(args.kv, "kv"), parse_seeds(args.seeds),
                             preset=args.preset, width=args.width, steps=args.steps, batch_size=args.batch_size,
                             vocab_kv=args.vocab_kv, queries=args.queries, seq_len=args.seq_len, n_train=args.n_train,
-                            n_test=args.n_test, arm_model=args.arm_model, settings=parse_assignments(args.assignments))
-    summary = mqar.run_planned(study, args.out, device=args.device, quiet=args.quiet, log=log_to_stderr)
+                            n_test=args.n_test, arm_model=args.arm_model, settings=parse_assignments(args.assignments),
+                            lr_grid=args.lr_grid)
+    summary = mqar.run_planned(study, args.out, device=args.device, quiet=args.quiet, log=log_to_stderr,
+                               tensorboard=args.tensorboard)
     print(mqar_report.markdown(summary), end="")
     print(f"wrote {Path(args.out) / 'mqar.md'}, mqar.json, mqar.png")
+    return 0
+
+
+def fixed_defaults(args: argparse.Namespace) -> None:
+    """The fixed protocol's defaults for the flags the two protocols share; distance flags are refused."""
+    given = [flag for dest, flag in DISTANCE_ONLY.items() if getattr(args, dest) is not None and getattr(args, dest) is not False]
+    if given:
+        raise ValueError(f"{', '.join(given)}: only with --protocol distance")
+    args.models = args.models or DEFAULT_MODELS
+    args.seeds = args.seeds or DEFAULT_SEEDS
+    args.steps = DEFAULT_STEPS if args.steps is None else args.steps
+    args.batch_size = DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size
+    args.out = args.out or DEFAULT_OUT
+
+
+def run_distance(args: argparse.Namespace) -> int:
+    """``--protocol distance``: :func:`drmlab.experiments.mqar_distance.plan_study` and ``run_planned``."""
+    from drmlab.cli.common import parse_assignments
+    from drmlab.experiments import mqar_distance, mqar_distance_report
+
+    given = [flag for dest, flag in FIXED_ONLY.items() if getattr(args, dest) != args.fixed_only_defaults[dest]]
+    if given:
+        raise ValueError(f"{', '.join(given)}: only with --protocol fixed")
+    check_tensorboard(args)
+    apply_threads(args)
+    models = split_list(args.models, "models") if args.models else ([] if args.ckpt else split_list(DISTANCE_MODELS, "models"))
+    steps = DISTANCE_STEPS if args.steps is None else args.steps
+    study = mqar_distance.plan_study(
+        models, parse_seeds(args.seeds or DISTANCE_SEEDS), ckpts=args.ckpt or (),
+        lengths=parse_int_list(args.lengths or DISTANCE_LENGTHS, "lengths"), preset=args.preset, width=args.width,
+        steps=steps, milestones=parse_int_list(args.milestones, "milestones") if args.milestones else None,
+        batch_size=DISTANCE_BATCH_SIZE if args.batch_size is None else args.batch_size,
+        lr=DISTANCE_LR if args.lr is None else args.lr,
+        n_eval=DISTANCE_N_EVAL if args.n_eval is None else args.n_eval,
+        eval_batch=DISTANCE_EVAL_BATCH if args.eval_batch is None else args.eval_batch,
+        eval_seed=DISTANCE_EVAL_SEED if args.eval_seed is None else args.eval_seed,
+        chunk=DISTANCE_CHUNK if args.chunk is None else args.chunk, read_all=args.read_all,
+        settings=parse_assignments(args.assignments))
+    out = Path(args.out or DISTANCE_OUT)
+    summary = mqar_distance.run_planned(study, out, device=args.device, quiet=args.quiet, log=log_to_stderr,
+                                        tensorboard=args.tensorboard)
+    print(mqar_distance_report.markdown(summary), end="")
+    print(f"wrote {out / 'results.md'}, results.json, results.png")
     return 0

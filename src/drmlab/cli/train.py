@@ -14,8 +14,9 @@ import os
 import sys
 from pathlib import Path
 
-from drmlab.cli.common import (add_data_arguments, add_runtime_arguments, apply_threads, check_model_names, check_seq_len,
-                               load_corpus_for, model_setting_names, parse_assignments)
+from drmlab.cli.common import (add_data_arguments, add_runtime_arguments, add_tensorboard_argument, apply_threads,
+                               check_model_names, check_seq_len, check_tensorboard, load_corpus_for, model_setting_names,
+                               parse_assignments)
 from drmlab.presets import PRESET_DEFAULTS
 from drmlab.training.config import SCHEDULES, TRAIN_KEYS, parse_tokens, resolve_train_config, split_overrides
 
@@ -30,11 +31,12 @@ examples:
   drmlab train --resume --out runs/gpt2-tiny     # continue an interrupted run exactly
   drmlab train --out runs/gpt2-tiny --overwrite  # delete that run and start it again
   drmlab train --model MAMBA --compile           # torch.compile the training forward as one graph
+  drmlab train --tensorboard                     # also TensorBoard event files: tensorboard --logdir runs
   torchrun --no-python --nproc_per_node 8 drmlab train --model J --preset 125m --fsdp   # FSDP2, 8 GPUs
 
 resuming: --resume continues bit-exactly and refuses other data, tokenizer, model settings or
-schedule-defining train settings. It accepts other --device/--threads/--quiet/--compile, evaluation and
-checkpoint cadence (--eval-every, --eval-tokens, --set checkpoint_every=...), a higher --tokens
+schedule-defining train settings. It accepts other --device/--threads/--quiet/--compile/--tensorboard,
+evaluation and checkpoint cadence (--eval-every, --eval-tokens, --set checkpoint_every=...), a higher --tokens
 under the constant schedule, and -- after a stop for non-finite values or divergence -- the advised
 fixes --lr, --set warmup_fraction=... and --set grad_clip=...; each change is recorded in a
 "resume" row of metrics.jsonl. Ctrl-C or SIGTERM finishes the current step, commits a checkpoint and
@@ -46,7 +48,8 @@ presets (tokens/step = batch x accum x seq_len; default budget if --tokens is om
 files written to --out: config.json (resolved settings), metrics.jsonl (one row per step and per
 evaluation), checkpoint.json naming checkpoints/step-N/ (model.safetensors, optimizer.safetensors,
 trainer_state.json, manifest.json with sha256 sums), summary.json (val_ce in nats/token, val_bpb in
-bits/byte, tokens, params, tokens_per_s). A second process writing the same run is refused.
+bits/byte, tokens, params, tokens_per_s); with --tensorboard, tensorboard/ (the rows of metrics.jsonl as
+event files). A second process writing the same run is refused. `drmlab report DIR` draws a run as one HTML page.
 """
 
 
@@ -103,6 +106,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="under torchrun: shard weights, gradients and optimizer state over the processes with "
                              "FSDP2 (each block, then the root) instead of DDP; the run directory keeps the "
                              "single-process format (no effect in one process)")
+    add_tensorboard_argument(parser)
     add_runtime_arguments(parser)
     parser.set_defaults(func=run)
     return parser
@@ -149,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
+    check_tensorboard(args)
     apply_threads(args)
     main_process = os.environ.get("RANK", "0") == "0"  # under torchrun only process 0 reports
     if not main_process:
@@ -199,7 +204,7 @@ def _train_reporting_stops(args, model, corpus, cfg, out: Path, run_info: dict, 
     try:
         summary = train(model, corpus.train, corpus.val, cfg, out, resume=args.resume, run_info=run_info,
                         evaluate=evaluate, device=args.device, quiet=args.quiet, overwrite=args.overwrite,
-                        fsdp=args.fsdp)
+                        fsdp=args.fsdp, tensorboard=args.tensorboard)
     except NonFiniteLossError as exc:
         print(f"drmlab train: error: {exc}\n  to continue from the kept checkpoint with a fix: "
               f"drmlab train --resume --out {out} --lr LOWER (or --set warmup_fraction=0.05)", file=sys.stderr)

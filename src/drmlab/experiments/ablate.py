@@ -12,8 +12,16 @@ Resuming: running the same study again skips finished runs (their ``summary.json
 half-finished run from its checkpoint (bit-exactly), and starts the rest. More models or seeds may
 be added on a rerun; changing the budget, preset, train settings or data is refused.
 
+Learning rates: with ``lr_grid`` every model is first trained once per grid rate (on the first seed,
+``tune_tokens`` tokens, folders ``OUT/tuning/LABEL-lrR``) and scored on a held-out slice of the
+training split (:mod:`drmlab.experiments.lr_sweep`); its paired runs then use its best rate.
+
+Several processes may run the same study at once (one per core): each takes the runs no other
+process holds (a run's lock says who holds it) and waits for the rest, so two terminals running the
+same command share the work.
+
 Python: ``run_study(models, seeds, out=..., preset=..., tokens=..., train=..., model_settings=...,
-data=..., tokenizer=...)`` plans, trains and reports; :func:`plan_study` checks every name and
+data=..., tokenizer=..., lr_grid=..., tune_tokens=...)`` plans, trains and reports; :func:`plan_study` checks every name and
 setting first, on the meta device, before any data is read. :func:`collect_results` turns the
 finished runs into the numbers (per-model mean +- population std, per-seed values, the promotion
 gate of :mod:`drmlab.experiments.stats` for every ordered pair); :mod:`drmlab.experiments.ablate_report`
@@ -27,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from drmlab.experiments import ablate_report
+from drmlab.experiments import ablate_report, lr_sweep
 from drmlab.experiments.stats import GATE_RULE, gate, mean_std
 from drmlab.naming import suggest
 from drmlab.training.config import TRAIN_DEFAULTS, TRAIN_KEYS, parse_tokens, resolve_train_config, split_overrides
@@ -40,6 +48,8 @@ STUDY_FILE = "study.json"
 RESCORING_KEYS = ("eval_tokens", "eval_batch_size")
 # Model settings are checked on a byte-vocabulary build: no setting name depends on the vocabulary.
 CHECK_VOCAB = 256
+# How often a process that waits for runs held by another process looks again (seconds).
+WAIT_SECONDS = 30.0
 
 Log = Callable[[str], None]
 
@@ -61,9 +71,22 @@ class Study:
     tokenizer: str
     # label -> registered name where they differ (NAME:ARM specs, the loop study's arms)
     registry_names: dict[str, str] = dataclasses.field(default_factory=dict)
+    lr_grid: list[float] | None = None  # sweep these rates per model first (None: train["lr"] for all)
+    tune_tokens: int | None = None  # budget of each sweep run (None: the study's budget)
 
     def registry_name(self, label: str) -> str:
         return self.registry_names.get(label, label)
+
+    @property
+    def tune_seed(self) -> int:
+        return self.seeds[0]
+
+
+def tuning_dir(out: str | Path, label: str, lr: float) -> Path:
+    """Where the sweep run of ``label`` at rate ``lr`` lives."""
+    from drmlab.models.registry import spec_path_name
+
+    return Path(out) / "tuning" / f"{spec_path_name(label)}-lr{lr_sweep.lr_label(lr)}"
 
 
 def run_dir(out: str | Path, label: str, seed: int) -> Path:
@@ -98,7 +121,7 @@ def check_seeds(seeds) -> list[int]:
 
 def plan_study(models, seeds, preset: str = "tiny", *, tokens: int | str | None = None, train: dict | None = None,
                model_settings: dict[str, dict] | None = None, data: str | None = None, tokenizer: str = "bytes",
-               registry_names: dict[str, str] | None = None) -> Study:
+               registry_names: dict[str, str] | None = None, lr_grid=None, tune_tokens: int | str | None = None) -> Study:
     """Check every name and setting of a study (meta-device builds: no data, no training) and plan it.
 
     ``models``: labels (registered names or ``NAME:ARM``; or labels of ``registry_names``, which
@@ -129,6 +152,15 @@ def plan_study(models, seeds, preset: str = "tiny", *, tokens: int | str | None 
     train_kw, _ = split_overrides(train, ())  # an unknown key names the nearest train setting
     budget = DEFAULT_TOKENS if tokens is None else parse_tokens(tokens)
     cfg = resolve_train_config(preset, **{"tokens": budget, **train_kw})
+    if lr_grid is not None:
+        lr_grid = lr_sweep.parse_lr_grid(lr_grid)
+        if "lr" in train_kw:
+            raise ValueError("give one learning rate (lr) or a grid to sweep (lr_grid), not both")
+        tune_tokens = budget if tune_tokens is None else parse_tokens(tune_tokens)
+        resolve_train_config(preset, **{**train_kw, "tokens": tune_tokens, "lr": lr_grid[0],  # a budget too small fails now
+                                        "milestones": None})
+    elif tune_tokens is not None:
+        raise ValueError("tune_tokens is the budget of the lr sweep: give lr_grid too")
     for label in models:  # a bad arm or setting fails now, not after the first runs
         fields = config_fields(entries[label][0], preset, CHECK_VOCAB, **overrides[label])
         limit = fields.get("n_positions")
@@ -139,21 +171,31 @@ def plan_study(models, seeds, preset: str = "tiny", *, tokens: int | str | None 
                  train={k: v for k, v in dataclasses.asdict(cfg).items() if k != "seed"},
                  model_overrides={label: kw for label, kw in overrides.items() if kw}, data_source=data,
                  tokenizer=tokenizer or "bytes",
-                 registry_names={label: name for label, (name, _) in entries.items() if name != label})
+                 registry_names={label: name for label, (name, _) in entries.items() if name != label},
+                 lr_grid=lr_grid, tune_tokens=tune_tokens if lr_grid is not None else None)
 
 
 def record_study(out: Path, study: Study, data_meta: dict) -> None:
     """Write ``out/study.json``; a study already there must have the same settings (it may gain
-    models and seeds)."""
+    models and seeds, and its lr grid may change until the first paired run starts)."""
     from drmlab.runs import read_json, write_json_atomic
 
     path = out / STUDY_FILE
     record = {"preset": study.preset, "train": study.train, "data_source": study.data_source,
-              "tokenizer": study.tokenizer, "content_sha256": data_meta.get("content_sha256")}
+              "tokenizer": study.tokenizer, "content_sha256": data_meta.get("content_sha256"),
+              "lr_grid": study.lr_grid, "tune_tokens": study.tune_tokens,
+              "tune_seed": study.tune_seed if study.lr_grid else None}
     if path.is_file():
         saved = read_json(path)
+        # The grid may still change (gain or lose rates) while no paired run has started: the choice
+        # is made only when a model's paired runs begin, and finished sweep runs are kept.
+        regrid = saved.get("lr_grid") is not None and study.lr_grid is not None and not any(
+            (p / "config.json").is_file() for p in (out / "runs").glob("*"))
         problems = [f"{k}: {saved.get(k)!r} in the study, {v!r} now" for k, v in record.items()
-                    if k != "train" and saved.get(k) != v]
+                    if k != "train" and saved.get(k) != v  # a study from before sweeps has no lr_grid: None
+                    and not (regrid and k == "lr_grid")]
+        if study.lr_grid is not None and saved.get("lr_grid") not in (None, study.lr_grid) and not regrid:
+            problems.append("(the lr grid can change only before the first paired run starts)")
         saved_train = saved.get("train", {})
         for k, v in record["train"].items():
             before = saved_train.get(k, TRAIN_DEFAULTS.get(k))  # a setting added later had its default
@@ -179,17 +221,16 @@ def record_study(out: Path, study: Study, data_meta: dict) -> None:
 
 
 def run_planned(study: Study, out: str | Path, *, corpus=None, cache_dir: str | None = None, device="auto",
-                quiet: bool = True, log: Log | None = None) -> dict:
-    """Run (or resume) every (seed, model) of ``study``, then collect and report the results.
+                quiet: bool = True, log: Log | None = None, wait_seconds: float = WAIT_SECONDS,
+                tensorboard: bool = False) -> dict:
+    """Run (or resume) the sweep runs, then every (seed, model) of ``study``; collect and report.
 
     ``corpus``: the loaded :class:`~drmlab.data.TokenCorpus` of ``study.data_source`` (loaded here when
-    None). ``log`` receives one line per run (skipped, resuming, training, its val CE).
+    None). ``log`` receives one line per run (skipped, resuming, training, its val CE). A run that
+    another process holds is left to it; this process waits ``wait_seconds`` between looks until every
+    run is finished (a model's paired runs wait for its whole sweep).
     """
-    from drmlab.evaluation import byte_counter, rescorer
-    from drmlab.models import build_model, count_parameters
-    from drmlab.runs import RunDir
-    from drmlab.training.config import TrainConfig
-    from drmlab.training.trainer import train
+    from drmlab.evaluation import byte_counter
 
     log = log or _silent
     out = Path(out)
@@ -199,40 +240,150 @@ def run_planned(study: Study, out: str | Path, *, corpus=None, cache_dir: str | 
         corpus = load_corpus(source=study.data_source, tokenizer=study.tokenizer, cache_dir=cache_dir)
     record_study(out, study, corpus.meta)
     count_bytes = byte_counter(corpus.val, corpus.tokenizer, corpus.meta.get("val_bytes"))
-    todo = [(seed, model) for seed in study.seeds for model in study.models]
-    for i, (seed, model) in enumerate(todo, 1):
-        run = RunDir(run_dir(out, model, seed))
-        label = f"[{i}/{len(todo)}] {model} seed {seed}"
-        done = run.finished_summary()
-        if done is not None:
-            log(f"{label}: done before (val CE {done['val_ce']:.4f}), skipped")
-            continue
-        cfg = TrainConfig(**dict(study.train, seed=seed)).validate()
-        overrides = study.model_overrides.get(model, {})
-        net = build_model(study.registry_name(model), study.preset, vocab_size=corpus.vocab_size, seed=seed, **overrides)
-        resume = run.has_checkpoint()
-        log(f"{label}: {'resuming' if resume else 'training'} ({count_parameters(net):,} parameters)")
-        t0 = time.perf_counter()
-        summary = train(net, corpus.train, corpus.val, cfg, run.path, resume=resume, overwrite=not resume,
-                        evaluate=rescorer(corpus.val, cfg.seq_len, batch_size=cfg.eval_batch_size,
-                                          max_targets=cfg.eval_tokens, count_bytes=count_bytes),
-                        device=device, quiet=quiet,
-                        run_info={"model": study.registry_name(model), "label": model, "preset": study.preset,
-                                  "overrides": overrides,
-                                  "vocab_size": corpus.vocab_size, "tokenizer": corpus.tokenizer.name,
-                                  "data_source": study.data_source, "data": corpus.meta})
-        log(f"{label}: val CE {summary['val_ce']:.4f} nats/token in {time.perf_counter() - t0:.0f} s")
+    tuning = None
+    if study.lr_grid:
+        tune_train, tune_heldout = lr_sweep.tuning_split(corpus.train)
+        tuning = (tune_train, tune_heldout, byte_counter(tune_heldout, corpus.tokenizer))
+    todo = [("tune", model, lr) for model in study.models for lr in (study.lr_grid or [])]
+    todo += [("run", model, seed) for seed in study.seeds for model in study.models]
+    waiting_logged: set = set()
+    number = {job: i for i, job in enumerate(todo, 1)}
+    while todo:
+        left = []
+        for job in todo:
+            kind, model, value = job
+            if kind == "tune":
+                label = f"[{number[job]}/{len(number)}] sweep {model} lr {value:g}"
+                status = _train_one(study, out, corpus, tuning[0], tuning[1], tuning[2], model, study.tune_seed,
+                                    tuning_dir(out, model, value), label, log, device, quiet,
+                                    lr=value, tokens=study.tune_tokens, tuning=True, tensorboard=tensorboard)
+            else:
+                label = f"[{number[job]}/{len(number)}] {model} seed {value}"
+                lr = None
+                if study.lr_grid:
+                    sweep = sweep_results(out, study)[model]
+                    if not sweep["complete"]:  # its sweep is still running in another process
+                        left.append(job)
+                        continue
+                    if sweep["lr"] is None:
+                        if job not in waiting_logged:
+                            log(f"{label}: skipped, every rate of its sweep diverged")
+                            waiting_logged.add(job)
+                        continue
+                    lr = sweep["lr"]
+                status = _train_one(study, out, corpus, corpus.train, corpus.val, count_bytes, model, value,
+                                    run_dir(out, model, value), label, log, device, quiet, lr=lr,
+                                    tensorboard=tensorboard)
+            if status != "done":
+                left.append(job)
+                if status == "locked" and job not in waiting_logged:
+                    log(f"{label}: held by another process, left to it")
+                    waiting_logged.add(job)
+        if left and len(left) == len(todo):  # nothing this process can do now: the rest is held elsewhere
+            time.sleep(wait_seconds)
+        todo = left
     return write_results(out, log=log)
+
+
+def _train_one(study: Study, out: Path, corpus, train_tokens, eval_tokens, count_bytes, model: str, seed: int,
+               path: Path, label: str, log: Log, device, quiet: bool, *, lr: float | None = None,
+               tokens: int | None = None, tuning: bool = False, tensorboard: bool = False) -> str:
+    """Train (or resume) one run of the study unless it is finished; "done", or "locked" when another
+    process holds it. A sweep run that diverges is done (its score is missing); a paired run's
+    divergence is raised."""
+    from drmlab.evaluation import rescorer
+    from drmlab.models import build_model, count_parameters
+    from drmlab.runs import RunDir, RunLockedError
+    from drmlab.training.config import TrainConfig
+    from drmlab.training.trainer import NonFiniteLossError, train
+
+    run = RunDir(path)
+    done = run.finished_summary()
+    if done is not None:
+        log(f"{label}: done before ({'tuning' if tuning else 'val'} CE {done['val_ce']:.4f}), skipped")
+        return "done"
+    stopped = (run.read_summary() or {}).get("stopped")
+    if tuning and stopped in ("non-finite", "diverged"):
+        log(f"{label}: diverged before, skipped")
+        return "done"
+    values = dict(study.train, seed=seed)
+    if lr is not None:
+        values["lr"] = lr
+    if tokens is not None:
+        values["tokens"] = tokens
+    if tuning:  # a sweep run is scored once, at its end
+        values["milestones"] = None
+    cfg = TrainConfig(**values).validate()
+    overrides = study.model_overrides.get(model, {})
+    net = build_model(study.registry_name(model), study.preset, vocab_size=corpus.vocab_size, seed=seed, **overrides)
+    try:  # a quick look first, so that a run held elsewhere is not announced (train() locks it again)
+        run.create().lock().release()
+    except RunLockedError:
+        return "locked"
+    resume = run.has_checkpoint()
+    log(f"{label}: {'resuming' if resume else 'training'} ({count_parameters(net):,} parameters"
+        + (f", lr {cfg.lr:g})" if lr is not None else ")"))
+    t0 = time.perf_counter()
+    data_meta = dict(corpus.meta, tuning_split={"train_tokens": len(train_tokens), "heldout_tokens": len(eval_tokens)}) \
+        if tuning else corpus.meta
+    try:
+        summary = train(net, train_tokens, eval_tokens, cfg, run.path, resume=resume, overwrite=not resume,
+                        evaluate=rescorer(eval_tokens, cfg.seq_len, batch_size=cfg.eval_batch_size,
+                                          max_targets=cfg.eval_tokens, count_bytes=count_bytes),
+                        device=device, quiet=quiet, tensorboard=tensorboard,
+                        run_info={"model": study.registry_name(model), "label": model, "preset": study.preset,
+                                  "overrides": overrides, "vocab_size": corpus.vocab_size,
+                                  "tokenizer": corpus.tokenizer.name, "data_source": study.data_source,
+                                  "data": data_meta})
+    except RunLockedError:
+        return "locked"
+    except NonFiniteLossError as exc:
+        if not tuning:
+            raise
+        log(f"{label}: diverged ({str(exc).split(';')[0]}), scored as missing")
+        return "done"
+    log(f"{label}: {'tuning' if tuning else 'val'} CE {summary['val_ce']:.4f} nats/token in {time.perf_counter() - t0:.0f} s")
+    return "done"
+
+
+def sweep_results(out: str | Path, study: Study | dict) -> dict[str, dict]:
+    """Each model's sweep so far: ``{model: {"scores": {rate label: tuning CE or None}, "complete":
+    every rate finished or diverged, "lr": the chosen rate (None until complete), "edge", "edge_side",
+    "diverged"}}``; {} for a study without a grid."""
+    from drmlab.runs import RunDir
+
+    grid = study.lr_grid if isinstance(study, Study) else study.get("lr_grid")
+    models = study.models if isinstance(study, Study) else study["models"]
+    if not grid:
+        return {}
+    sweeps = {}
+    for model in models:
+        scores, finished = {}, 0
+        for lr in grid:
+            run = RunDir(tuning_dir(out, model, lr))
+            summary = run.read_summary() or {}
+            done = summary.get("finished") and summary.get("val_ce") is not None
+            stopped = summary.get("stopped") in ("non-finite", "diverged")
+            scores[lr] = summary["val_ce"] if done else None
+            finished += bool(done or stopped)
+        complete = finished == len(grid)
+        choice = lr_sweep.choose(scores) if complete else {"lr": None, "edge": False, "edge_side": None,
+                                                           "diverged": []}
+        sweeps[model] = {"scores": {lr_sweep.lr_label(lr): v for lr, v in scores.items()}, "complete": complete,
+                         **choice}
+    return sweeps
 
 
 def run_study(models=DEFAULT_MODELS, seeds=DEFAULT_SEEDS, *, out: str | Path, preset: str = "tiny",
               tokens: int | str | None = None, train: dict | None = None, model_settings: dict[str, dict] | None = None,
               data: str | None = None, tokenizer: str = "bytes", cache_dir: str | None = None, corpus=None,
-              device="auto", quiet: bool = True, log: Log | None = None) -> dict:
+              device="auto", quiet: bool = True, log: Log | None = None, lr_grid=None,
+              tune_tokens: int | str | None = None, wait_seconds: float = WAIT_SECONDS, tensorboard: bool = False) -> dict:
     """Plan (:func:`plan_study`), run or resume (:func:`run_planned`) and report a study; the results."""
     study = plan_study(models, seeds, preset, tokens=tokens, train=train, model_settings=model_settings,
-                       data=data, tokenizer=tokenizer)
-    return run_planned(study, out, corpus=corpus, cache_dir=cache_dir, device=device, quiet=quiet, log=log)
+                       data=data, tokenizer=tokenizer, lr_grid=lr_grid, tune_tokens=tune_tokens)
+    return run_planned(study, out, corpus=corpus, cache_dir=cache_dir, device=device, quiet=quiet, log=log,
+                       wait_seconds=wait_seconds, tensorboard=tensorboard)
 
 
 # ---------------------------------------------------------------- results
@@ -249,12 +400,28 @@ def collect_runs(out: str | Path, study: dict) -> list[dict]:
             summary = run.finished_summary()
             if summary is None:
                 continue
-            curve = [(r["tokens"], r["val_ce"]) for r in run.read_metrics() if r.get("kind") == "eval"]
+            rows = run.read_metrics()
+            curve = [(r["tokens"], r["val_ce"]) for r in rows if r.get("kind") == "eval"]
+            milestones = [(r["tokens"], r["val_ce"], r["val_bpb"]) for r in rows if r.get("kind") == "milestone"]
             runs.append({"model": model, "seed": seed, "params": summary["params"], "val_ce": summary["val_ce"],
                          "val_bpb": summary["val_bpb"], "tokens": summary["tokens"],
                          "tokens_per_s": summary["tokens_per_s"], "train_seconds": summary["train_seconds"],
-                         "curve": curve})
+                         "curve": curve, "milestones": milestones})
     return runs
+
+
+def _milestone_means(rows: list[dict]) -> list[dict]:
+    """Mean +- std over seeds of the rescored CE and bits/byte at each milestone every run reached."""
+    marks = sorted({t for r in rows for t, _, _ in r.get("milestones", [])})
+    out = []
+    for tokens in marks:
+        values = [(ce, bpb) for r in rows for t, ce, bpb in r.get("milestones", []) if t == tokens]
+        if len(values) == len(rows):
+            ce, ce_std = mean_std([v[0] for v in values])
+            bpb, bpb_std = mean_std([v[1] for v in values])
+            out.append({"tokens": tokens, "ce_mean": ce, "ce_std": ce_std, "bpb_mean": bpb, "bpb_std": bpb_std,
+                        "n_seeds": len(values)})
+    return out
 
 
 def summarize(runs: list[dict], models: list[str]) -> tuple[dict, list[dict]]:
@@ -273,6 +440,7 @@ def summarize(runs: list[dict], models: list[str]) -> tuple[dict, list[dict]]:
             "bpb_mean": bpb_mean, "bpb_std": bpb_std,
             "tokens_per_s": sum(speeds) / len(speeds) if speeds else None,
             "per_seed": {r["seed"]: r["val_ce"] for r in rows},
+            "milestones": _milestone_means(rows),
         }
     gates = []
     for cand in per_model:
@@ -289,8 +457,14 @@ def collect_results(out: str | Path) -> dict:
     study = read_json(Path(out) / STUDY_FILE)
     runs = collect_runs(out, study)
     per_model, gates = summarize(runs, study["models"])
-    return {"study": study, "models": per_model, "runs": runs, "gate": gates, "gate_rule": dict(GATE_RULE),
-            "complete": len(runs) == len(study["models"]) * len(study["seeds"])}
+    sweeps = sweep_results(out, study)
+    for model, stats in per_model.items():
+        stats["lr"] = sweeps[model]["lr"] if sweeps else study["train"]["lr"]
+    results = {"study": study, "models": per_model, "runs": runs, "gate": gates, "gate_rule": dict(GATE_RULE),
+               "complete": len(runs) == len(study["models"]) * len(study["seeds"])}
+    if sweeps:
+        results["lr_sweep"] = sweeps
+    return results
 
 
 def write_results(out: str | Path, log: Log | None = None) -> dict:

@@ -6,7 +6,9 @@
   tokens/s), the per-seed table and the promotion gate of every ordered pair;
 * ``results.csv`` -- one row per run;
 * ``curves.png`` (sampled validation CE against training tokens) and ``seeds.png`` (final CE per
-  seed and model), drawn when matplotlib can (:mod:`drmlab.experiments.plotting`).
+  seed and model), drawn when matplotlib can (:mod:`drmlab.experiments.plotting`);
+* with a learning-rate sweep, its table in results.md and ``lr_sweep.png`` (tuning CE against the
+  rate per model, :mod:`drmlab.experiments.lr_sweep`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 from pathlib import Path
 from typing import Callable
 
+from drmlab.experiments import lr_sweep
 from drmlab.experiments.plotting import draw_or_log, pyplot
 from drmlab.experiments.stats import GATE_MAX_STD, GATE_MIN_GAIN, GATE_MIN_SEEDS
 
@@ -32,6 +35,9 @@ def write_report(results: dict, out: str | Path, log: Callable[[str], None] | No
     (out / "results.csv").write_text(csv_table(results["runs"]))
     (out / "results.md").write_text(markdown(results))
     draw_or_log(lambda: plot(results, out), log, "plots")
+    if results.get("lr_sweep"):
+        draw_or_log(lambda: lr_sweep.plot(results["lr_sweep"], out / "lr_sweep.png", "tuning CE (nats/token)"),
+                    log, "lr_sweep.png")
 
 
 def csv_table(runs: list[dict]) -> str:
@@ -57,12 +63,13 @@ def markdown(results: dict) -> str:
         f"({study['tokenizer']} tokenizer). CE is the deterministic rescoring of the validation stream in nats per "
         "token; std is the population std over seeds." + ("" if results["complete"] else " **Incomplete: some runs are missing.**"),
         "",
-        "| model | params | seeds | CE mean +- std | min-max | bits/byte | tok/s |",
-        "|---|---:|---:|---|---|---:|---:|",
+        "| model | params | lr | seeds | CE mean +- std | min-max | bits/byte | tok/s |",
+        "|---|---:|---:|---:|---|---|---:|---:|",
     ]
     for model, m in sorted(per_model.items(), key=lambda kv: kv[1]["ce_mean"]):
         speed = f"{m['tokens_per_s']:,.0f}" if m["tokens_per_s"] else "-"
-        lines.append(f"| {model} | {m['params']:,} | {m['n_seeds']} | {m['ce_mean']:.4f} +- {m['ce_std']:.4f} | "
+        lr = f"{m['lr']:g}" if m.get("lr") is not None else "-"
+        lines.append(f"| {model} | {m['params']:,} | {lr} | {m['n_seeds']} | {m['ce_mean']:.4f} +- {m['ce_std']:.4f} | "
                      f"{m['ce_min']:.4f}-{m['ce_max']:.4f} | {m['bpb_mean']:.4f} | {speed} |")
     seeds = sorted({s for m in per_model.values() for s in m["per_seed"]})
     lines += ["", "## Per seed", "", "| model | " + " | ".join(f"seed {s}" for s in seeds) + " |",
@@ -82,14 +89,36 @@ def markdown(results: dict) -> str:
         verdict = "**yes**" if g["promoted"] else f"no ({'; '.join(g['reasons'])})"
         lines.append(f"| {g['candidate']} | {g['baseline']} | {g['gain']:+.4f} | {per_seed} | {g['wins']}/{g['n']} | "
                      f"{g['candidate_std']:.4f} | {verdict} |")
-    lines += ["", "Plots: `curves.png` (sampled validation CE during training), `seeds.png` (final CE per seed).", ""]
+    marked = {m: stats["milestones"] for m, stats in per_model.items() if stats.get("milestones")}
+    if marked:
+        marks = sorted({row["tokens"] for rows in marked.values() for row in rows})
+        lines += ["", "## Milestones", "",
+                  "The whole validation stream rescored during training (bits per byte, mean +- std over seeds; "
+                  "the last column is the end of the run).", "",
+                  "| model | " + " | ".join(f"{t:,} tokens" for t in marks) + " | end |",
+                  "|---|" + "---:|" * (len(marks) + 1)]
+        for model, rows in marked.items():
+            at = {row["tokens"]: row for row in rows}
+            cells = [f"{at[t]['bpb_mean']:.4f} +- {at[t]['bpb_std']:.4f}" if t in at else "-" for t in marks]
+            end = per_model[model]
+            lines.append(f"| {model} | " + " | ".join(cells) + f" | {end['bpb_mean']:.4f} +- {end['bpb_std']:.4f} |")
+    if results.get("lr_sweep"):
+        tune_tokens = study.get("tune_tokens") or train["tokens"]
+        lines += ["", "## Learning-rate sweep", "",
+                  f"Each model trained once per rate (seed {study.get('tune_seed')}, {tune_tokens:,} tokens), scored on a "
+                  "slice held out of the training split (not the validation split); its paired runs use the best rate.", ""]
+        lines += lr_sweep.markdown(results["lr_sweep"], "tuning CE in nats per token, lower is better")
+    lines += ["", "Plots: `curves.png` (sampled validation CE during training), `seeds.png` (final CE per seed)"
+              + (", `lr_sweep.png` (the sweep)." if results.get("lr_sweep") else "."), ""]
     return "\n".join(lines)
 
 
 def plot(results: dict, out: Path) -> None:
     """``curves.png`` and ``seeds.png`` in ``out``."""
-    plt = pyplot()
     runs, per_model = results["runs"], results["models"]
+    if not per_model:
+        return False
+    plt = pyplot()
     colors = {m: f"C{i}" for i, m in enumerate(per_model)}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for model in per_model:

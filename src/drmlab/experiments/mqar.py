@@ -11,7 +11,12 @@ training. Each run's trainer files (config.json, metrics.jsonl, checkpoint, summ
 ``result.json`` sit in ``OUT/runs/<model>_kv<kv>_s<seed>/``; a run whose ``result.json`` records
 the same settings is reused, not retrained.
 
-Python: ``run_study(models, kvs, seeds, out=..., preset=..., width=..., steps=..., settings=...)``;
+**Learning rates**: with ``lr_grid`` every (model, kv) first trains once per rate on the first seed,
+holding out the last tenth of its training sequences (with fresh sequences: a held-out set of its own
+stream) and scoring accuracy there, never on the test set; its seeds then train at its best rate
+(:mod:`drmlab.experiments.lr_sweep`; folders ``OUT/tuning/<model>_kv<kv>_lr<rate>/``).
+
+Python: ``run_study(models, kvs, seeds, out=..., preset=..., width=..., steps=..., settings=..., lr_grid=...)``;
 :func:`plan_study` checks every model and setting on the meta device before anything trains, and
 :func:`run_planned` runs a planned study.
 :func:`summarize` turns the runs into the numbers (mean +- population std over seeds, first-query
@@ -29,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from drmlab.experiments import mqar_report
+from drmlab.experiments import lr_sweep, mqar_report
 from drmlab.experiments.mqar_models import ANCHOR_ACC, ANCHOR_ARMS, ARM_BASE, ARM_MODELS, build, registry_entry
 from drmlab.experiments.mqar_task import FreshMQARBatches, MQARTask, accuracy, test_set, train_set
 from drmlab.experiments.stats import mean, mean_std
@@ -61,6 +66,7 @@ class MQARStudy:
     arm_model: str = "study"
     model_overrides: dict = dataclasses.field(default_factory=dict)
     train_overrides: dict = dataclasses.field(default_factory=dict)
+    lr_grid: list | None = None  # rates swept per (model, kv) before the seeds; None: one rate for all
 
     def task(self, kv: int) -> MQARTask:
         return MQARTask(kv=kv, vocab_kv=self.vocab_kv, queries=self.queries, seq_len=self.seq_len,
@@ -88,7 +94,7 @@ def _integers(values, what: str) -> list[int]:
 def plan_study(models=DEFAULT_MODELS, kvs=DEFAULT_KVS, seeds=DEFAULT_SEEDS, *, preset: str = "tiny",
                width: int | None = None, steps: int = 1500, batch_size: int = 256, vocab_kv: int = 64,
                queries: int | None = None, seq_len: int | None = None, n_train: int = 4096, n_test: int = 1024,
-               arm_model: str = "study", settings: dict | None = None) -> MQARStudy:
+               arm_model: str = "study", settings: dict | None = None, lr_grid=None) -> MQARStudy:
     """Check every model (registered ``NAME``, ``NAME:ARM`` or an anchor arm), the task and every
     setting (``settings``: TrainConfig or model-config fields for every run) and plan the study."""
     from drmlab.models import list_models
@@ -119,23 +125,52 @@ def plan_study(models=DEFAULT_MODELS, kvs=DEFAULT_KVS, seeds=DEFAULT_SEEDS, *, p
             if key in train_kw:
                 raise ValueError(f"the train setting {key!r} is the probe's own (its steps, seq_len and seeds decide it)")
         study.train_overrides, study.model_overrides = train_kw, model_kw
+    if lr_grid is not None:
+        study.lr_grid = lr_sweep.parse_lr_grid(lr_grid)
+        if "lr" in study.train_overrides:
+            raise ValueError("give one learning rate (lr) or a grid to sweep (lr_grid), not both")
     for kv in kvs:
         study.train_config(study.task(kv), seeds[0])  # validate early
     return study
 
 
-def run_one(study: MQARStudy, name: str, kv: int, seed: int, out: Path, *, device="auto", quiet=True) -> dict:
-    """Train and score one (model, kv, seed) cell; reuse ``result.json`` when its settings match."""
+# The generator stream of a sweep's held-out sequences when training uses fresh ones (a two-entry seed
+# never equals the training batches' three-entry seeds nor the integer seeds of the fixed sets).
+TUNING_STREAM = 7919
+
+
+def tuning_sets(task: MQARTask, seed: int):
+    """(training sequences or None for fresh ones, held-out sequences) of a sweep run: the last tenth
+    of the training set is held out; with fresh training sequences, ``n_test`` of a stream of their own."""
+    from drmlab.experiments.mqar_task import generate
+
+    if task.n_train == 0:
+        return None, generate(task, task.n_test, [seed, TUNING_STREAM])
+    x, y = train_set(task, seed)
+    hold = max(1, task.n_train // 10)
+    if hold >= task.n_train:
+        raise ValueError(f"n_train={task.n_train} is too small to hold out sweep sequences")
+    return (x[:-hold], y[:-hold]), (x[-hold:], y[-hold:])
+
+
+def run_one(study: MQARStudy, name: str, kv: int, seed: int, out: Path, *, device="auto", quiet=True,
+            tensorboard: bool = False, lr: float | None = None, tuning: bool = False) -> dict:
+    """Train and score one (model, kv, seed) cell; reuse ``result.json`` when its settings match.
+    ``lr`` overrides the study's rate; ``tuning``: a sweep run, scored on held-out training sequences
+    (:func:`tuning_sets`) instead of the test set."""
     from drmlab.models.registry import spec_path_name
     from drmlab.runs import RunDir, write_json_atomic
     from drmlab.training.trainer import train
 
     task = study.task(kv)
     cfg = study.train_config(task, seed)
-    run_dir = out / "runs" / f"{spec_path_name(name)}_kv{kv}_s{seed}"
+    if lr is not None:
+        cfg = dataclasses.replace(cfg, lr=lr).validate()
+    run_dir = (out / "tuning" / f"{spec_path_name(name)}_kv{kv}_lr{lr_sweep.lr_label(cfg.lr)}" if tuning
+               else out / "runs" / f"{spec_path_name(name)}_kv{kv}_s{seed}")
     spec = jsonable({"model": name, "preset": study.preset, "width": study.width, "arm_model": study.arm_model,
                      "overrides": study.model_overrides, "task": dataclasses.asdict(task),
-                     "train": dataclasses.asdict(cfg)})
+                     "train": dataclasses.asdict(cfg), **({"tuning": True} if tuning else {})})
     result_path = run_dir / "result.json"
     if result_path.is_file():
         saved = json.loads(result_path.read_text())
@@ -152,14 +187,18 @@ def run_one(study: MQARStudy, name: str, kv: int, seed: int, out: Path, *, devic
             return dict(saved, reused=True)
     model, registry, kw = build(name, study.preset, task, seed, study.width, study.model_overrides, study.arm_model)
     fresh = task.n_train == 0
-    x_train, y_train = (None, None) if fresh else train_set(task, seed)
-    x_test, y_test = test_set(task, seed)
+    if tuning:
+        fit, (x_test, y_test) = tuning_sets(task, seed)
+        x_train, y_train = (None, None) if fresh else fit
+    else:
+        x_train, y_train = (None, None) if fresh else train_set(task, seed)
+        x_test, y_test = test_set(task, seed)
     batches = FreshMQARBatches(task, cfg.batch_size) if fresh else FixedSetBatches(x_train, y_train, cfg.batch_size)
     t0 = time.perf_counter()
     summary = train(model, batches, None, cfg, run_dir, overwrite=True,
                     run_info={"model": name, "preset": study.preset, "overrides": kw,
                               "registry_model": registry, "mqar": dataclasses.asdict(task), "arm_model": study.arm_model},
-                    device=device, quiet=quiet)
+                    device=device, quiet=quiet, tensorboard=tensorboard)
     wall = time.perf_counter() - t0
     test = accuracy(model, x_test, y_test)
     train_acc = {"acc": None} if fresh else accuracy(model, x_train, y_train)
@@ -168,7 +207,7 @@ def run_one(study: MQARStudy, name: str, kv: int, seed: int, out: Path, *, devic
         "params": summary["params"], "steps": summary["steps"], "final_loss": summary["final_loss"],
         "test_acc": test["acc"], "test_correct": test["correct"], "test_queries": test["total"],
         "test_by_query": test["by_query"],
-        "train_acc": train_acc["acc"], "chance": task.chance, "seq_len": task.length,
+        "train_acc": train_acc["acc"], "chance": task.chance, "seq_len": task.length, "lr": cfg.lr,
         "train_seconds": summary["train_seconds"], "seconds_per_step": summary["train_seconds"] / max(summary["steps"], 1),
         "wall_seconds": wall, "spec": spec,
     }
@@ -208,7 +247,7 @@ def summarize(study: MQARStudy, results: list[dict]) -> dict:
                                                  else mean_std([r["train_acc"] for r in rows])[0]),
                               "chance": rows[0]["chance"], "anchor_acc": ANCHOR_ACC.get((name, kv)) if comparable else None,
                               "seconds_per_step": mean_std([r["seconds_per_step"] for r in rows])[0],
-                              "params": rows[0]["params"]}
+                              "params": rows[0]["params"], "lr": rows[0].get("lr")}
         models[name] = {"cells": cells}
     levels = {str(kv): {"chance": study.task(kv).chance, "context_guess": study.task(kv).context_guess,
                         "elimination_guess": study.task(kv).elimination_guess} for kv in study.kvs}
@@ -216,28 +255,67 @@ def summarize(study: MQARStudy, results: list[dict]) -> dict:
             "models": models, "runs": [{k: v for k, v in r.items() if k != "spec"} for r in results]}
 
 
+def sweep_one(study: MQARStudy, name: str, kv: int, out: Path, *, device="auto", quiet=True, tensorboard=False,
+              log: Callable[[str], None] | None = None) -> dict:
+    """The learning-rate sweep of one (model, kv): each rate trained on the first seed and scored on
+    held-out training sequences (accuracy, higher is better); a rate whose run diverged scores None."""
+    from drmlab.runs import RunDir
+    from drmlab.training.trainer import NonFiniteLossError
+
+    scores = {}
+    for lr in study.lr_grid:
+        try:
+            r = run_one(study, name, kv, study.seeds[0], out, device=device, quiet=quiet, tensorboard=tensorboard,
+                        lr=lr, tuning=True)
+            scores[lr] = r["test_acc"]
+        except NonFiniteLossError as exc:
+            scores[lr] = None
+            if log is not None:
+                log(f"mqar sweep {name} kv={kv} lr {lr:g}: diverged ({str(exc).split(';')[0]})")
+            continue
+        if log is not None:
+            log(f"mqar sweep {name} kv={kv} lr {lr:g}: held-out acc {100 * r['test_acc']:.1f}%"
+                + (" (reused)" if r.get("reused") else ""))
+    choice = lr_sweep.choose(scores, lower_is_better=False)
+    return {"scores": {lr_sweep.lr_label(lr): v for lr, v in scores.items()}, "complete": True, **choice}
+
+
 def run_planned(study: MQARStudy, out: str | Path, *, device="auto", quiet: bool = True,
-                log: Callable[[str], None] | None = None) -> dict:
-    """Train (or reuse) every (model, kv, seed) of ``study``, then summarize and report; the summary."""
+                log: Callable[[str], None] | None = None, tensorboard: bool = False) -> dict:
+    """Train (or reuse) every (model, kv, seed) of ``study`` (after its lr sweep, when it has a grid),
+    then summarize and report; the summary."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    results = []
+    results, sweeps = [], {}
     for name in study.models:
         for kv in study.kvs:
+            lr = None
+            if study.lr_grid:
+                sweep = sweeps[f"{name} kv={kv}"] = sweep_one(study, name, kv, out, device=device, quiet=quiet,
+                                                              tensorboard=tensorboard, log=log)
+                if sweep["lr"] is None:
+                    if log is not None:
+                        log(f"mqar {name} kv={kv}: every rate of its sweep diverged, no seeds trained")
+                    continue
+                lr = sweep["lr"]
             for seed in study.seeds:
-                r = run_one(study, name, kv, seed, out, device=device, quiet=quiet)
+                r = run_one(study, name, kv, seed, out, device=device, quiet=quiet, tensorboard=tensorboard, lr=lr)
                 results.append(r)
                 if log is not None:
                     log(f"mqar {name} kv={kv} seed={seed}: test acc {100 * r['test_acc']:.1f}% (chance "
                         f"{100 * r['chance']:.1f}%), train acc {mqar_report.percent(r['train_acc'])}, "
                         f"{r['seconds_per_step']:.3f} s/step" + (" (reused)" if r.get("reused") else ""))
     summary = summarize(study, results)
+    if sweeps:
+        summary["lr_sweep"] = sweeps
     mqar_report.write_report(summary, out, log=log)
     return summary
 
 
 def run_study(models=DEFAULT_MODELS, kvs=DEFAULT_KVS, seeds=DEFAULT_SEEDS, *, out: str | Path, device="auto",
-              quiet: bool = True, log: Callable[[str], None] | None = None, **options) -> dict:
+              quiet: bool = True, log: Callable[[str], None] | None = None, tensorboard: bool = False,
+              **options) -> dict:
     """Plan (:func:`plan_study`; ``options`` are its keywords: preset, width, steps, batch_size, vocab_kv,
     queries, seq_len, n_train, n_test, arm_model, settings) and run the study; the summary."""
-    return run_planned(plan_study(models, kvs, seeds, **options), out, device=device, quiet=quiet, log=log)
+    return run_planned(plan_study(models, kvs, seeds, **options), out, device=device, quiet=quiet, log=log,
+                       tensorboard=tensorboard)

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
+from drmlab.experiments import lr_sweep
 from drmlab.experiments.plotting import draw_or_log, pyplot
 
 
@@ -23,6 +24,9 @@ def write_report(summary: dict, out: str | Path, log: Callable[[str], None] | No
     (out / "mqar.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "mqar.md").write_text(markdown(summary))
     draw_or_log(lambda: plot(summary, out / "mqar.png"), log, "mqar.png")
+    if summary.get("lr_sweep"):
+        draw_or_log(lambda: lr_sweep.plot(summary["lr_sweep"], out / "lr_sweep.png", "held-out accuracy"),
+                    log, "lr_sweep.png")
 
 
 def percent(value) -> str:
@@ -82,6 +86,11 @@ def markdown(summary: dict) -> str:
         lines.append(f"* {r['model']} kv={r['kv']} seed {r['seed']}: {100 * r['test_acc']:.1f}% / "
                      f"{percent(r['train_acc'])}, {r['seconds_per_step']:.3f} s/step, final loss {r['final_loss']:.3f}"
                      + (f"; test by query {per_query}%" if per_query else ""))
+    if summary.get("lr_sweep"):
+        lines += ["", "## Learning-rate sweep", "",
+                  f"Each model and kv trained once per rate (seed {s['seeds'][0]}), scored on training sequences held "
+                  "out of its training (not the test set); its seeds then train at the best rate.", ""]
+        lines += lr_sweep.markdown(summary["lr_sweep"], "accuracy on held-out training sequences, higher is better")
     return "\n".join(lines) + "\n"
 
 

@@ -8,6 +8,9 @@ reference beside its fast paths and one dispatcher (the layout of flash-linear-a
 * ``selective_scan``: Mamba's selective scan h_t = exp(dt_t A) h_{t-1} + (dt_t x_t) B_t,
   y_t = C_t . h_t (Gu & Dao 2023); backends ``"c"`` (a fused kernel) and ``"torch"`` (chunks of
   ``linear_scan``) (``drmlab.ops.selective_scan``).
+* ``delta_rule``: the gated delta rule S_t = f_t S_{t-1} + g_t k_t (v_t - S_{t-1}^T k_t)^T with the
+  read o_t = S_{t-1}^T q_t, the fast-weight memory's recurrence (``docs/drm.md`` section V.2); a
+  chunked WY form, exact forward and backward (``drmlab.ops.delta_rule``).
 * ``causal_depthwise_conv1d`` / ``causal_depthwise_conv1d_step``: the causal mixer's
   depthwise convolution with left padding only (``docs/drm.md`` section 7; ``drmlab.ops.conv``).
 * ``woodbury_solve``, ``metric_energy``, ``metric_dense``, ``coupling_matrix``: the
@@ -16,13 +19,15 @@ reference beside its fast paths and one dispatcher (the layout of flash-linear-a
 * ``c_kernel_available`` / ``c_kernel_status``: whether the C kernels are built and loaded, and
   why not (``drmlab.ops.ckernels``, which compiles, caches and loads them).
 
-Note: ``drmlab.ops.linear_scan`` and ``drmlab.ops.selective_scan`` name both a subpackage and,
-as attributes of this package, its dispatcher function; reach a subpackage's modules with
+Note: ``drmlab.ops.linear_scan``, ``drmlab.ops.selective_scan`` and ``drmlab.ops.delta_rule`` name
+both a subpackage and, as attributes of this package, its dispatcher function; reach a
+subpackage's modules with
 ``from drmlab.ops.linear_scan import c``, not ``import drmlab.ops.linear_scan as ...``.
 """
 
 from .ckernels import c_kernel_available, c_kernel_status
 from .conv import causal_depthwise_conv1d, causal_depthwise_conv1d_step
+from .delta_rule import delta_rule
 from .linear_scan import backend_for, linear_scan
 from .selective_scan import selective_scan, selective_scan_reference
 from .woodbury import coupling_matrix, metric_dense, metric_energy, woodbury_solve
@@ -34,6 +39,7 @@ __all__ = [
     "c_kernel_status",
     "selective_scan",
     "selective_scan_reference",
+    "delta_rule",
     "causal_depthwise_conv1d",
     "causal_depthwise_conv1d_step",
     "woodbury_solve",

@@ -53,6 +53,9 @@ class TrainConfig:
     checkpoint_every: int | None = None  # tokens between checkpoints; None: at every sampled evaluation
     divergence_nats: float = 1.0     # a loss this far above the uniform guess, ln(vocab), counts as diverging
     divergence_steps: int = 20       # ... for this many steps in a row stops the run; 0: never
+    # token counts at which the whole final evaluation (the rescoring) also runs during training, as
+    # ``milestone`` rows of metrics.jsonl (the upstream milestone view: 1M, 2M, 5M tokens); None: none
+    milestones: list | None = None
 
     @property
     def tokens_per_step(self) -> int:
@@ -119,6 +122,15 @@ class TrainConfig:
         for key in ("decay_all_params", "bf16", "compile"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
+        if self.milestones is not None:
+            marks = self.milestones
+            if (not isinstance(marks, (list, tuple)) or
+                    any(isinstance(m, bool) or not isinstance(m, int) or m <= 0 for m in marks)):
+                raise ValueError(f"milestones must be a list of positive token counts, got {marks!r}")
+            if list(marks) != sorted(set(marks)) or (marks and marks[-1] >= self.tokens):
+                raise ValueError(f"milestones must increase and stay below the budget of {self.tokens:,} tokens "
+                                 f"(the final evaluation scores the end), got {list(marks)!r}")
+            self.milestones = list(marks)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}{suggest(str(self.schedule), SCHEDULES)}; known: {', '.join(SCHEDULES)}")
         if self.tokens < self.tokens_per_step:
@@ -174,6 +186,10 @@ def split_overrides(assignments: dict, model_keys) -> tuple[dict, dict]:
     for key in ("eval_every", "eval_tokens", "checkpoint_every"):
         if isinstance(train.get(key), str):
             train[key] = parse_tokens(train[key])
+    if isinstance(train.get("milestones"), str):  # "1M,2M"
+        train["milestones"] = [parse_tokens(part.strip()) for part in train["milestones"].split(",") if part.strip()]
+    elif isinstance(train.get("milestones"), (list, tuple)):
+        train["milestones"] = [parse_tokens(m) if isinstance(m, str) else m for m in train["milestones"]]
     return train, model
 
 

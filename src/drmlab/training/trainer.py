@@ -27,6 +27,11 @@ run's lock (:class:`drmlab.runs.RunLock`).
 that cannot be compiled as one graph stops the run at its first step with
 :class:`~drmlab.training.compiling.CompileError`, one line naming the operation that broke the graph.
 
+Each sampled evaluation row carries the model's geometry diagnostics when it has some (DRM:
+:mod:`drmlab.training.diagnostics`). ``tensorboard=True`` hands every metrics row to a TensorBoard
+sink as well (:mod:`drmlab.training.tensorboard`): an output option, like ``quiet``, not a train
+setting, so it is not part of the run's config and may differ on every resume.
+
 ``fsdp=True`` under torchrun shards the model with FSDP2 instead of wrapping it in DDP
 (:mod:`drmlab.training.distributed`); the run directory and its checkpoints keep the
 single-process format.
@@ -61,7 +66,9 @@ from drmlab.training import distributed as dist_utils
 from drmlab.training.batches import BatchSource, LMWindows, eval_sample
 from drmlab.training.compiling import compile_errors, compile_model
 from drmlab.training.config import TRAIN_DEFAULTS, TrainConfig
+from drmlab.training.diagnostics import WINDOWS as DIAGNOSTIC_WINDOWS, evaluation_diagnostics
 from drmlab.training.optim import build_optimizer, lr_at
+from drmlab.training.tensorboard import open_sink, require_tensorboard
 
 IGNORE_INDEX = BatchSource.IGNORE_INDEX  # a target that is not scored
 
@@ -69,7 +76,7 @@ IGNORE_INDEX = BatchSource.IGNORE_INDEX  # a target that is not scored
 # (``tokens`` only under the constant schedule, where it does not shape the learning rate;
 # ``compile`` only the order of rounding, as another device or thread count does).
 RESUMABLE_CHANGES = ("tokens", "eval_every", "eval_windows", "eval_tokens", "eval_batch_size", "checkpoint_every",
-                     "divergence_nats", "divergence_steps", "compile")
+                     "divergence_nats", "divergence_steps", "compile", "milestones")
 # ... and after a stop by the non-finite guard or the divergence guard, the advised fixes too.
 FIXES_AFTER_NON_FINITE = ("lr", "warmup_fraction", "grad_clip")
 # Data provenance that must not change on resume (entries of config.json).
@@ -202,7 +209,8 @@ class Trainer:
 
     def __init__(self, model: torch.nn.Module, batches: BatchSource, cfg: TrainConfig, run: RunDir | None, *,
                  val_tokens: np.ndarray | None, evaluate: Evaluate | None, run_info: dict | None,
-                 device, quiet: bool, progress_seconds: float = PROGRESS_SECONDS, fsdp: bool = False):
+                 device, quiet: bool, progress_seconds: float = PROGRESS_SECONDS, fsdp: bool = False,
+                 tensorboard: bool = False):
         cfg.validate()
         self.cfg, self.batches, self.run, self.evaluate = cfg, batches, run, evaluate
         self.info, self.device = dist_utils.setup(str(device) if isinstance(device, torch.device) else device)
@@ -225,6 +233,7 @@ class Trainer:
         self.uniform_ce = math.log(vocab) if isinstance(vocab, int) and vocab > 1 else None
         self.diverging_steps = 0
         self.stop_signal: int | None = None
+        self.tensorboard = tensorboard
 
     # -- setup and resume
     def start(self, resume: bool, overwrite: bool = False) -> None:
@@ -263,7 +272,10 @@ class Trainer:
         self.net = dist_utils.wrap_model(self.model, self.info, self.device, probe=probe)
         if self.cfg.compile:  # the training forward only: evaluation and checkpoints use self.model
             self.net = compile_model(self.net)
-        self.log = MetricsLog(run.metrics_path if (run is not None and main) else None)
+        sinks = []
+        if self.tensorboard and run is not None and main:  # the rows kept so far, then every new one
+            sinks.append(open_sink(run.path, run.read_metrics() if run.metrics_path.is_file() else ()))
+        self.log = MetricsLog(run.metrics_path if (run is not None and main) else None, sinks)
         if resume and main:
             self.log.log({"kind": "resume", "step": self.start_step, "changed": changed,
                           "device": str(self.device), "threads": torch.get_num_threads()})
@@ -361,6 +373,10 @@ class Trainer:
                       f"lr {row['lr']:.3g}, {row['tok_s']:,.0f} tok/s, {row['elapsed']:,.0f} s", file=sys.stderr, flush=True)
         if cfg.eval_every_steps and (step % cfg.eval_every_steps == 0 or step == cfg.total_steps):
             self.sampled_evaluation(step)
+        if cfg.milestones and self.evaluate is not None and step < cfg.total_steps:
+            before, now = (step - 1) * cfg.tokens_per_step, step * cfg.tokens_per_step
+            if any(before < mark <= now for mark in cfg.milestones):
+                self.milestone_evaluation(step)
         if self.info.enabled:  # every process stops after the same step (a signal may reach only some of them)
             signum = dist_utils.all_reduce_max(float(self.stop_signal or 0), self.info, self.device)
             self.stop_signal = int(signum) or None
@@ -373,16 +389,35 @@ class Trainer:
             raise TrainingInterrupted(f"{name} received: stopped after step {step} of {cfg.total_steps}, checkpoint "
                                       f"committed {where}", self.stop_signal, step)
 
+    def milestone_evaluation(self, step: int) -> None:
+        """The final evaluation (the whole rescoring) at a milestone, as a ``milestone`` metrics row."""
+        if self.main or self.sharded:
+            t0 = time.perf_counter()
+            result = self.evaluate(self.model, self.device, False)
+            if self.main:
+                self.log.log({"kind": "milestone", "step": step, "tokens": step * self.cfg.tokens_per_step,
+                              **{f"val_{k}": v for k, v in result.items() if k in ("ce", "bpb", "targets")},
+                              "eval_seconds": time.perf_counter() - t0, "elapsed": self.elapsed()})
+        dist_utils.barrier(self.info)
+
     def sampled_evaluation(self, step: int) -> None:
         if self.eval_windows is None:
             return
         if self.main or self.sharded:  # a sharded forward needs every process
             val_ce = sampled_eval(self.model, self.eval_windows, self.cfg.eval_batch_size, self.device)
         if self.main:
-            self.log.log({"kind": "eval", "step": step, "tokens": step * self.cfg.tokens_per_step, "val_ce": val_ce,
-                          "val_windows": int(self.eval_windows.shape[0]), "elapsed": self.elapsed()})
+            row = {"kind": "eval", "step": step, "tokens": step * self.cfg.tokens_per_step, "val_ce": val_ce,
+                   "val_windows": int(self.eval_windows.shape[0]), "elapsed": self.elapsed()}
+            if not self.sharded and math.isfinite(val_ce):  # the model's geometry (DRM) on the first windows
+                diagnostics = evaluation_diagnostics(self.model, self.eval_windows[:DIAGNOSTIC_WINDOWS], self.device)
+                if diagnostics:
+                    row["diagnostics"] = diagnostics
+            self.log.log(row)
             if self.bar is not None:
                 self.bar.set_postfix_str(f"{self.bar.postfix or ''} val {val_ce:.3f}".strip())
+        if (self.main or self.sharded) and not math.isfinite(val_ce):
+            raise NonFiniteLossError(f"non-finite sampled validation CE ({val_ce}) after {self._where(step)}; "
+                                     f"stopped, {self._kept()}. Try a lower lr or a warm-up (warmup_fraction=0.05).")
         dist_utils.barrier(self.info)
 
     def save(self, step: int) -> None:
@@ -444,6 +479,11 @@ class Trainer:
                 result = self.evaluate(self.model, self.device, self.bar is not None)
                 summary.update({f"val_{k}": v for k, v in result.items() if k in ("ce", "bpb", "ppl", "targets", "bytes")})
                 summary["eval_seconds"] = time.perf_counter() - t0
+                if summary.get("val_ce") is not None and not math.isfinite(summary["val_ce"]):
+                    raise NonFiniteLossError(
+                        f"the final evaluation gave a non-finite CE ({summary['val_ce']}) after {self._where(last_step)}: "
+                        f"the weights are finite but the model's outputs are not; stopped, {self._kept()}. "
+                        "Try a lower lr or a warm-up (warmup_fraction=0.05).")
             dist_utils.barrier(self.info)
         if self.run is not None and main:
             summary["out_dir"] = str(self.run.path)
@@ -471,6 +511,7 @@ def train(
     overwrite: bool = False,
     progress_seconds: float = PROGRESS_SECONDS,
     fsdp: bool = False,
+    tensorboard: bool = False,
 ) -> dict:
     """Train ``model`` under ``cfg``; return the summary (also ``out_dir/summary.json``).
 
@@ -483,7 +524,8 @@ def train(
     ``overwrite`` deletes a previous run in ``out_dir`` (without it, and without ``resume``, such a
     directory is refused). Without a terminal a progress line goes to stderr every
     ``progress_seconds`` unless ``quiet``. ``fsdp`` shards the model with FSDP2 under torchrun
-    (ignored in one process).
+    (ignored in one process). ``tensorboard`` also writes every metrics row as TensorBoard scalars
+    into ``out_dir/tensorboard`` (:mod:`drmlab.training.tensorboard`; needs the tensorboard package).
     The returned dict also holds ``"rows"``: every metrics row written in this call.
     """
     if not isinstance(batches, BatchSource):
@@ -492,9 +534,13 @@ def train(
         batches = LMWindows(batches, cfg.batch_size, cfg.seq_len)
     if resume and out_dir is None:
         raise ValueError("resume needs an output directory")
+    if tensorboard:
+        if out_dir is None:
+            raise ValueError("tensorboard needs an output directory (the event files go to OUT/tensorboard)")
+        require_tensorboard()
     run = out_dir if isinstance(out_dir, RunDir) or out_dir is None else RunDir(out_dir)
     trainer = Trainer(model, batches, cfg, run, val_tokens=val_tokens, evaluate=evaluate, run_info=run_info,
-                      device=device, quiet=quiet, progress_seconds=progress_seconds, fsdp=fsdp)
+                      device=device, quiet=quiet, progress_seconds=progress_seconds, fsdp=fsdp, tensorboard=tensorboard)
     last_step = cfg.total_steps if stop_after_step is None else min(cfg.total_steps, stop_after_step)
     final_loss = None
     try:
@@ -506,6 +552,10 @@ def train(
                 row = trainer.train_step(step)
                 final_loss = row["loss"]
                 trainer.after_step(row, last_step)
+        if trainer.bar is not None:
+            trainer.bar.close()
+        trainer.log.close()
+        return trainer.finish(last_step, final_loss)
     except NonFiniteLossError as exc:
         trainer.record_stop("diverged" if isinstance(exc, DivergenceError) else "non-finite", str(exc))
         trainer.close()
@@ -513,10 +563,6 @@ def train(
     except BaseException:
         trainer.close()
         raise
-    if trainer.bar is not None:
-        trainer.bar.close()
-    trainer.log.close()
-    return trainer.finish(last_step, final_loss)
 
 
 @contextlib.contextmanager

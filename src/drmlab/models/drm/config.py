@@ -9,6 +9,7 @@ then the caller's overrides.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from drmlab.naming import unknown
@@ -35,6 +36,10 @@ LOSS_WEIGHTS_BASE = {
     "sampled_block_consistency": 0.0,
 }
 CE_ONLY = {k: 0.0 for k in LOSS_WEIGHTS_BASE}
+
+
+# How the metric meets the directions (``docs/drm.md`` sections 5 and U).
+COMPOSITIONS = ("post_naturalize", "metric_subspace", "metric_orthonormal")
 
 
 @dataclass
@@ -69,6 +74,10 @@ class DRMConfig:
     naturalization_strength: float = 0.5
     naturalization_warmup_steps: int = 500
     metric_damping: float = 0.3
+    # how the metric meets the directions (section U): "post_naturalize" (section 5: Woodbury in R^d
+    # after the raw velocity), or a metric-first composition on the n x n Gram V G V^T:
+    # "metric_subspace" (ASM-U) or "metric_orthonormal" (ASM-F)
+    directional_metric_composition: str = "post_naturalize"
     # risk field: "none" (not built), "dead" (built, outputs zero: reference A-G), "powerlaw"
     risk: str = "none"
     # causal local mixer (section 7)
@@ -121,6 +130,20 @@ class DRMConfig:
     metric_u_min_norm: float = 0.05
     metric_u_target_norm: float = 1.0
     target_condition: float = 100.0
+    # fast-weight memory (section V; the upstream ASM-C2-FW / ASM-CM memory): a d x d delta-rule
+    # matrix per stream read and written after the block path. fast_weight_dim is d_k = d_v (the
+    # presets set it); read scale rho, slow read scale beta, consolidation kappa; the write gate is
+    # hard at fast_weight_write_threshold (straight-through gradient; 0 = soft gate); durable adds
+    # the non-decaying slow matrix; the fp32 flags keep the state / run the memory in float32.
+    fast_weight_memory: bool = False
+    fast_weight_dim: int = 16
+    fast_weight_read_scale: float = 0.1
+    fast_weight_slow_read_scale: float = 1.0
+    fast_weight_consolidation: float = 0.25
+    fast_weight_write_threshold: float = 0.5
+    fast_weight_durable: bool = True
+    fast_weight_state_fp32: bool = True
+    fast_weight_compute_fp32: bool = True
 
     # ---------------------------------------------------------------- derived properties
     @property
@@ -186,9 +209,23 @@ class DRMConfig:
         if self.dt <= 0 or self.gate_temperature <= 0 or self.state_clip_norm <= 0:
             raise ValueError("dt, gate_temperature and state_clip_norm must be positive")
         self._validate_solvers()
+        self._validate_composition()
+        self._validate_fast_weight()
         strange = sorted(set(self.loss_weights) - set(LOSS_WEIGHTS_BASE))
         if strange:
             raise unknown("loss weight", strange[0], LOSS_WEIGHTS_BASE)
+
+    def _validate_composition(self) -> None:
+        composition = self.directional_metric_composition
+        if composition not in COMPOSITIONS:
+            raise ValueError(f"directional_metric_composition must be one of {', '.join(map(repr, COMPOSITIONS))}, "
+                             f"got {composition!r}")
+        if composition != "post_naturalize" and not (self.has_direction_field and self.has_metric):
+            missing = [name for name in ("use_drm_geometry", "use_direction_field", "use_relational_metric")
+                       if not getattr(self, name)]
+            raise ValueError(f"directional_metric_composition={composition!r} composes the direction frame with the "
+                             f"metric (docs/drm.md section U) and needs both; this model sets {', '.join(missing)}=False "
+                             f"(use 'post_naturalize', or turn them on)")
 
     def _validate_solvers(self) -> None:
         if self.step_mode not in ("velocity", "candidate", "geodesic"):
@@ -219,6 +256,21 @@ class DRMConfig:
         if self.geodesic_steps < 0 or self.sampled_consistency_interval < 1 or self.sampled_consistency_size < 1:
             raise ValueError("geodesic_steps must be >= 0; sampled_consistency_interval and _size must be >= 1")
 
+    def _validate_fast_weight(self) -> None:
+        if not self.fast_weight_memory:
+            return
+        if not isinstance(self.fast_weight_dim, int) or isinstance(self.fast_weight_dim, bool) or self.fast_weight_dim <= 0:
+            raise ValueError(f"fast_weight_dim must be a positive integer, got {self.fast_weight_dim!r}")
+        if self.sequence_mode != "block_cumsum":
+            raise ValueError("fast_weight_memory runs after the block path: it needs sequence_mode='block_cumsum'")
+        if not 0 <= self.fast_weight_write_threshold < 1:
+            raise ValueError(f"fast_weight_write_threshold must be in [0, 1) (0: soft write gate), "
+                             f"got {self.fast_weight_write_threshold!r}")
+        for name in ("fast_weight_read_scale", "fast_weight_slow_read_scale", "fast_weight_consolidation"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
 
 # ---------------------------------------------------------------------------------------
 # Presets: the dimensions only. ``125m`` is the reference configuration; ``tiny`` and
@@ -226,16 +278,16 @@ class DRMConfig:
 PRESET_DIMS: dict[str, dict] = {
     "micro": dict(d_token=16, d_state=16, n_directions=4, metric_rank=4, hidden_size=32,
                   direction_basis_size=8, metric_u_basis_size=8, mixer_hidden=16, mixer_kernel=4,
-                  memory_hidden=16, block_size=8, max_seq_len=32),
+                  memory_hidden=16, block_size=8, max_seq_len=32, fast_weight_dim=8),
     "tiny": dict(d_token=128, d_state=128, n_directions=8, metric_rank=8, hidden_size=384,
                  direction_basis_size=16, metric_u_basis_size=16, mixer_hidden=128, mixer_kernel=8,
-                 memory_hidden=64, block_size=64, max_seq_len=256),
+                 memory_hidden=64, block_size=64, max_seq_len=256, fast_weight_dim=64),
     "small": dict(d_token=448, d_state=448, n_directions=16, metric_rank=16, hidden_size=1344,
                   direction_basis_size=32, metric_u_basis_size=32, mixer_hidden=224, mixer_kernel=8,
-                  memory_hidden=112, block_size=64, max_seq_len=512),
+                  memory_hidden=112, block_size=64, max_seq_len=512, fast_weight_dim=64),
     "125m": dict(d_token=1536, d_state=1536, n_directions=64, metric_rank=64, hidden_size=3584,
                  direction_basis_size=128, metric_u_basis_size=128, mixer_hidden=256, mixer_kernel=8,
-                 memory_hidden=256, block_size=64, max_seq_len=512),
+                 memory_hidden=256, block_size=64, max_seq_len=512, fast_weight_dim=128),
 }
 
 
@@ -274,6 +326,12 @@ def _variant_overrides(name: str, dims: dict) -> dict:
         # count is nearest to J_NO_DIRECTION's (ASM-S; width matched in build_config)
         "J_DIRECT_CONTROL": direct,
         "J_DIRECT_CONTROL_MATCHED": direct,
+        # ... and J with a metric-first composition in place of naturalization (ASM-U, ASM-F)
+        "J_METRIC_SUBSPACE": dict(j, directional_metric_composition="metric_subspace"),
+        "J_METRIC_ORTHONORMAL_DIRECTION": dict(j, directional_metric_composition="metric_orthonormal"),
+        # ASM-CM (section V): J_NO_DIRECTION with the durable fast-weight memory, float32 state and compute
+        "ASM_CM": dict(j, use_direction_field=False, fast_weight_memory=True, fast_weight_durable=True,
+                       fast_weight_write_threshold=0.5, fast_weight_state_fp32=True, fast_weight_compute_fp32=True),
     }
     return table[name]
 
@@ -295,7 +353,7 @@ def _narrow_two_stage(dims: dict) -> dict:
 VARIANTS = (
     "A", "B", "C", "D", "E", "F", "G", "H", "I", "J", "J_DILATED",
     "J_NO_DIRECTION", "J_NO_METRIC", "J_NO_NATURALIZATION", "SSM_CONTROL",
-    "J_DIRECT_CONTROL", "J_DIRECT_CONTROL_MATCHED",
+    "J_DIRECT_CONTROL", "J_DIRECT_CONTROL_MATCHED", "J_METRIC_SUBSPACE", "J_METRIC_ORTHONORMAL_DIRECTION", "ASM_CM",
 )
 # variant -> (the variant whose parameter count its memory width matches, the matching rule)
 MATCHED_MEMORY = {"SSM_CONTROL": ("J", "floor"), "J_DIRECT_CONTROL_MATCHED": ("J_NO_DIRECTION", "nearest")}
@@ -371,6 +429,9 @@ def closed_form_parameter_count(c: DRMConfig) -> int:
         total += (c.d_read + dt + 1) * c.memory_hidden + 3 * (c.memory_hidden + 1) * ds
     if c.has_geometry:
         total += c.refinement_layers * (_direction_field(c) + _metric(c) + _flow(c))
+    if c.fast_weight_memory:  # section V: W_k, W_v and b_v, the gates (the consolidation gate if durable), W_o
+        k = c.fast_weight_dim
+        total += k * dt + (c.d_read + dt + 1) * k + (4 if c.fast_weight_durable else 3) * (c.d_read + 2 * dt + 1) + ds * k
     return total
 
 

@@ -43,12 +43,15 @@ from .components import (
     SelectiveMemory,
     TokenStateResidual,
     bound_state,
+    compose_metric_first,
+    metric_first_frame,
     naturalize,
     raw_velocity,
     toroidal_lift,
 )
 from . import solvers
 from .config import DRMConfig
+from .fast_weight import FastWeightMemory
 from .losses import auxiliary_losses
 
 # Per-component seed offsets (``docs/drm.md`` section A.2): each component draws its
@@ -56,7 +59,7 @@ from .losses import auxiliary_losses
 SEED_OFFSETS = {
     "embedding": 101, "initial_state": 102, "direction_field": 103, "metric": 104, "flow": 105,
     "risk": 106, "emitter": 107, "mixer": 108, "token_residual": 109, "memory": 110,
-    "refinement": 111, "direct_transition": 112,
+    "refinement": 111, "direct_transition": 112, "fast_weight_memory": 113,
 }
 
 
@@ -94,6 +97,8 @@ class DecodeState:
     refine_prev: list | None = None
     solver_prev: list | None = None  # X_k at the previous position, one per solver iteration
     solver_gram: torch.Tensor | None = None  # causal Anderson: prefix Gram sums [B, K, K]
+    metric_frame: torch.Tensor | None = None  # section U: the block's metric-first frame F [B, n, d]
+    fast_weight: object | None = None  # section V: the fast-weight memory's FastWeightState (crosses blocks)
 
 
 @dataclass
@@ -144,6 +149,8 @@ class DRMModel(nn.Module):
             RefinementLayer(c) for _ in range(c.refinement_layers if c.has_geometry else 0)))
         self.direct_transition = (seeded("direct_transition", lambda: DirectStateTransition(c))
                                   if c.has_direct_transition else None)
+        self.fast_weight_memory = (seeded("fast_weight_memory", lambda: FastWeightMemory(c))
+                                   if c.fast_weight_memory else None)
 
     # ------------------------------------------------------------------ small helpers
     def read(self, z: torch.Tensor) -> torch.Tensor:
@@ -214,25 +221,49 @@ class DRMModel(nn.Module):
         rho = self.risk(z_read) if self.risk is not None else z_read.new_zeros(z_read.shape[:-1])
         return gates, directions, gamma, u_factor, rho
 
-    def _velocity(self, z: torch.Tensor, geometry: tuple, token_part: torch.Tensor, strength: float) -> torch.Tensor:
-        """Naturalized velocity at z for each position's token: token_part [N, L, H] -> [N, L, d]."""
+    @property
+    def metric_first(self) -> bool:
+        """Whether the metric meets the directions through a metric-first composition (section U)."""
+        return self.config.directional_metric_composition != "post_naturalize"
+
+    def _metric_frame(self, geometry: tuple, strength: float) -> torch.Tensor | None:
+        """Section U: the metric-first frame F [N..., n, d] at a geometry (one Gram and one solve or
+        Cholesky per sample); None where the composition is post-naturalization or s <= 0."""
+        _, directions, gamma, u_factor, _ = geometry
+        if not self.metric_first or strength <= 0:
+            return None
+        c = self.config
+        return metric_first_frame(directions, gamma, u_factor, c.metric_damping, c.directional_metric_composition)
+
+    def _velocity(self, z: torch.Tensor, geometry: tuple, token_part: torch.Tensor, strength: float,
+                  frame: torch.Tensor | None = None) -> torch.Tensor:
+        """Naturalized velocity at z for each position's token: token_part [N, L, H] -> [N, L, d].
+
+        With a metric-first composition (section U) the velocity is composed in span(V) from the
+        frame of :meth:`_metric_frame` (``frame``, when the caller holds it for the block; computed here otherwise)."""
         gates, directions, gamma, u_factor, _ = geometry
         z_read = self.read(z).unsqueeze(-2)
         if directions is not None:
-            v = raw_velocity(gates, self.flow(z_read, token_part), directions)
+            coeff = self.flow(z_read, token_part)
+            if self.metric_first:
+                frame = frame if frame is not None else self._metric_frame(geometry, strength)
+                return compose_metric_first(gates, coeff, directions, frame, strength)
+            v = raw_velocity(gates, coeff, directions)
         else:
             v = self.direct_transition(z_read, token_part)
         if gamma is not None:
             v = naturalize(v, gamma, u_factor, strength, self.config.metric_damping)
         return v
 
-    def _transition(self, z: torch.Tensor, geometry: tuple, token_part: torch.Tensor, strength: float) -> torch.Tensor:
+    def _transition(self, z: torch.Tensor, geometry: tuple, token_part: torch.Tensor, strength: float,
+                    frame: torch.Tensor | None = None) -> torch.Tensor:
         """One-token endpoints from z [N..., d] with the geometry at z, under ``step_mode``.
 
         token_part [N..., L, H] -> [N..., L, d]. ``velocity`` gives the Euler anchor
-        z^a = B(z + dt v); ``candidate`` and ``geodesic`` start from it (``solvers``).
+        z^a = B(z + dt v); ``candidate`` and ``geodesic`` start from it (``solvers``). ``frame``: the
+        metric-first frame at this geometry, if the caller already holds it (section U).
         """
-        v = self._velocity(z, geometry, token_part, strength)
+        v = self._velocity(z, geometry, token_part, strength, frame)
         start = z.unsqueeze(-2)
         anchor = self.bound(start + self.config.dt * v)
         if self.config.step_mode == "candidate":
@@ -344,15 +375,20 @@ class DRMModel(nn.Module):
         z_start = self.initial_state(e.shape[0]).to(e.dtype)
         parts = self._token_parts(e)
         outputs, record, state = [], [], None
+        memory = self.fast_weight_memory.init_state(e.shape[0], e) if self.fast_weight_memory is not None else None
         for start in range(0, length, c.block_size):
             block = slice(start, min(start + c.block_size, length))
             if return_state and block.stop == length:
                 state = DecodeState(z_start=z_start, position=block.stop - start, refine_prev=[])
             z = self._block(z_start, parts.window(block), block.stop - start, strength, record, state)
+            if memory is not None:  # section V: z' = z + the memory's read, written as it goes
+                z, memory = self.fast_weight_memory(z, self.read(z), e[:, block], memory)
             outputs.append(z)
             z_start = z[:, -1]
+        if state is not None:
+            state.fast_weight = memory
         if state is not None and state.position == c.block_size:  # complete: the next block starts afresh
-            state = DecodeState(z_start=z_start)
+            state = DecodeState(z_start=z_start, fast_weight=memory)
         return torch.cat(outputs, dim=1), record, state
 
     def _block(self, z_start, parts: TokenParts, length: int, strength, record: list, state: DecodeState | None):
@@ -403,7 +439,8 @@ class DRMModel(nn.Module):
         block's geometry (and, in ``state``, what stepping keeps of it)."""
         c = self.config
         geometry = self._geometry_at(z_start)
-        delta = self._transition(z_start, geometry, flow_tokens, strength) - anchor
+        frame = self._metric_frame(geometry, strength)  # section U: once per block and sample
+        delta = self._transition(z_start, geometry, flow_tokens, strength, frame) - anchor
         delta_sum = delta.cumsum(dim=1)
         z = self.bound(anchor + delta_sum)
         gates, rho = geometry[0], geometry[4]
@@ -417,6 +454,7 @@ class DRMModel(nn.Module):
                 _keep_solver_state(state, solution, c.block_solver)
         if state is not None:
             state.geometry, state.delta_sum, state.z_tilde_prev = geometry, delta_sum[:, -1:], z[:, -1:]
+            state.metric_frame = frame
         return z, delta, rho, dim_d
 
     def _refine(self, layer: RefinementLayer, z, anchor, token_part, strength):
@@ -425,9 +463,13 @@ class DRMModel(nn.Module):
         previous = self.read(torch.cat([anchor, z[:, :-1]], dim=1))  # [B, L, d_read]
         directions, gates = layer.direction_field(previous)  # [B, L, n, d], [B, L, n]
         coeff = layer.flow(previous, token_part)  # [B, L, n]
-        v = raw_velocity(gates, coeff.unsqueeze(-2), directions)  # [B, L, 1, d]
         gamma, u_factor = layer.metric(previous)
-        v = naturalize(v, gamma, u_factor, strength, c.metric_damping).squeeze(-2)
+        if self.metric_first:  # section U, with each position's own geometry
+            frame = self._metric_frame((gates, directions, gamma, u_factor, None), strength)
+            v = compose_metric_first(gates, coeff.unsqueeze(-2), directions, frame, strength).squeeze(-2)
+        else:
+            v = raw_velocity(gates, coeff.unsqueeze(-2), directions)  # [B, L, 1, d]
+            v = naturalize(v, gamma, u_factor, strength, c.metric_damping).squeeze(-2)
         return self.bound(z + c.refinement_scale * c.dt * v)
 
     # ------------------------------------------------------------------ forward
@@ -456,7 +498,8 @@ class DRMModel(nn.Module):
         """The decoding state before the first token."""
         check_batch_size(batch_size, self.model_name)
         ref = self.embedding.weight
-        return DecodeState(z_start=self.initial_state(batch_size).to(device=ref.device, dtype=ref.dtype))
+        memory = self.fast_weight_memory.init_state(batch_size, ref) if self.fast_weight_memory is not None else None
+        return DecodeState(z_start=self.initial_state(batch_size).to(device=ref.device, dtype=ref.dtype), fast_weight=memory)
 
     def step(self, tokens_t: torch.Tensor, state: DecodeState, step: int | None = None) -> tuple[torch.Tensor, DecodeState]:
         """Advance by one token: tokens_t [B] -> (logits [B, vocab], new state).
@@ -480,10 +523,11 @@ class DRMModel(nn.Module):
         fresh = state.position == 0
         if c.has_geometry:
             new.geometry = self._geometry_at(z_start) if fresh else state.geometry
+            new.metric_frame = self._metric_frame(new.geometry, strength) if fresh else state.metric_frame
             gates, rho = new.geometry[0], new.geometry[4]
             dim_d = gates.sum(-1) if gates is not None else rho.new_zeros(batch)
             token_part = self._flow_token_part(e)
-            delta = self._transition(z_start, new.geometry, token_part, strength) - anchor
+            delta = self._transition(z_start, new.geometry, token_part, strength, new.metric_frame) - anchor
             new.delta_sum = delta if fresh else state.delta_sum + delta
             z = self.bound(anchor + new.delta_sum)
             if c.block_solver is not None:
@@ -514,9 +558,11 @@ class DRMModel(nn.Module):
             previous = anchor if fresh else state.refine_prev[i]
             new.refine_prev.append(z)
             z = self._refine(layer, z, previous, layer.flow.token_part(e), strength)
+        if self.fast_weight_memory is not None:
+            z, new.fast_weight = self.fast_weight_memory(z, self.read(z), e, state.fast_weight)
         z = z[:, 0]
         if new.position == c.block_size:  # block complete: its last state starts the next block
-            new = DecodeState(z_start=z)
+            new = DecodeState(z_start=z, fast_weight=new.fast_weight)
         return self.emitter(self.read(z)), new
 
 

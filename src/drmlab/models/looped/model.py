@@ -40,11 +40,16 @@ key/value cache (attention) or the SSM state and conv context (O(1) per token); 
 sequence reproduces the parallel logits, and ``forward(tokens, return_state=True)`` returns the
 same state after a whole prompt from the parallel pass. ``residual_stream(tokens)`` returns the residual stream
 after every application (for :mod:`drmlab.experiments.residual_probe`).
+
+Another loop count at evaluation (``docs/looped.md`` section 4.1): ``set_loop_count(n_loop, eps=...)`` applies
+the same stored blocks N' times instead of N, with ε frozen at the value the model was built with or set
+anew (``"1/N"`` gives 1/N'); the parameters are untouched.
 """
 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -57,7 +62,7 @@ from drmlab.models.legacy_names import accept_legacy_names
 from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens, leading_batch
 from drmlab.models.output import ModelOutput
 
-from .config import LoopedConfig, block_kinds, schedule_order
+from .config import LoopedConfig, block_kinds, resolve_eps, schedule_order
 from .selective_ssm import SelectiveSSM
 
 INIT_STD = 0.02
@@ -96,6 +101,7 @@ class LoopedLM(nn.Module):
         c = config
         self.order = tuple(schedule_order(c))
         self.eps = c.eps_value
+        self.trained_eps = self.eps  # the residual scale the model was built (and trained) with
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
@@ -145,6 +151,29 @@ class LoopedLM(nn.Module):
             for block in self.blocks:
                 for weight in block.write_back_weights():
                     nn.init.normal_(weight, 0.0, std)
+
+    # ------------------------------------------------------------------ loop count at evaluation
+    def set_loop_count(self, n_loop: int, eps: float | str = "frozen") -> "LoopedLM":
+        """From now on apply each looped block ``n_loop`` times (N') in the config's schedule, with the
+        same parameters (``docs/looped.md`` section 4.1). Returns the model.
+
+        ``eps``: ``"frozen"`` keeps the residual scale the model was built with (its trained ε, whatever
+        loop count was set since); any ε the config accepts sets it anew at N' -- a number, or a rule
+        such as ``"1/N"`` (ε = 1/N'). A learnable per-block scale λ_b keeps its value either way. At the
+        built N with ε frozen the model computes exactly what it computed before. A vanilla stack
+        (schedule ``"vanilla"``) has no loop to change: ValueError.
+        """
+        c = self.config
+        if c.schedule == "vanilla":
+            raise ValueError(f"{self.model_name} (arm {c.arm}) is a vanilla stack: schedule 'vanilla' applies each "
+                             f"stored block once, so it has no loop count to change")
+        if isinstance(n_loop, bool) or not isinstance(n_loop, int) or n_loop <= 0:
+            raise ValueError(f"the loop count must be a positive integer, got {n_loop!r}")
+        value = self.trained_eps if eps == "frozen" else resolve_eps(dataclasses.replace(c, n_loop=n_loop, eps=eps))
+        config = dataclasses.replace(c, n_loop=n_loop, eps=value, learnable_eps=c.has_learnable_scale)
+        config.validate()
+        self.config, self.order, self.eps = config, tuple(schedule_order(config)), config.eps_value
+        return self
 
     # ------------------------------------------------------------------ forward
     def _check_length(self, length: int) -> None:

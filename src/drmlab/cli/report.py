@@ -1,0 +1,36 @@
+"""``drmlab report DIR``: a run or study directory as one self-contained HTML page.
+
+The page is :mod:`drmlab.experiments.report_html`'s: for a run directory its curves, final numbers,
+checkpoint, configuration and data provenance; for an ablation, loop or MQAR study its own tables
+and figures, the promotion-gate verdicts and its settings. Figures are embedded, nothing is loaded
+from elsewhere, so the file can be mailed or archived alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "report", help="turn a run or study directory into one self-contained HTML page",
+        description="Write one HTML page for a run directory (drmlab train) or a study directory (drmlab ablate, "
+                    "loop-study, mqar): curves and figures embedded as PNGs, tables, the promotion-gate verdicts, "
+                    "configuration and data provenance. The page loads nothing from elsewhere (no script, no network).",
+        epilog="examples:\n"
+               "  drmlab report runs/J-tiny-seed0                 # writes runs/J-tiny-seed0/report.html\n"
+               "  drmlab report studies/ablate-tiny --out ablate.html",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dir", metavar="DIR", help="a run directory (config.json) or a study directory "
+                                                   "(study.json or mqar.json)")
+    parser.add_argument("--out", default=None, metavar="FILE", help="where to write the page (default DIR/report.html)")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from drmlab.experiments.report_html import write_report
+
+    target = write_report(args.dir, args.out)
+    print(f"wrote {target}")
+    return 0

@@ -1,0 +1,130 @@
+"""``drmlab specialise``: the ASM_CM specialisation recipe (docs/mqar.md section 9) from a trained
+J_NO_DIRECTION run: :func:`drmlab.experiments.specialise.specialise`, printed as a table of the
+stage evaluations and the language CE before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from drmlab.cli.common import add_data_arguments, add_runtime_arguments, apply_threads, load_corpus_for, log_to_stderr
+
+# drmlab.experiments.specialise.DEFAULT_CURRICULUM, spelled here so --help needs no torch (a test compares them)
+DEFAULT_CURRICULUM = "40:1000,80:500,160:500,320:300,512:200,1024:100,4096:25"
+
+EPILOG = """\
+examples:
+  drmlab specialise --base runs/base-jnd --out runs/base-jnd-asm-cm
+  drmlab specialise --base runs/base-jnd --out runs/asm-cm-quick --steps-scale 0.25 --eval-tokens 128k
+  drmlab mqar --protocol distance --ckpt runs/base-jnd-asm-cm --lengths 40,512,4096   # read it further
+  drmlab eval --ckpt runs/base-jnd-asm-cm
+
+each step: with probability 0.8 a language batch (one window of 128 tokens of the training split; CE
+plus 0.5 T^2 KL(teacher || student) at T = 2), else an MQAR batch at the stage's length (4 examples
+below 512, 2 below 1024, then 1; CE on the 8 queries). AdamW, weight decay 0.01, the backbone at
+--backbone-lr and fast_weight_memory.* at --memory-lr, constant, clip 1.0. After each stage every
+curriculum length up to it is read; a stage passes at >= 80% on each. Files in --out: an ordinary run
+directory (config.json naming ASM_CM, checkpoint, metrics.jsonl, summary.json) plus specialise.json
+(the stage results, the language CE before and after). Started again, a killed run continues from its
+last checkpoint; a finished one is refused unless --overwrite.
+"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "specialise",
+        help="specialise a J_NO_DIRECTION run into ASM_CM (fast-weight memory) with the distance curriculum",
+        description="Copy a J_NO_DIRECTION run into ASM_CM (the new memory at its no-op init), then train it on "
+                    "the recall-over-distance curriculum mixed with language batches distilled from the frozen "
+                    "base; report recall per length with Wilson intervals and the language CE before and after.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--base", required=True, metavar="RUN_DIR",
+                        help="a J_NO_DIRECTION run directory (or an ASM_CM one, to continue specialising it)")
+    parser.add_argument("--out", required=True, metavar="RUN_DIR", help="the specialised run directory")
+    parser.add_argument("--curriculum", default=DEFAULT_CURRICULUM, metavar="L:STEPS,...",
+                        help=f"stages of length:optimizer steps, lengths increasing (default {DEFAULT_CURRICULUM})")
+    parser.add_argument("--steps-scale", type=float, default=1.0, metavar="X",
+                        help="multiply every stage's steps by X (rounded, at least 1), e.g. 0.25 for a CPU budget")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the coin, language windows and MQAR examples (seed, seed+1, seed+2; default: "
+                             "the base run's seed)")
+    parser.add_argument("--backbone-lr", type=float, default=1e-5, help="learning rate of every parameter but the "
+                                                                        "memory's (default 1e-5)")
+    parser.add_argument("--memory-lr", type=float, default=1e-4, help="learning rate of fast_weight_memory.* "
+                                                                      "(default 1e-4)")
+    parser.add_argument("--eval-sequences", type=int, default=None, metavar="N",
+                        help="sequences read per length after each stage (default: 32 batches of the length's MQAR "
+                             "batch size: 128 below 512, 64 below 1024, then 32)")
+    parser.add_argument("--eval-tokens", default=None, metavar="N",
+                        help="cap on the validation tokens rescored before and after, or all (default: the base run's)")
+    parser.add_argument("--checkpoint-every", type=int, default=100, metavar="STEPS",
+                        help="steps between checkpoints besides each stage's end (default 100; 0: stage ends only)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="delete the run already in --out (config, metrics, checkpoints, summary, specialise.json) "
+                             "and start again")
+    add_data_arguments(parser)
+    add_runtime_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from drmlab.experiments import specialise as recipe
+    from drmlab.training.config import parse_tokens
+    from drmlab.training.trainer import NonFiniteLossError, TrainingInterrupted
+
+    apply_threads(args)
+    stages = recipe.scale_curriculum(recipe.parse_curriculum(args.curriculum), args.steps_scale)
+    base_config = recipe.check_base(args.base)  # before the corpus is read
+    base_tokenizer = base_config.get("tokenizer") or "bytes"
+    if args.tokenizer is not None and args.tokenizer != base_tokenizer:
+        raise ValueError(f"--tokenizer {args.tokenizer}: the base run was trained with the {base_tokenizer} tokenizer")
+    if args.eval_tokens is None:
+        eval_tokens = (base_config.get("train") or {}).get("eval_tokens")
+    elif str(args.eval_tokens).lower() == "all":
+        eval_tokens = None
+    else:
+        eval_tokens = parse_tokens(args.eval_tokens)
+    data = args.data if args.data is not None else base_config.get("data_source")
+    corpus = load_corpus_for(data, base_tokenizer, args.cache_dir)
+    log = None if args.quiet else log_to_stderr
+    try:
+        result = recipe.specialise(args.base, args.out, corpus, curriculum=stages, seed=args.seed,
+                                   backbone_lr=args.backbone_lr, memory_lr=args.memory_lr,
+                                   eval_sequences=args.eval_sequences, eval_tokens=eval_tokens, device=args.device,
+                                   checkpoint_every=args.checkpoint_every, overwrite=args.overwrite, log=log,
+                                   data_source=data)
+    except NonFiniteLossError as exc:
+        print(f"drmlab specialise: error: {exc}", file=sys.stderr)
+        return 1
+    except TrainingInterrupted as exc:
+        print(f"drmlab specialise: {exc}\n  continue with the same command", file=sys.stderr)
+        return 128 + exc.signal
+    print(format_result(result))
+    print(f"results in {args.out}/: specialise.json, summary.json, config.json, metrics.jsonl, checkpoints/")
+    return 0
+
+
+def format_result(result: dict) -> str:
+    """The stage evaluations as a table (accuracy [Wilson 95%] per length) and the verdicts."""
+    stages = result["stages"]
+    lengths = sorted({int(L) for st in stages for L in st["lengths"]})
+    lines = ["| after stage | steps | " + " | ".join(f"L = {L}" for L in lengths) + " | pass |",
+             "|---:|---:|" + "---|" * len(lengths) + "---|"]
+    for st in stages:
+        cells = []
+        for L in lengths:
+            r = st["lengths"].get(str(L))
+            cells.append("" if r is None else f"{100 * r['acc']:.1f}% [{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}]")
+        lines.append(f"| {st['length']} | {st['first_step']}-{st['last_step']} | " + " | ".join(cells)
+                     + f" | {'yes' if st['pass'] else 'no'} |")
+    language = result["language"]
+    lines.append(f"language CE (validation, {result['after']['targets']:,} tokens): before {language['before']:.4f}, "
+                 f"after {language['after']:.4f}, regression {language['regression']:+.4f} "
+                 f"(limit {language['limit']}: {'pass' if language['pass'] else 'fail'})")
+    verdict = "PASS" if result["passed"] else "FAIL: " + "; ".join(result["reasons"])
+    lines.append(f"specialisation: {verdict}")
+    return "\n".join(lines)
