@@ -36,7 +36,7 @@ from typing import Callable
 
 from drmlab.experiments import lr_sweep, mqar_report
 from drmlab.experiments.mqar_models import ANCHOR_ACC, ANCHOR_ARMS, ARM_BASE, ARM_MODELS, build, registry_entry
-from drmlab.experiments.mqar_task import FreshMQARBatches, MQARTask, accuracy, test_set, train_set
+from drmlab.experiments.mqar_task import FreshMQARBatches, MQARTask, accuracy, probe_train_config, test_set, train_set
 from drmlab.experiments.stats import mean, mean_std
 from drmlab.naming import suggest
 from drmlab.runs import jsonable
@@ -73,15 +73,8 @@ class MQARStudy:
                         n_train=self.n_train, n_test=self.n_test).validate()
 
     def train_config(self, task: MQARTask, seed: int):
-        from drmlab.training.config import TrainConfig
-
-        values = dict(batch_size=self.batch_size, grad_accum=1, seq_len=task.length, seed=seed, lr=1e-3,
-                      schedule="constant", weight_decay=0.01, decay_all_params=True, grad_clip=1.0, bf16=False,
-                      eval_every=0, eval_windows=0, checkpoint_every=0)
-        values.update(self.train_overrides)
-        cfg = TrainConfig(**values)
-        cfg.tokens = self.steps * cfg.tokens_per_step
-        return cfg.validate()
+        return probe_train_config(batch_size=self.batch_size, seq_len=task.length, seed=seed, lr=1e-3,
+                                  steps=self.steps, overrides=self.train_overrides)
 
 
 def _integers(values, what: str) -> list[int]:

@@ -59,6 +59,7 @@ import torch.nn as nn
 
 from drmlab.experiments import mqar_distance_report
 from drmlab.experiments.mqar_models import ANCHOR_ARMS, POSITION_FIELDS, width_overrides
+from drmlab.experiments.mqar_task import probe_train_config
 from drmlab.naming import suggest
 from drmlab.runs import jsonable
 from drmlab.training.batches import BatchSource
@@ -345,15 +346,8 @@ class DistanceStudy:
     train_overrides: dict = dataclasses.field(default_factory=dict)
 
     def train_config(self, seed: int):
-        from drmlab.training.config import TrainConfig
-
-        values = dict(batch_size=self.batch_size, grad_accum=1, seq_len=CONTROL_LENGTH - 1, seed=seed, lr=self.lr,
-                      schedule="constant", weight_decay=0.01, decay_all_params=True, grad_clip=1.0, bf16=False,
-                      eval_every=0, eval_windows=0, checkpoint_every=0)
-        values.update(self.train_overrides)
-        cfg = TrainConfig(**values)
-        cfg.tokens = self.steps * cfg.tokens_per_step
-        return cfg.validate()
+        return probe_train_config(batch_size=self.batch_size, seq_len=CONTROL_LENGTH - 1, seed=seed, lr=self.lr,
+                                  steps=self.steps, overrides=self.train_overrides)
 
     def eval_spec(self) -> dict:
         """What a length's result depends on besides the weights (the chunk changes only rounding)."""

@@ -163,3 +163,17 @@ def accuracy(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batc
     return {"acc": correct / total if total else float("nan"), "correct": correct, "total": total,
             "by_query": by_query}
 
+
+def probe_train_config(*, batch_size: int, seq_len: int, seed: int, lr: float, steps: int, overrides: dict):
+    """The recall probes' training settings (docs/mqar.md): AdamW at a constant ``lr``, weight decay
+    0.01 on every tensor, clipping at 1.0, fp32, no sampled evaluation and no intermediate checkpoint,
+    ``steps`` optimizer steps of ``batch_size`` sequences; ``overrides`` (TrainConfig fields) last."""
+    from drmlab.training.config import TrainConfig
+
+    values = dict(batch_size=batch_size, grad_accum=1, seq_len=seq_len, seed=seed, lr=lr, schedule="constant",
+                  weight_decay=0.01, decay_all_params=True, grad_clip=1.0, bf16=False, eval_every=0, eval_windows=0,
+                  checkpoint_every=0)
+    values.update(overrides)
+    cfg = TrainConfig(**values)
+    cfg.tokens = steps * cfg.tokens_per_step
+    return cfg.validate()

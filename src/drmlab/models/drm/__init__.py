@@ -1,8 +1,9 @@
 """The DRM family (``docs/drm.md``): config, components, model, losses, solvers and diagnostics.
 
 Its model names are the variants A-J, J_DILATED, J_NO_DIRECTION, J_NO_METRIC,
-J_NO_NATURALIZATION, SSM_CONTROL and the upstream project's later variants J_DIRECT_CONTROL and
-J_DIRECT_CONTROL_MATCHED (:data:`VARIANTS`).
+J_NO_NATURALIZATION, SSM_CONTROL and the upstream project's later variants J_DIRECT_CONTROL,
+J_DIRECT_CONTROL_MATCHED, J_METRIC_SUBSPACE, J_METRIC_ORTHONORMAL_DIRECTION (appendix U) and ASM_CM
+(the fast-weight memory, appendix V) (:data:`VARIANTS`).
 """
 
 from .config import PRESET_DIMS, VARIANTS, DRMConfig, build_config, closed_form_parameter_count
