@@ -134,6 +134,26 @@ def test_the_grid_may_grow_before_the_paired_runs_start(corpus_file, tmp_path, m
     assert json.loads((out / "study.json").read_text())["lr_grid"] == [1e-3, 3e-2, 1e-1]
 
 
+def test_a_process_whose_grid_was_changed_by_another_stops(corpus_file, tmp_path, monkeypatch):
+    """Two processes must never choose a model's rate from two different grids."""
+    from drmlab.runs import read_json, write_json_atomic
+    from drmlab.training import trainer
+
+    out = tmp_path / "study"
+    real_train = trainer.train
+
+    def regrid_during_the_sweep(*args, **kwargs):
+        summary = real_train(*args, **kwargs)
+        record = read_json(out / "study.json")
+        write_json_atomic(out / "study.json", dict(record, lr_grid=[1e-3, 3e-2, 1e-1]))  # "another process"
+        return summary
+
+    monkeypatch.setattr(trainer, "train", regrid_during_the_sweep)
+    with pytest.raises(ValueError, match="another process changed the lr grid"):
+        _run(corpus_file, tmp_path, out, models=["GPT2"], seeds=[1], lr_grid="1e-3,3e-2")
+    assert not ablate.run_dir(out, "GPT2", 1).exists()
+
+
 def test_every_rate_diverging_leaves_the_model_without_runs(corpus_file, tmp_path):
     out = tmp_path / "study"
     lines = []

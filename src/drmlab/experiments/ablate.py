@@ -261,6 +261,7 @@ def run_planned(study: Study, out: str | Path, *, corpus=None, cache_dir: str | 
                 label = f"[{number[job]}/{len(number)}] {model} seed {value}"
                 lr = None
                 if study.lr_grid:
+                    _check_grid_unchanged(out, study)
                     sweep = sweep_results(out, study)[model]
                     if not sweep["complete"]:  # its sweep is still running in another process
                         left.append(job)
@@ -283,6 +284,17 @@ def run_planned(study: Study, out: str | Path, *, corpus=None, cache_dir: str | 
             time.sleep(wait_seconds)
         todo = left
     return write_results(out, log=log)
+
+
+def _check_grid_unchanged(out: Path, study: Study) -> None:
+    """Refuse to choose a rate when another process has since changed the study's grid (study.json):
+    the two processes would choose from different grids."""
+    from drmlab.runs import read_json
+
+    recorded = read_json(out / STUDY_FILE).get("lr_grid")
+    if recorded != study.lr_grid:
+        raise ValueError(f"{out / STUDY_FILE}: another process changed the lr grid to {recorded} while this one "
+                         f"runs {study.lr_grid}; rerun the command with the study's grid")
 
 
 def _train_one(study: Study, out: Path, corpus, train_tokens, eval_tokens, count_bytes, model: str, seed: int,
