@@ -238,7 +238,36 @@ def _bench_solvers_table(studies: dict[str, dict]) -> str:
                   ["---", "---", "---:", "---:", "---:"], rows)
 
 
+def _distance_cell(cell: dict | None) -> str:
+    """One length of the distance protocol: accuracy with its Wilson interval, or why it was not read."""
+    if cell is None:
+        return "-"
+    if cell.get("status") == "n/a":
+        return f"n/a (context {cell['context']:,})"
+    if cell.get("status") != "read":
+        return "not read (control below 80%)"
+    low, high = cell["ci95"]
+    return f"{100 * cell['acc']:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def _distance_table(studies: dict[str, dict]) -> str:
+    """The distance MQAR protocol at tiny (docs/mqar.md section 8): per model the control and every
+    read length, and the decode state carried at the longest read."""
+    study = studies["distance-tiny"]
+    lengths = study["protocol"]["lengths"]
+    rows = []
+    for entry in study["entries"]:
+        cells = [_distance_cell(entry["lengths"].get(str(n))) for n in lengths]
+        longest = entry["lengths"].get(str(lengths[-1])) or {}
+        state = f"{longest['state_bytes']:,} B" if longest.get("status") == "read" and longest.get("state_bytes") else "-"
+        rows.append([entry["model"], f"{entry['params']:,}", *cells, state])
+    header = ["model", "params", *(f"L = {n:,}" + (" (control)" if n == 40 else "") for n in lengths),
+              f"state at {lengths[-1]:,}"]
+    return _table(header, ["---", "---:"] + ["---"] * len(lengths) + ["---:"], rows)
+
+
 BLOCK_RENDERERS = {
+    "distance-tiny": _distance_table,
     "ablate-tiny-drm": _ablate_drm_table,
     "loop-study-tiny": _loop_study_table,
     "compare-tiny": _cross_family_table,
