@@ -267,7 +267,6 @@ def _distance_table(studies: dict[str, dict]) -> str:
 
 
 BLOCK_RENDERERS = {
-    "distance-tiny": _distance_table,
     "ablate-tiny-drm": _ablate_drm_table,
     "loop-study-tiny": _loop_study_table,
     "compare-tiny": _cross_family_table,
