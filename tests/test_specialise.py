@@ -138,6 +138,7 @@ def test_distillation_term_against_a_hand_written_kl():
     total, ce, kd = recipe.language_loss(student, teacher, targets)
     hand_ce = -torch.log_softmax(student, -1).gather(-1, targets.unsqueeze(-1)).mean()
     assert ce.item() == pytest.approx(hand_ce.item(), rel=1e-12)
+    assert kd.item() == pytest.approx(hand.item(), rel=1e-12)
     assert total.item() == pytest.approx(hand_ce.item() + 0.5 * T * T * hand.item(), rel=1e-12)
     same = recipe.language_loss(student, student, targets)
     assert same[2].item() == 0.0 and same[0].item() == same[1].item()

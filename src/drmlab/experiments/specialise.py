@@ -341,7 +341,6 @@ class Specialisation:
         self.eval_tokens = eval_tokens
         self.student = build_student(self.base_config, self.teacher, settings.seed)
         self.optimizer = build_optimizer(self.student, settings.backbone_lr, settings.memory_lr, settings.weight_decay)
-        self.memory_names = memory_parameter_names(self.student)
         self.step = 0
         self.result: dict = {}
         self.lock = self.metrics = None
