@@ -475,6 +475,16 @@ def _mqar_anchor_claims(s: dict) -> list[Claim]:
                                  + f") against the study's {s['study_reference']['L4_ds64']:.1f}%")]
 
 
+def _fast_weight_claims(s: dict) -> list[Claim]:
+    step, op = s["step_ms"], s["delta_rule_ms"]
+    cpu = step["ASM_CM"]["cpu"] / step["J_NO_DIRECTION"]["cpu"]
+    wall = step["ASM_CM"]["wall"] / step["J_NO_DIRECTION"]["wall"]
+    return [Claim("bench-fast-weight", f"a training step of ASM_CM takes {cpu:.2f}x the CPU time of its base "
+                                       f"J_NO_DIRECTION ({wall:.2f}x the wall time)", holds=cpu <= 1.5),
+            Claim("bench-fast-weight", f"the chunked delta rule runs {op['sequential'] / op['chunked']:.1f}x faster than "
+                                       "its sequential loop")]
+
+
 def _distance_claims(studies: dict[str, dict]) -> list[Claim]:
     """The distance protocol's and the specialisation's numbers in the README's prose."""
     entries = {e["model"]: e for e in studies["distance-tiny"]["entries"]}
@@ -559,7 +569,7 @@ def claims(studies: dict[str, dict]) -> list[Claim]:
     return (_command_claims(studies) + _first_run_claims(studies["first-train-run"]) + _ablate_claims(studies)
             + _gpt2_lr_claims(studies) + _loop_proof_claims(studies["loop-proofs"]) + _loop_study_claims(studies)
             + _mqar_claims(studies) + _mqar_anchor_claims(studies["mqar-anchor"]) + _benchmark_claims(studies)
-            + _distance_claims(studies))
+            + _distance_claims(studies) + _fast_weight_claims(studies["bench-fast-weight"]))
 
 
 def _squeeze(text: str) -> str:
