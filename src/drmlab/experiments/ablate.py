@@ -318,6 +318,10 @@ def _train_one(study: Study, out: Path, corpus, train_tokens, eval_tokens, count
     if tuning and stopped in ("non-finite", "diverged"):
         log(f"{label}: diverged before, skipped")
         return "done"
+    try:  # a quick look first, so that a run held elsewhere is neither built nor announced (train() locks it)
+        run.create().lock().release()
+    except RunLockedError:
+        return "locked"
     values = dict(study.train, seed=seed)
     if lr is not None:
         values["lr"] = lr
@@ -328,10 +332,6 @@ def _train_one(study: Study, out: Path, corpus, train_tokens, eval_tokens, count
     cfg = TrainConfig(**values).validate()
     overrides = study.model_overrides.get(model, {})
     net = build_model(study.registry_name(model), study.preset, vocab_size=corpus.vocab_size, seed=seed, **overrides)
-    try:  # a quick look first, so that a run held elsewhere is not announced (train() locks it again)
-        run.create().lock().release()
-    except RunLockedError:
-        return "locked"
     resume = run.has_checkpoint()
     log(f"{label}: {'resuming' if resume else 'training'} ({count_parameters(net):,} parameters"
         + (f", lr {cfg.lr:g})" if lr is not None else ")"))
