@@ -309,14 +309,15 @@ def _study_results(path: Path) -> dict:
     from drmlab.runs import read_json
 
     saved = read_json(path / "results.json") if (path / "results.json").is_file() else None
-    if (path / "runs").is_dir():
+    if (path / "runs").is_dir() or (path / "tuning").is_dir():  # a study still sweeping has no runs/ yet
         results = ablate.collect_results(path)
         if isinstance(saved, dict):
             results.update({k: v for k, v in saved.items() if k not in results})
         return results
     if isinstance(saved, dict) and isinstance(saved.get("study"), dict):
         return saved
-    raise NotAReportDirectory(f"{path} holds a study record ({ablate.STUDY_FILE}) but neither runs/ nor results.json")
+    raise NotAReportDirectory(f"{path} holds a study record ({ablate.STUDY_FILE}) but neither runs/, tuning/ "
+                              "nor results.json")
 
 
 def _written_report(write) -> tuple[dict[str, str], dict[str, bytes]]:
