@@ -266,13 +266,29 @@ def _distance_table(studies: dict[str, dict]) -> str:
     return _table(header, ["---", "---:"] + ["---"] * len(lengths) + ["---:"], rows)
 
 
+def _protocol_table(studies: dict[str, dict]) -> str:
+    """The protocol at tiny, each model at its swept rate: bits per byte (mean +- population std over
+    seeds, per seed), the whole-stream rescoring at the 1M and 2M milestones, tokens/s."""
+    study = studies["protocol-tiny"]
+    rows = []
+    for model, m in sorted(study["models"].items(), key=lambda kv: mean_std(_seed_values(kv[1]["ce_per_seed"]))[0]):
+        bpb = [v / LN2 for v in _seed_values(m["ce_per_seed"])]
+        mean, std = mean_std(bpb)
+        marks = [mean_std(_seed_values(m["milestone_bpb_per_seed"][t]))[0] for t in sorted(m["milestone_bpb_per_seed"], key=int)]
+        speed = mean_std(_seed_values(m["tokens_per_s_per_seed"]))[0]
+        rows.append([model, f"{m['params']:,}", _sci(m["lr"]), f"{mean:.4f} +- {std:.4f}",
+                     " / ".join(f"{v:.4f}" for v in bpb), *(f"{v:.4f}" for v in marks), f"{speed:,.0f}"])
+    return _table(["model", "params", "lr (swept)", "bits/byte", "seeds 1 / 2 / 3", "at 1M tokens", "at 2M tokens",
+                   "tok/s"], ["---", "---:", "---:", "---", "---", "---:", "---:", "---:"], rows)
+
+
 def _protocol_sweep_table(studies: dict[str, dict]) -> str:
     """The learning-rate sweep of the protocol study at tiny (docs/drm.md section A.7.1): tuning CE per
     model and rate, the best so far in bold, and whether the choice is final or at the grid's edge."""
-    study = studies["protocol-tiny-sweep"]
-    grid = study["lr_grid"]
+    study = studies["protocol-tiny"]
+    grid = study["protocol"]["lr_grid"]
     rows = []
-    for model, sweep in study["models"].items():
+    for model, sweep in study["lr_sweep"].items():
         scores = {float(k): v for k, v in sweep["scores"].items()}
         done = {lr: v for lr, v in scores.items() if v is not None}
         best = min(done, key=lambda lr: (done[lr], lr)) if done else None
@@ -289,6 +305,8 @@ def _protocol_sweep_table(studies: dict[str, dict]) -> str:
 
 
 BLOCK_RENDERERS = {
+    "protocol-tiny": _protocol_table,
+    "protocol-tiny-sweep": _protocol_sweep_table,
     "distance-tiny": _distance_table,
     "ablate-tiny-drm": _ablate_drm_table,
     "loop-study-tiny": _loop_study_table,
@@ -485,6 +503,25 @@ def _fast_weight_claims(s: dict) -> list[Claim]:
                                        "its sequential loop")]
 
 
+def _protocol_claims(studies: dict[str, dict]) -> list[Claim]:
+    """The protocol study's gate verdicts quoted in the prose."""
+    models = studies["protocol-tiny"]["models"]
+    seeds = lambda m: {int(k): v for k, v in models[m]["ce_per_seed"].items()}
+    g = lambda a, b: gate(seeds(a), seeds(b))
+    nd, js, dc, mj = (g("J_NO_DIRECTION", "J"), g("J", "SSM_CONTROL"), g("J_DIRECT_CONTROL_MATCHED", "J_NO_DIRECTION"),
+                      g("MAMBA", "J_NO_DIRECTION"))
+    return [
+        Claim("protocol-tiny", f"J_NO_DIRECTION beats J by {nd['gain']:.4f} nats/byte ({nd['wins']} of {nd['n']} seeds, "
+                               "promoted)", holds=nd["promoted"]),
+        Claim("protocol-tiny", f"J now beats SSM_CONTROL by {js['gain']:.4f} ({js['wins']} of {js['n']} seeds, promoted)",
+              holds=js["promoted"]),
+        Claim("protocol-tiny", f"(gain {-dc['gain']:.4f}, {dc['n'] - dc['wins']} of {dc['n']} seeds, not promoted)",
+              holds=not g("J_NO_DIRECTION", "J_DIRECT_CONTROL_MATCHED")["promoted"] and not dc["promoted"]),
+        Claim("protocol-tiny", f"({mj['gain']:.4f} nats/byte over J_NO_DIRECTION, every seed)",
+              holds=mj["wins"] == mj["n"]),
+    ]
+
+
 def _distance_claims(studies: dict[str, dict]) -> list[Claim]:
     """The distance protocol's and the specialisation's numbers in the README's prose."""
     entries = {e["model"]: e for e in studies["distance-tiny"]["entries"]}
@@ -569,7 +606,8 @@ def claims(studies: dict[str, dict]) -> list[Claim]:
     return (_command_claims(studies) + _first_run_claims(studies["first-train-run"]) + _ablate_claims(studies)
             + _gpt2_lr_claims(studies) + _loop_proof_claims(studies["loop-proofs"]) + _loop_study_claims(studies)
             + _mqar_claims(studies) + _mqar_anchor_claims(studies["mqar-anchor"]) + _benchmark_claims(studies)
-            + _distance_claims(studies) + _fast_weight_claims(studies["bench-fast-weight"]))
+            + _distance_claims(studies) + _fast_weight_claims(studies["bench-fast-weight"])
+            + _protocol_claims(studies))
 
 
 def _squeeze(text: str) -> str:
