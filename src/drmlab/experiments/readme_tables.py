@@ -284,22 +284,18 @@ def _protocol_table(studies: dict[str, dict]) -> str:
 
 def _protocol_sweep_table(studies: dict[str, dict]) -> str:
     """The learning-rate sweep of the protocol study at tiny (docs/drm.md section A.7.1): tuning CE per
-    model and rate, the best so far in bold, and whether the choice is final or at the grid's edge."""
+    model and rate, the chosen rate (:func:`drmlab.experiments.lr_sweep.choose`) in bold, edge flagged."""
+    from drmlab.experiments.lr_sweep import choose
+
     study = studies["protocol-tiny"]
     grid = study["protocol"]["lr_grid"]
     rows = []
     for model, sweep in study["lr_sweep"].items():
         scores = {float(k): v for k, v in sweep["scores"].items()}
-        done = {lr: v for lr, v in scores.items() if v is not None}
-        best = min(done, key=lambda lr: (done[lr], lr)) if done else None
-        cells = ["**%.4f**" % scores[lr] if lr == best else ("%.4f" % scores[lr] if scores.get(lr) is not None
-                 else ("diverged" if lr in sweep.get("diverged", []) else "-")) for lr in grid]
-        if best is None:
-            verdict = "-"
-        elif len(done) + len(sweep.get("diverged", [])) < len(grid):
-            verdict = f"{_sci(best)} so far"
-        else:
-            verdict = _sci(best) + (" (edge of the grid)" if best in (grid[0], grid[-1]) else "")
+        best = choose(scores)
+        cells = [("**%.4f**" if lr == best["lr"] else "%.4f") % scores[lr] if scores.get(lr) is not None
+                 else ("diverged" if lr in best["diverged"] else "-") for lr in grid]
+        verdict = "-" if best["lr"] is None else _sci(best["lr"]) + (" (edge of the grid)" if best["edge"] else "")
         rows.append([model, *cells, verdict])
     return _table(["model", *(f"lr {_sci(lr)}" for lr in grid), "best"], ["---"] + ["---:"] * len(grid) + ["---"], rows)
 
