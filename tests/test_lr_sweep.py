@@ -225,3 +225,27 @@ def test_mqar_sweeps_each_model_on_held_out_training_sequences(tmp_path):
     assert "## Learning-rate sweep" in (tmp_path / "mq" / "mqar.md").read_text()
     with pytest.raises(ValueError, match="not both"):
         mqar.plan_study(["GPT2"], [2], [0], settings={"lr": 1e-3}, lr_grid="1e-3,2e-3")
+
+
+def test_sweep_only_stops_before_the_paired_runs_and_the_same_study_goes_on(corpus_file, tmp_path, monkeypatch):
+    out = tmp_path / "study"
+    results = _run(corpus_file, tmp_path, out, models=["GPT2"], lr_grid="1e-3,3e-2", sweep_only=True)
+    assert results["lr_sweep"]["GPT2"]["complete"] and not results["models"] and not (out / "runs").exists()
+    text = (out / "results.md").read_text()
+    assert "No paired run has finished yet" in text and "## Learning-rate sweep" in text and "curves.png" not in text
+    chosen = results["lr_sweep"]["GPT2"]["lr"]
+    from drmlab.training import trainer
+
+    real_train, calls = trainer.train, []
+    monkeypatch.setattr(trainer, "train", lambda *a, **k: calls.append(a[3].lr) or real_train(*a, **k))
+    again = _run(corpus_file, tmp_path, out, models=["GPT2"], lr_grid="1e-3,3e-2")  # the sweep is not retrained
+    assert calls == [chosen, chosen] and again["complete"] and again["models"]["GPT2"]["lr"] == chosen
+    with pytest.raises(ValueError, match="sweep_only needs an lr grid"):
+        _run(corpus_file, tmp_path, tmp_path / "other", lr_grid=None, tune_tokens=None, sweep_only=True)
+
+
+def test_cli_sweep_only_needs_a_grid(capsys):
+    from drmlab.cli import main
+
+    assert main(["ablate", "--models", "GPT2", "--sweep-only"]) == 2
+    assert "--sweep-only needs --lr-grid" in capsys.readouterr().err

@@ -116,7 +116,12 @@ def test_the_committed_proof5_table_is_what_the_proof_computes(studies):
     from drmlab.experiments.loop_proofs import proof5
 
     result = proof5()
-    assert result.rows == studies["loop-proofs"]["proof5"]["rows"]
+    committed = studies["loop-proofs"]["proof5"]["rows"]
+    # float64 to 1e-12, not bit for bit: numpy's vectorised exp and the BLAS differ in the last bit
+    # between CPUs (AVX-512 or not); the committed digits came from one of them.
+    assert [r["n"] for r in result.rows] == [r["n"] for r in committed]
+    for got, want in zip(result.rows, committed):
+        assert got == pytest.approx(want, rel=1e-12, abs=0), got["n"]
     assert result.verdict == studies["loop-proofs"]["verdicts"]["defaults"]["5"]
 
 

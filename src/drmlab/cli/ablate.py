@@ -24,6 +24,7 @@ examples:
   drmlab ablate --models J,J_NO_DIRECTION --seeds 1,2,3 --preset tiny --tokens 1M --out studies/dir
   drmlab ablate --models J,GPT2 --set J.d_state=64 --set lr=1e-3
   drmlab ablate --models J,GPT2 --lr-grid 5e-4,1e-3,2e-3,4e-3 --tune-tokens 1M   # each at its own best lr
+  drmlab ablate --models J --seeds 1 --lr-grid 4e-3,8e-3 --sweep-only   # tune at the full budget, no paired runs
 
   With --lr-grid every model first trains once per rate (first seed, --tune-tokens tokens), is scored
   on a slice held out of the training split, and runs its seeds at its best rate.
@@ -54,6 +55,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_data_arguments(parser)
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
     add_lr_sweep_arguments(parser)
+    parser.add_argument("--sweep-only", action="store_true",
+                        help="with --lr-grid: run the sweep and stop (the same command without it goes on with "
+                             "the paired runs at each model's best rate)")
     parser.add_argument("--eval-tokens", default=None, metavar="N", help="cap on validation tokens rescored per run (default: all)")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="[MODEL.]KEY=VALUE",
                         help="train setting for every run, or MODEL.KEY=VALUE for one model's config; repeatable")
@@ -90,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.cli.common import parse_assignments
 
     check_tensorboard(args)
+    if args.sweep_only and args.lr_grid is None:
+        raise ValueError("--sweep-only needs --lr-grid (it runs the sweep and stops)")
     apply_threads(args)
     models = split_list(args.models, "models")
     seeds = parse_seeds(args.seeds)
@@ -99,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
                                train=train_settings(args, train), model_settings=model_settings, data=args.data,
                                tokenizer=args.tokenizer or "bytes", cache_dir=args.cache_dir, device=args.device,
                                quiet=args.quiet, log=log_to_stderr, lr_grid=args.lr_grid, tune_tokens=args.tune_tokens,
-                               tensorboard=args.tensorboard)
+                               tensorboard=args.tensorboard, sweep_only=args.sweep_only)
     print(ablate_report.markdown(results))
-    print(f"results in {out}/: results.md, results.csv, results.json, curves.png, seeds.png"
-          + (", lr_sweep.png" if results.get("lr_sweep") else ""))
+    written = ["results.md", "results.csv", "results.json"] + [f for f in ("curves.png", "seeds.png", "lr_sweep.png")
+                                                               if (out / f).exists()]
+    print(f"results in {out}/: {', '.join(written)}")
     return 0

@@ -222,8 +222,9 @@ def record_study(out: Path, study: Study, data_meta: dict) -> None:
 
 def run_planned(study: Study, out: str | Path, *, corpus=None, cache_dir: str | None = None, device="auto",
                 quiet: bool = True, log: Log | None = None, wait_seconds: float = WAIT_SECONDS,
-                tensorboard: bool = False) -> dict:
+                tensorboard: bool = False, sweep_only: bool = False) -> dict:
     """Run (or resume) the sweep runs, then every (seed, model) of ``study``; collect and report.
+    ``sweep_only``: stop after the sweep runs (the same call without it goes on with the paired runs).
 
     ``corpus``: the loaded :class:`~drmlab.data.TokenCorpus` of ``study.data_source`` (loaded here when
     None). ``log`` receives one line per run (skipped, resuming, training, its val CE). A run that
@@ -245,7 +246,10 @@ def run_planned(study: Study, out: str | Path, *, corpus=None, cache_dir: str | 
         tune_train, tune_heldout = lr_sweep.tuning_split(corpus.train)
         tuning = (tune_train, tune_heldout, byte_counter(tune_heldout, corpus.tokenizer))
     todo = [("tune", model, lr) for model in study.models for lr in (study.lr_grid or [])]
-    todo += [("run", model, seed) for seed in study.seeds for model in study.models]
+    if sweep_only and not study.lr_grid:
+        raise ValueError("sweep_only needs an lr grid to sweep (lr_grid)")
+    if not sweep_only:
+        todo += [("run", model, seed) for seed in study.seeds for model in study.models]
     waiting_logged: set = set()
     number = {job: i for i, job in enumerate(todo, 1)}
     while todo:
@@ -390,12 +394,13 @@ def run_study(models=DEFAULT_MODELS, seeds=DEFAULT_SEEDS, *, out: str | Path, pr
               tokens: int | str | None = None, train: dict | None = None, model_settings: dict[str, dict] | None = None,
               data: str | None = None, tokenizer: str = "bytes", cache_dir: str | None = None, corpus=None,
               device="auto", quiet: bool = True, log: Log | None = None, lr_grid=None,
-              tune_tokens: int | str | None = None, wait_seconds: float = WAIT_SECONDS, tensorboard: bool = False) -> dict:
+              tune_tokens: int | str | None = None, wait_seconds: float = WAIT_SECONDS, tensorboard: bool = False,
+              sweep_only: bool = False) -> dict:
     """Plan (:func:`plan_study`), run or resume (:func:`run_planned`) and report a study; the results."""
     study = plan_study(models, seeds, preset, tokens=tokens, train=train, model_settings=model_settings,
                        data=data, tokenizer=tokenizer, lr_grid=lr_grid, tune_tokens=tune_tokens)
     return run_planned(study, out, corpus=corpus, cache_dir=cache_dir, device=device, quiet=quiet, log=log,
-                       wait_seconds=wait_seconds, tensorboard=tensorboard)
+                       wait_seconds=wait_seconds, tensorboard=tensorboard, sweep_only=sweep_only)
 
 
 # ---------------------------------------------------------------- results

@@ -63,6 +63,29 @@ def markdown(results: dict) -> str:
         f"({study['tokenizer']} tokenizer). CE is the deterministic rescoring of the validation stream in nats per "
         "token; std is the population std over seeds." + ("" if results["complete"] else " **Incomplete: some runs are missing.**"),
         "",
+    ]
+    if per_model:
+        lines += _paired_tables(results)
+    else:
+        lines.append("No paired run has finished yet (the sweep is running, or it was run with `--sweep-only`).")
+    if results.get("lr_sweep"):
+        tune_tokens = study.get("tune_tokens") or train["tokens"]
+        lines += ["", "## Learning-rate sweep", "",
+                  f"Each model trained once per rate (seed {study.get('tune_seed')}, {tune_tokens:,} tokens), scored on a "
+                  "slice held out of the training split (not the validation split); its paired runs use the best rate.", ""]
+        lines += lr_sweep.markdown(results["lr_sweep"], "tuning CE in nats per token, lower is better")
+    plots = ["`curves.png` (sampled validation CE during training)", "`seeds.png` (final CE per seed)"] if per_model else []
+    plots += ["`lr_sweep.png` (the sweep)"] if results.get("lr_sweep") else []
+    if plots:
+        lines += ["", "Plots: " + ", ".join(plots) + "."]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _paired_tables(results: dict) -> list[str]:
+    """The paired runs' tables: per model, per seed, the promotion gate and the milestones."""
+    per_model = results["models"]
+    lines = [
         "| model | params | lr | seeds | CE mean +- std | min-max | bits/byte | tok/s |",
         "|---|---:|---:|---:|---|---|---:|---:|",
     ]
@@ -102,15 +125,7 @@ def markdown(results: dict) -> str:
             cells = [f"{at[t]['bpb_mean']:.4f} +- {at[t]['bpb_std']:.4f}" if t in at else "-" for t in marks]
             end = per_model[model]
             lines.append(f"| {model} | " + " | ".join(cells) + f" | {end['bpb_mean']:.4f} +- {end['bpb_std']:.4f} |")
-    if results.get("lr_sweep"):
-        tune_tokens = study.get("tune_tokens") or train["tokens"]
-        lines += ["", "## Learning-rate sweep", "",
-                  f"Each model trained once per rate (seed {study.get('tune_seed')}, {tune_tokens:,} tokens), scored on a "
-                  "slice held out of the training split (not the validation split); its paired runs use the best rate.", ""]
-        lines += lr_sweep.markdown(results["lr_sweep"], "tuning CE in nats per token, lower is better")
-    lines += ["", "Plots: `curves.png` (sampled validation CE during training), `seeds.png` (final CE per seed)"
-              + (", `lr_sweep.png` (the sweep)." if results.get("lr_sweep") else "."), ""]
-    return "\n".join(lines)
+    return lines
 
 
 def plot(results: dict, out: Path) -> None:

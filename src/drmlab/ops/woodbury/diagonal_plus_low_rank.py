@@ -74,9 +74,11 @@ def metric_energy(d: torch.Tensor, U: torch.Tensor, v: torch.Tensor) -> torch.Te
 
 
 def metric_dense(d: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    """The dense metric G = diag(d) + U U^T, [*, n, n]."""
+    """The dense metric G = diag(d) + U U^T, [*, n, n], exactly symmetric: the product is
+    symmetrised, since a BLAS need not return U U^T symmetric to the bit (seen on one CPU)."""
     _check(d, U)
-    return torch.diag_embed(d) + U @ U.mT
+    low_rank = U @ U.mT
+    return torch.diag_embed(d) + 0.5 * (low_rank + low_rank.mT)
 
 
 def coupling_matrix(V: torch.Tensor, d: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
