@@ -28,6 +28,7 @@ LAYERS = {
     "integrations": 6, "hf": 6,
     "experiments": 7,
     "cli": 8,
+    "__main__": 9,  # python -m drmlab: the command line without its installed script
 }
 
 

@@ -4,6 +4,7 @@ defaults agree with the studies' own; nothing below drmlab.cli reads flags or pr
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -46,6 +47,15 @@ def test_the_installed_command_answers_help():
     done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "VERB" in done.stdout
     assert all(verb in done.stdout for verb in VERBS)
+
+
+def test_python_dash_m_drmlab_is_the_same_command():
+    env = dict(os.environ, PYTHONPATH=str(Path(drmlab.__file__).resolve().parents[1]))
+    done = subprocess.run([sys.executable, "-m", "drmlab", "--help"], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and "usage: drmlab" in done.stdout and all(verb in done.stdout for verb in VERBS)
+    done = subprocess.run([sys.executable, "-m", "drmlab", "train", "--threads", "0"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 2 and "--threads must be a positive integer" in done.stderr
 
 
 @pytest.mark.parametrize("argv", [["--help"], *[[verb, "--help"] for verb in VERBS]], ids=lambda a: " ".join(a))
@@ -121,3 +131,37 @@ def test_nothing_below_the_cli_reads_flags_or_prints():
             if re.search(pattern, code.split('"""', 2)[-1]):  # past the module docstring
                 offending.append(f"{path.relative_to(experiments)}: {pattern}")
     assert not offending, offending
+
+
+def test_a_busy_machine_gets_one_line_suggesting_fewer_threads(monkeypatch, capsys):
+    from drmlab.cli import common
+
+    assert common.busy_machine_warning(threads=2, cores=2, others=0) is None
+    assert common.busy_machine_warning(threads=1, cores=2, others=5) is None  # one thread waits for no other
+    assert common.busy_machine_warning(threads=4, cores=8, others=3) is None
+    assert common.busy_machine_warning(threads=2, cores=2, others=None) is None  # not Linux: nothing known
+    line = common.busy_machine_warning(threads=2, cores=2, others=1)
+    assert "1 other task already busy on this 2-core machine" in line and line.endswith("pass --threads 1")
+    assert common.busy_machine_warning(threads=8, cores=8, others=3).endswith("pass --threads 5")
+    # the count is the fewest runnable tasks over the looks, less this process
+    looks = iter(["0.5 0.4 0.3 3/80 1\n", "0.5 0.4 0.3 2/80 1\n", "0.5 0.4 0.3 4/80 1\n"])
+    import builtins
+    import io
+
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: io.StringIO(next(looks)) if path == "/proc/loadavg"
+                        else real_open(path, *a, **k))
+    assert common.other_busy_tasks(gap=0) == 1
+    # apply_threads prints it on the CPU when --threads is not given, and never with --threads
+    import argparse
+
+    monkeypatch.setattr(common, "other_busy_tasks", lambda: 1)
+    monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    import torch
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    common.apply_threads(argparse.Namespace(threads=None, device="cpu"))
+    assert "pass --threads 1" in capsys.readouterr().err
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    common.apply_threads(argparse.Namespace(threads=2, device="cpu"))
+    assert capsys.readouterr().err == ""

@@ -68,3 +68,30 @@ def test_without_cuda_it_says_so_and_exits_0(tmp_path):
     assert report["cuda"] is False and "no CUDA" in report["message"]
     assert set(report["sections"]) == {"environment"}
     assert "no CUDA" in (tmp_path / "gpu_suite.md").read_text()
+
+
+def _device_check():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("device_check", SUITE.parent / "device_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_device_check_fits_one_device_command_and_names_real_cuda_tests():
+    """benchmarks/device_check.py: its steps' limits fit the device tool's 10-minute command, and the
+    CUDA-only tests it runs by node id exist and skip without CUDA."""
+    import ast
+
+    check = _device_check()
+    assert sum(limit for _, limit in check.plan(150)) <= 600
+    for node in check.CUDA_TESTS:
+        path, name = node.split("::")
+        tree = ast.parse((SUITE.parents[1] / path).read_text())
+        tests = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+        assert name in tests, node
+        assert "cuda" in ast.unparse(tests[name].decorator_list).lower(), f"{node} does not skip without CUDA"
+    assert check._tokens("1M") == 1_000_000 and check._tokens("64k") == 64_000 and check._tokens("5000") == 5000
+    args = check.train_args("cuda", "1M")
+    assert args[args.index("--device") + 1] == "cuda" and "--bf16" in args and "checkpoint_every=200000" in args

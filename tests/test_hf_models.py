@@ -97,7 +97,8 @@ def test_greedy_generate_equals_drmlab_generate(name):
     out = wrapped.generate(ids, max_new_tokens=new, do_sample=False, return_dict_in_generate=True)
     assert out.sequences[0, ids.shape[1]:].tolist() == reference.new_tokens
     assert calls == {"parallel": 1, "step": new - 1}  # one prefill, then the cache is stepped
-    assert isinstance(out.cache, dhf.DecodeStateCache) and out.cache.get_seq_length() == ids.shape[1] + new - 1
+    cache = getattr(out, dhf.CACHE_OUTPUT_FIELD)
+    assert isinstance(cache, dhf.DecodeStateCache) and cache.get_seq_length() == ids.shape[1] + new - 1
 
 
 @pytest.mark.parametrize("name", ["J", "MAMBA"])
@@ -105,8 +106,8 @@ def test_the_recurrent_cache_does_not_grow(name):
     """After 6, 14 and 22 tokens (one place in micro J's blocks of 8) the cache holds as many numbers."""
     wrapped = dhf.DrmlabForCausalLM.from_drmlab(_perturbed(name), name, "micro", seed=3)
     ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(6))
-    sizes = [_numbers_in(wrapped.generate(ids, max_new_tokens=new, do_sample=False, return_dict_in_generate=True).cache)
-             for new in (2, 10, 18)]
+    sizes = [_numbers_in(getattr(wrapped.generate(ids, max_new_tokens=new, do_sample=False, return_dict_in_generate=True),
+                                 dhf.CACHE_OUTPUT_FIELD)) for new in (2, 10, 18)]
     assert sizes[0] == sizes[1] == sizes[2] > 0
 
 
@@ -122,7 +123,9 @@ def test_a_returned_cache_continues_and_beam_search_reorders_it():
     ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(2))
     whole = wrapped.generate(ids, max_new_tokens=8, do_sample=False)
     first = wrapped.generate(ids, max_new_tokens=5, do_sample=False, return_dict_in_generate=True)
-    more = wrapped.generate(first.sequences, cache=first.cache, max_new_tokens=3, do_sample=False)
+    # transformers 5.24 names the cache ``cache``, earlier 5.x ``past_key_values``, in and out
+    cached = {dhf.CACHE_OUTPUT_FIELD: getattr(first, dhf.CACHE_OUTPUT_FIELD)}
+    more = wrapped.generate(first.sequences, **cached, max_new_tokens=3, do_sample=False)
     assert torch.equal(more, whole)
     # beam search keeps its beams' rows of the state: the cached search equals the uncached one
     beams = dict(max_new_tokens=6, num_beams=3, do_sample=False)

@@ -20,6 +20,7 @@ from drmlab.integrations.hf_config import (
 )
 from drmlab.integrations.hf_export import bytes_tokenizer_fast, export_run
 from drmlab.integrations.hf_models import (
+    CACHE_OUTPUT_FIELD,
     MODEL_CLASSES,
     DecodeStateCache,
     DrmlabCausalLMOutput,
@@ -36,7 +37,7 @@ from drmlab.integrations.hf_models import (
 )
 
 __all__ = [
-    "CONFIG_CLASSES", "MODEL_CLASSES", "MODEL_TYPES", "DecodeStateCache", "DrmlabCausalLMOutput", "DrmlabConfig",
+    "CACHE_OUTPUT_FIELD", "CONFIG_CLASSES", "MODEL_CLASSES", "MODEL_TYPES", "DecodeStateCache", "DrmlabCausalLMOutput", "DrmlabConfig",
     "DrmlabDRMConfig", "DrmlabDRMForCausalLM", "DrmlabForCausalLM", "DrmlabGPT2Config", "DrmlabGPT2ForCausalLM",
     "DrmlabLoopedConfig", "DrmlabLoopedForCausalLM", "DrmlabMambaConfig", "DrmlabMambaForCausalLM",
     "DrmlabResolventConfig", "DrmlabResolventForCausalLM", "ForeignModelError", "bytes_tokenizer_fast", "config_for",

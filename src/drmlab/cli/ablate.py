@@ -29,7 +29,7 @@ examples:
   With --lr-grid every model first trains once per rate (first seed, --tune-tokens tokens), is scored
   on a slice held out of the training split, and runs its seeds at its best rate.
   Rerun the same command to resume an interrupted study; run it in a second terminal to use a second
-  core (each process takes the runs the other does not hold). Settings: --set KEY=VALUE applies a train
+  core (each process takes the runs the other does not hold; give each --threads 1 on 2 cores). Settings: --set KEY=VALUE applies a train
   setting to every run; --set MODEL.KEY=VALUE a model setting to that model only.
 
 promotion gate (the reference's, for every ordered pair candidate/baseline): >= 3 paired seeds,

@@ -11,8 +11,10 @@ call (no cache) is the model's parallel prefill, ``model(tokens, return_state=Tr
 the logits and the decode state after the prompt (:func:`drmlab.generation.prefill`); every later
 call steps the new token(s) through ``model.step(token, state)``. That is exactly the path of
 ``drmlab generate`` (:func:`drmlab.generation.generate`), so greedy decoding gives the same tokens.
-transformers 5 passes the cache as ``cache`` and reads it back from the output's ``cache`` field
-(``GenerationMixin._update_model_kwargs_for_generation``); a model whose
+transformers 5.24 passes the cache as ``cache`` and reads it back from the output's ``cache`` field
+(``GenerationMixin._update_model_kwargs_for_generation``); earlier 5.x releases use the name
+``past_key_values`` both ways, so the output fills the field of that name where the installed
+release does not know ``cache`` (:data:`CACHE_OUTPUT_FIELD`); a model whose
 ``_supports_default_dynamic_cache()`` is False gets no ``DynamicCache`` of transformers' own
 (``GenerationMixin._prepare_cache_for_generation``), so the first forward sees ``cache=None``.
 What the state holds per family (constant-size for the recurrent ones) is in docs/integrations.md.
@@ -111,14 +113,27 @@ class DecodeStateCache:
         return f"DecodeStateCache({type(self.state).__name__}, seen_tokens={self.seen_tokens})"
 
 
+def _cache_output_field() -> str:
+    """The output field ``generate()`` reads the cache back from: ``cache`` from transformers 5.24
+    (where it leads ``ALL_CACHE_NAMES``), ``past_key_values`` before."""
+    from transformers.generation import utils as generation_utils
+
+    return "cache" if "cache" in getattr(generation_utils, "ALL_CACHE_NAMES", ()) else "past_key_values"
+
+
+CACHE_OUTPUT_FIELD = _cache_output_field()
+
+
 @dataclass
 class DrmlabCausalLMOutput(ModelOutput):
     """``loss`` (next-token CE plus the model's auxiliary loss, when ``labels`` are given), ``logits``
-    [B, T, vocab] and ``cache`` (the decode state after the last token, when asked for)."""
+    [B, T, vocab] and ``cache`` (the decode state after the last token, when asked for), under the
+    name the installed transformers reads (:data:`CACHE_OUTPUT_FIELD`; the other field stays None)."""
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
     cache: DecodeStateCache | None = None
+    past_key_values: DecodeStateCache | None = None
 
 
 # ---------------------------------------------------------------- the models
@@ -273,7 +288,8 @@ class DrmlabForCausalLM(PreTrainedModel, GenerationMixin):
             aux = out.aux.get("loss_aux") if out.aux else None
             if aux is not None:
                 loss = loss + aux.float()
-        return DrmlabCausalLMOutput(loss=loss, logits=logits, cache=cache if use_cache or cache is not None else None)
+        returned = cache if use_cache or cache is not None else None
+        return DrmlabCausalLMOutput(loss=loss, logits=logits, **{CACHE_OUTPUT_FIELD: returned})
 
 
 class DrmlabDRMForCausalLM(DrmlabForCausalLM):
