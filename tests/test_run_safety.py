@@ -248,6 +248,27 @@ def test_resume_refuses_other_data_and_lists_what_differs(tmp_path):
     assert read_json(tmp_path / "config.json")["data"]["content_sha256"] == "aaa"  # the record is kept
 
 
+def test_resuming_on_another_thread_count_continues_with_a_note(tmp_path, capsys):
+    """The thread count changes the float rounding: allowed on resume, said in one line and in the
+    resume row; the same count says nothing."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, stop_after_step=2)
+        assert read_json(tmp_path / "config.json")["runtime"]["threads"] == 1
+        torch.set_num_threads(2)
+        train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, resume=True, stop_after_step=3)
+        err = capsys.readouterr().err
+        assert "resuming with threads 2 (the run had 1)" in err and "same device and --threads" in err
+        rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+        assert [r["changed"] for r in rows if r.get("kind") == "resume"][-1] == {"threads": [1, 2]}
+        assert read_json(tmp_path / "config.json")["runtime"]["threads"] == 2  # the latest session's runtime
+        train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, resume=True)
+        assert "resuming with" not in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)
+
+
 # ---------------------------------------------------------------- stops
 
 

@@ -34,7 +34,8 @@ examples:
   drmlab train --tensorboard                     # also TensorBoard event files: tensorboard --logdir runs
   torchrun --no-python --nproc_per_node 8 drmlab train --model J --preset 125m --fsdp   # FSDP2, 8 GPUs
 
-resuming: --resume continues bit-exactly and refuses other data, tokenizer, model settings or
+resuming: --resume continues bit-exactly (on the same device and --threads: another device or thread
+count is accepted, with a note, but rounds differently) and refuses other data, tokenizer, model settings or
 schedule-defining train settings. It accepts other --device/--threads/--quiet/--compile/--tensorboard,
 evaluation and checkpoint cadence (--eval-every, --eval-tokens, --set checkpoint_every=...), a higher --tokens
 under the constant schedule, and -- after a stop for non-finite values or divergence -- the advised

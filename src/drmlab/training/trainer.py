@@ -77,6 +77,8 @@ IGNORE_INDEX = BatchSource.IGNORE_INDEX  # a target that is not scored
 # ``compile`` only the order of rounding, as another device or thread count does).
 RESUMABLE_CHANGES = ("tokens", "eval_every", "eval_windows", "eval_tokens", "eval_batch_size", "checkpoint_every",
                      "divergence_nats", "divergence_steps", "compile", "milestones")
+# Runtime entries of config.json that a resume may change, though they change the float rounding.
+RUNTIME_BITS = ("device", "threads")
 # ... and after a stop by the non-finite guard or the divergence guard, the advised fixes too.
 FIXES_AFTER_NON_FINITE = ("lr", "warmup_fraction", "grad_clip")
 # Data provenance that must not change on resume (entries of config.json).
@@ -167,6 +169,7 @@ def resolved_config(model, cfg: TrainConfig, run_info: dict | None, world_size: 
         "runtime": {
             "world_size": world_size,
             "device": str(device),
+            "threads": torch.get_num_threads(),
             "drmlab": drmlab.__version__,
             "torch": torch.__version__,
             "numpy": np.__version__,
@@ -201,7 +204,22 @@ def check_resumable(saved: dict, fresh: dict, *, after_non_finite: bool = False)
             problems.append(f"{key}: {before!r} in the run, {value!r} now")
     if problems:
         raise ValueError("cannot resume: the settings differ from the run's config.json: " + "; ".join(problems))
+    saved_runtime, fresh_runtime = saved.get("runtime") or {}, fresh.get("runtime") or {}
+    for key in RUNTIME_BITS:  # allowed, but an uninterrupted run would have given other last bits
+        if key in saved_runtime and saved_runtime[key] != fresh_runtime.get(key):
+            changed[key] = [saved_runtime[key], fresh_runtime.get(key)]
     return changed
+
+
+def runtime_drift_note(changed: dict) -> str | None:
+    """One line when a resume runs on another device or thread count than the run's config.json records:
+    allowed, but the float rounding differs, so the numbers part from an uninterrupted run's in their
+    last bits (exact continuation needs the same device and --threads)."""
+    drift = [f"{key} {now} (the run had {before})" for key, (before, now) in changed.items() if key in RUNTIME_BITS]
+    if not drift:
+        return None
+    return (f"drmlab: resuming with {', '.join(drift)}: the run continues, but its numbers will differ in the last "
+            "bits from an uninterrupted run's; resume with the same device and --threads for an exact continuation")
 
 
 class Trainer:
@@ -255,6 +273,9 @@ class Trainer:
                 summary = run.read_summary() or {}
                 changed = check_resumable(run.read_config(), self.config,
                                           after_non_finite=summary.get("stopped") in ("non-finite", "diverged"))
+                note = runtime_drift_note(changed)
+                if note:
+                    print(note, file=sys.stderr)
             state = (dist_utils.load_sharded_checkpoint(run, self.model, self.optimizer) if self.sharded
                      else run.load_checkpoint(self.model, self.optimizer))
             self.start_step = self.last_ckpt_step = int(state["step"])
