@@ -103,3 +103,29 @@ def test_families_share_one_attention_block_and_one_mamba_mixer():
     assert all(type(layer.mixer) is MambaMixer for layer in mamba.layers)
     kinds = [type(block.mixer) for block in looped.blocks]
     assert kinds.count(MambaMixer) == 5 and kinds.count(CausalSelfAttention) == 1
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_a_frozen_model_computes_the_same_bits_as_a_trainable_one(name):
+    """Whether the weights require grad must not change the output (torch's matmul picks its kernel
+    by it for inputs it cannot fold without a copy: a frozen teacher, an exported model and a
+    trainable one would otherwise differ in the last bits); the parallel forward and the step."""
+    torch.manual_seed(0)
+    model = build_model(name, "micro", seed=1).eval()
+    tokens = torch.randint(0, 256, (3, 30), generator=torch.Generator().manual_seed(0))
+
+    def outputs():
+        with torch.no_grad():
+            logits = model(tokens).logits
+            state = model.init_state(3)
+            steps = []
+            for t in range(4):
+                step_logits, state = model.step(tokens[:, t], state)
+                steps.append(step_logits)
+        return logits, torch.stack(steps, 1)
+
+    trainable = outputs()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    frozen = outputs()
+    assert torch.equal(trainable[0], frozen[0]) and torch.equal(trainable[1], frozen[1])

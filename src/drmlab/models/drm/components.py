@@ -41,14 +41,18 @@ def toroidal_lift(z: torch.Tensor, toroidal_dims: int) -> torch.Tensor:
 
 
 class DRMStateInitializer(nn.Module):
-    """Section 1: the learned initial state z_0, expanded across the batch."""
+    """Section 1: the learned initial state z_0, one row per sequence of the batch.
+
+    The rows are a copy, not a stride-0 view: torch's matmul takes another kernel for a stride-0
+    input depending on whether the weight requires grad (``should_fold``), so a view made the
+    model's output differ in the last bits between a trainable and a frozen model."""
 
     def __init__(self, c: DRMConfig):
         super().__init__()
         self.z0 = nn.Parameter(torch.randn(c.d_state) * 0.02)
 
     def forward(self, batch_size: int) -> torch.Tensor:
-        return self.z0.unsqueeze(0).expand(batch_size, -1)
+        return self.z0.unsqueeze(0).expand(batch_size, -1).contiguous()
 
 
 class GeometryTrunk(nn.Module):
@@ -324,7 +328,7 @@ class CausalConvMixer(nn.Module):
         d, w = self.d_state, self.in_proj.weight
         pre = token_part + F.linear(scalars, w[:, -2:]).unsqueeze(-2)
         if states is not None:  # geometry-free paths have zero diffs and deltas
-            pre = pre + F.linear(states, w[:, :d])
+            pre = pre + F.linear(states.contiguous(), w[:, :d])  # contiguous: see DRMStateInitializer
         if diffs is not None:
             pre = pre + F.linear(diffs, w[:, d: 2 * d]) + F.linear(deltas, w[:, 2 * d: 3 * d])
         return F.silu(pre)

@@ -154,8 +154,10 @@ class DRMModel(nn.Module):
 
     # ------------------------------------------------------------------ small helpers
     def read(self, z: torch.Tensor) -> torch.Tensor:
-        """The state as every reader sees it (section 16: toroidal coordinates as cos/sin)."""
-        return toroidal_lift(z, self.config.toroidal_dims)
+        """The state as every reader sees it (section 16: toroidal coordinates as cos/sin), contiguous:
+        the readers' matmuls would otherwise pick their kernel by whether the weights require grad
+        (see DRMStateInitializer), and a frozen model would differ from a trainable one."""
+        return toroidal_lift(z, self.config.toroidal_dims).contiguous()
 
     def bound(self, z: torch.Tensor) -> torch.Tensor:
         c = self.config
@@ -417,7 +419,7 @@ class DRMModel(nn.Module):
         if self.token_residual is not None:
             z = self.bound(z + parts.residual)
         if z.shape[1] == 1 and length > 1:
-            z = z.expand(batch, length, -1)
+            z = z.expand(batch, length, -1).contiguous()  # a copy: see DRMStateInitializer
         if self.memory is not None:
             previous = torch.cat([anchor, z[:, :-1]], dim=1)
             forget, update = self.memory.gates(self.read(previous), parts.memory)
