@@ -300,9 +300,45 @@ def _protocol_sweep_table(studies: dict[str, dict]) -> str:
     return _table(["model", *(f"lr {_sci(lr)}" for lr in grid), "best"], ["---"] + ["---:"] * len(grid) + ["---"], rows)
 
 
+def _full_budget_sweep_table(studies: dict[str, dict]) -> str:
+    """The protocol's rate choices checked at the full budget: per model the two rates tried again
+    for 5,005,312 tokens (seed 1, the same held-out slice), beside their scores after 1M tokens in
+    the protocol's own sweep; each budget's best rate in bold."""
+    short = studies["protocol-tiny"]["lr_sweep"]
+    check = studies["protocol-tiny-fullbudget"]
+    rows = []
+    for model, sweep in check["sweeps"].items():
+        full = {float(k): v for k, v in sweep["scores"].items()}
+        early = {float(k): v for k, v in short[model]["scores"].items() if v is not None}
+        best_full, best_early = min(full, key=full.get), min(early, key=early.get)
+        for lr in sorted(full):
+            cell = lambda v, best: "-" if v is None else ("**%.4f**" if best else "%.4f") % v
+            rows.append([model, _sci(lr), cell(early.get(lr), lr == best_early), cell(full[lr], lr == best_full)])
+    tokens = check["protocol"]["tokens"]
+    return _table(["model", "lr", "tuning CE after 1M tokens", f"after {tokens:,} tokens"],
+                  ["---", "---:", "---:", "---:"], rows)
+
+
+def _full_budget_paired_table(studies: dict[str, dict]) -> str:
+    """Paired runs (3 seeds, the protocol's budget and batches) of the models whose full-budget choice
+    differs from the protocol's: bits per byte at each rate, and the gate against the protocol's
+    other models at their own rates."""
+    protocol = studies["protocol-tiny"]["models"]
+    paired = studies["protocol-tiny-fullbudget"]["paired"]
+    rows = []
+    for model, run in paired.items():
+        for label, m in ((f"{model} (the protocol's rate)", protocol[model]), (f"{model} (full-budget choice)", run)):
+            bpb = [v / LN2 for v in _seed_values(m["ce_per_seed"])]
+            mean, std = mean_std(bpb)
+            rows.append([label, _sci(m["lr"]), f"{mean:.4f} +- {std:.4f}", " / ".join(f"{v:.4f}" for v in bpb)])
+    return _table(["model", "lr", "bits/byte", "seeds 1 / 2 / 3"], ["---", "---:", "---", "---"], rows)
+
+
 BLOCK_RENDERERS = {
     "protocol-tiny": _protocol_table,
     "protocol-tiny-sweep": _protocol_sweep_table,
+    "protocol-tiny-fullbudget": _full_budget_sweep_table,
+    "protocol-tiny-fullbudget-paired": _full_budget_paired_table,
     "distance-tiny": _distance_table,
     "ablate-tiny-drm": _ablate_drm_table,
     "loop-study-tiny": _loop_study_table,
@@ -518,6 +554,33 @@ def _protocol_claims(studies: dict[str, dict]) -> list[Claim]:
     ]
 
 
+def _full_budget_claims(studies: dict[str, dict]) -> list[Claim]:
+    """The full-budget check of the protocol's rates, quoted in the prose."""
+    protocol, check = studies["protocol-tiny"]["models"], studies["protocol-tiny-fullbudget"]
+    seeds = lambda m: {int(k): v for k, v in m["ce_per_seed"].items()}
+    j_full, j_protocol = seeds(check["paired"]["J"]), seeds(protocol["J"])
+    behind = gate(j_protocol, j_full)  # gain > 0: the full-budget rate ends behind
+    js, ndj = gate(j_full, seeds(protocol["SSM_CONTROL"])), gate(seeds(protocol["J_NO_DIRECTION"]), j_full)
+    std_full, std_protocol = mean_std(list(j_full.values()))[1], mean_std(list(j_protocol.values()))[1]
+    sweeps = check["sweeps"]
+    changed = sorted(m for m, sw in sweeps.items() if sw["lr"] != protocol[m]["lr"])
+    return [
+        Claim("protocol-tiny-fullbudget", "The 1M-token sweep chose too high for J and the direct control",
+              holds=changed == ["J", "J_DIRECT_CONTROL_MATCHED"]
+              and all(sweeps[m]["lr"] < protocol[m]["lr"] for m in changed)),
+        Claim("protocol-tiny-fullbudget", "RESOLVENT's edge is closed",
+              holds=sweeps["RESOLVENT"]["lr"] == protocol["RESOLVENT"]["lr"]),
+        Claim("protocol-tiny-fullbudget",
+              f"J's paired runs at {_sci(check['paired']['J']['lr'])} end {behind['gain']:.4f} nats/byte behind its runs at "
+              f"{_sci(protocol['J']['lr'])} on the validation stream (better on {behind['n'] - behind['wins']} of "
+              f"{behind['n']} seeds, CE std {std_full:.4f} against {std_protocol:.4f})", holds=behind["gain"] > 0),
+        Claim("protocol-tiny-fullbudget", f"J still beats SSM_CONTROL at its own rate (by {js['gain']:.4f}, {js['wins']} of "
+                                          f"{js['n']} seeds, promoted)", holds=js["promoted"]),
+        Claim("protocol-tiny-fullbudget", f"J_NO_DIRECTION still beats J (by {ndj['gain']:.4f}, {ndj['wins']} of "
+                                          f"{ndj['n']} seeds, promoted)", holds=ndj["promoted"]),
+    ]
+
+
 def _distance_claims(studies: dict[str, dict]) -> list[Claim]:
     """The distance protocol's and the specialisation's numbers in the README's prose."""
     entries = {e["model"]: e for e in studies["distance-tiny"]["entries"]}
@@ -603,7 +666,7 @@ def claims(studies: dict[str, dict]) -> list[Claim]:
             + _gpt2_lr_claims(studies) + _loop_proof_claims(studies["loop-proofs"]) + _loop_study_claims(studies)
             + _mqar_claims(studies) + _mqar_anchor_claims(studies["mqar-anchor"]) + _benchmark_claims(studies)
             + _distance_claims(studies) + _fast_weight_claims(studies["bench-fast-weight"])
-            + _protocol_claims(studies))
+            + _protocol_claims(studies) + _full_budget_claims(studies))
 
 
 def _squeeze(text: str) -> str:
