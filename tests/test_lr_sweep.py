@@ -242,6 +242,7 @@ def test_sweep_only_stops_before_the_paired_runs_and_the_same_study_goes_on(corp
     assert calls == [chosen, chosen] and again["complete"] and again["models"]["GPT2"]["lr"] == chosen
     with pytest.raises(ValueError, match="sweep_only needs an lr grid"):
         _run(corpus_file, tmp_path, tmp_path / "other", lr_grid=None, tune_tokens=None, sweep_only=True)
+    assert not (tmp_path / "other").exists()  # refused before anything is written
 
 
 def test_cli_sweep_only_needs_a_grid(capsys):

@@ -233,6 +233,8 @@ def run_planned(study: Study, out: str | Path, *, corpus=None, cache_dir: str | 
     """
     from drmlab.evaluation import byte_counter
 
+    if sweep_only and not study.lr_grid:
+        raise ValueError("sweep_only needs an lr grid to sweep (lr_grid)")
     log = log or _silent
     out = Path(out)
     if corpus is None:
@@ -246,8 +248,6 @@ def run_planned(study: Study, out: str | Path, *, corpus=None, cache_dir: str | 
         tune_train, tune_heldout = lr_sweep.tuning_split(corpus.train)
         tuning = (tune_train, tune_heldout, byte_counter(tune_heldout, corpus.tokenizer))
     todo = [("tune", model, lr) for model in study.models for lr in (study.lr_grid or [])]
-    if sweep_only and not study.lr_grid:
-        raise ValueError("sweep_only needs an lr grid to sweep (lr_grid)")
     if not sweep_only:
         todo += [("run", model, seed) for seed in study.seeds for model in study.models]
     waiting_logged: set = set()
