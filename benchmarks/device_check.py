@@ -16,7 +16,7 @@ Steps, in order, each a subprocess with its own time limit (a crash or a hang lo
 3. ``cuda_tests``: the tests that skip without CUDA (:data:`CUDA_TESTS`): the Triton kernels
    compiled for the GPU against float64, the ``"auto"`` scan backend on CUDA, the resolvent's
    flex path forward and backward.
-4. ``train``: ``drmlab train`` J at preset tiny on CUDA with bf16 autocast (checkpoints carry the
+4. ``train``: ``drmlab train`` J at preset tiny (500k tokens) on CUDA with bf16 autocast (checkpoints carry the
    CUDA RNG state), then ``drmlab eval`` and ``drmlab generate`` from its run directory.
 5. ``resume``: the same run again, stopped by SIGTERM as soon as its first checkpoint is committed,
    then ``--resume``d to the end; its validation CE (the first 128k tokens) is recorded beside step 4's (not asserted equal:
@@ -159,8 +159,8 @@ def _stopped_run(log: Log, run: Path, args: list[str], limits: dict) -> dict:
 
 def plan(suite_budget: float) -> list[tuple[str, float]]:
     """(step, time limit in seconds) in order; the sum is the most the check can take."""
-    return [("environment", 30), ("gpu_suite", suite_budget + 45), ("cuda_tests", 90), ("train", 60), ("eval", 30),
-            ("generate", 30), ("resume:stop", 45), ("resume:continue", 45), ("fsdp", 45)]
+    return [("environment", 20), ("gpu_suite", suite_budget + 45), ("cuda_tests", 90), ("train", 75), ("eval", 25),
+            ("generate", 20), ("resume:stop", 45), ("resume:continue", 45), ("fsdp", 45)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds for benchmarks/gpu_suite.py (default 150; the suite's own default is 450)")
     parser.add_argument("--plan", action="store_true", help="print the steps and their time limits, run nothing")
     parser.add_argument("--device", default="cuda", help="device of the training steps (default cuda; cpu to try the script)")
-    parser.add_argument("--train-tokens", default="1M", help="budget of the training runs (default 1M)")
+    parser.add_argument("--train-tokens", default="500k", help="budget of the training runs (default 500k)")
     parser.add_argument("--preset", default="tiny", help="preset of the training runs (default tiny)")
     args = parser.parse_args(argv)
     steps = plan(args.suite_budget)
