@@ -578,7 +578,22 @@ def _full_budget_claims(studies: dict[str, dict]) -> list[Claim]:
                                           f"{js['n']} seeds, promoted)", holds=js["promoted"]),
         Claim("protocol-tiny-fullbudget", f"J_NO_DIRECTION still beats J (by {ndj['gain']:.4f}, {ndj['wins']} of "
                                           f"{ndj['n']} seeds, promoted)", holds=ndj["promoted"]),
+        *_direct_control_claims(protocol, check["paired"]),
     ]
+
+
+def _direct_control_claims(protocol: dict, paired: dict) -> list[Claim]:
+    """The direct control's paired runs at its full-budget rate: against its runs at the protocol's
+    rate, and the tie with J_NO_DIRECTION."""
+    seeds = lambda m: {int(k): v for k, v in m["ce_per_seed"].items()}
+    full, at_protocol = seeds(paired["J_DIRECT_CONTROL_MATCHED"]), seeds(protocol["J_DIRECT_CONTROL_MATCHED"])
+    no_direction = seeds(protocol["J_NO_DIRECTION"])
+    behind, tie = gate(at_protocol, full), gate(full, no_direction)
+    return [Claim("protocol-tiny-fullbudget",
+                  f"The direct control's runs at {_sci(paired['J_DIRECT_CONTROL_MATCHED']['lr'])} end {behind['gain']:.4f} "
+                  f"behind its runs at {_sci(protocol['J_DIRECT_CONTROL_MATCHED']['lr'])} and it still ties J_NO_DIRECTION "
+                  f"(gain {tie['gain']:+.4f}, not promoted either way)",
+                  holds=behind["gain"] > 0 and not tie["promoted"] and not gate(no_direction, full)["promoted"])]
 
 
 def _distance_claims(studies: dict[str, dict]) -> list[Claim]:
