@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from drmlab.cli.common import (add_data_arguments, add_lr_sweep_arguments, add_runtime_arguments, add_tensorboard_argument, apply_threads,
+from drmlab.cli.common import (add_data_arguments, add_lr_sweep_arguments, add_runtime_arguments, add_tensorboard_argument, apply_threads, check_sweep_only,
                                check_tensorboard, log_to_stderr, parse_seeds, split_list)
 from drmlab.naming import suggest
 from drmlab.presets import PRESETS
@@ -55,9 +55,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_data_arguments(parser)
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
     add_lr_sweep_arguments(parser)
-    parser.add_argument("--sweep-only", action="store_true",
-                        help="with --lr-grid: run the sweep and stop (the same command without it goes on with "
-                             "the paired runs at each model's best rate)")
     parser.add_argument("--eval-tokens", default=None, metavar="N", help="cap on validation tokens rescored per run (default: all)")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="[MODEL.]KEY=VALUE",
                         help="train setting for every run, or MODEL.KEY=VALUE for one model's config; repeatable")
@@ -94,8 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.cli.common import parse_assignments
 
     check_tensorboard(args)
-    if args.sweep_only and args.lr_grid is None:
-        raise ValueError("--sweep-only needs --lr-grid (it runs the sweep and stops)")
+    check_sweep_only(args)
     apply_threads(args)
     models = split_list(args.models, "models")
     seeds = parse_seeds(args.seeds)

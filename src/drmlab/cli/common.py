@@ -191,3 +191,12 @@ def add_lr_sweep_arguments(parser: argparse.ArgumentParser, budget: str = "--tok
                         help="sweep these rates per model (first seed, scored on a slice held out of the training "
                              "data, never the validation split), then run its seeds at its best rate; instead of --lr")
     parser.add_argument("--tune-tokens", default=None, metavar="N", help=f"budget of each sweep run (default: {budget})")
+    parser.add_argument("--sweep-only", action="store_true",
+                        help="with --lr-grid: run the sweep and stop (the same command without it goes on with "
+                             "the paired runs at each model's best rate)")
+
+
+def check_sweep_only(args: argparse.Namespace) -> None:
+    """--sweep-only without --lr-grid has nothing to do: refused before anything is read or written."""
+    if args.sweep_only and args.lr_grid is None:
+        raise ValueError("--sweep-only needs --lr-grid (it runs the sweep and stops)")

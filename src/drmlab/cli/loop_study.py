@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from drmlab.cli.common import add_data_arguments, add_lr_sweep_arguments, add_runtime_arguments, apply_threads, log_to_stderr, parse_seeds, split_list
+from drmlab.cli.common import add_data_arguments, add_lr_sweep_arguments, add_runtime_arguments, apply_threads, check_sweep_only, log_to_stderr, parse_seeds, split_list
 from drmlab.presets import PRESETS
 
 DEFAULT_ARMS = "A,B,C,I12u,I12"
@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.experiments import ablate_report, loop_study
     from drmlab.cli.common import parse_assignments
 
+    check_sweep_only(args)
     apply_threads(args)
     arms = split_list(args.arms, "arms")
     seeds = parse_seeds(args.seeds)
@@ -57,9 +58,13 @@ def run(args: argparse.Namespace) -> int:
         arms, seeds, out=out, preset=args.preset, tokens=args.tokens,
         train=train_settings(args, parse_assignments(args.assignments)), data=args.data,
         tokenizer=args.tokenizer or "bytes", cache_dir=args.cache_dir, device=args.device, quiet=args.quiet,
-        log=log_to_stderr, lr_grid=args.lr_grid, tune_tokens=args.tune_tokens, eval_loops=args.eval_loops)
+        log=log_to_stderr, lr_grid=args.lr_grid, tune_tokens=args.tune_tokens, eval_loops=args.eval_loops,
+        sweep_only=args.sweep_only)
     print(ablate_report.markdown(results))
     print(loop_table)
-    extra = ", eval_loops.png (and eval_loops/, the per-run scores)" if args.eval_loops is not None else ""
-    print(f"results in {out}/: results.md, results.json, loop.md, curves.png, seeds.png, loss_vs_n.png{extra}")
+    written = ["results.md", "results.json", "loop.md"] + [f for f in ("curves.png", "seeds.png", "loss_vs_n.png",
+                                                                      "lr_sweep.png", "eval_loops.png")
+                                                           if (out / f).exists()]
+    extra = " (and eval_loops/, the per-run scores)" if (out / "eval_loops.png").exists() else ""
+    print(f"results in {out}/: {', '.join(written)}{extra}")
     return 0

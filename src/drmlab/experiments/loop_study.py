@@ -57,11 +57,12 @@ def run_study(arms=DEFAULT_ARMS, seeds=ablate.DEFAULT_SEEDS, *, out: str | Path,
               tokens: int | str | None = None, train: dict | None = None, data: str | None = None,
               tokenizer: str = "bytes", cache_dir: str | None = None, corpus=None, device="auto", quiet: bool = True,
               log=None, lr_grid=None, tune_tokens: int | str | None = None,
-              eval_loops=None) -> tuple[dict, str]:
+              eval_loops=None, sweep_only: bool = False) -> tuple[dict, str]:
     """Plan, run or resume, and report the loop study: (the ablation results, the loop table); with
     ``lr_grid`` each arm first sweeps its learning rate (:mod:`drmlab.experiments.lr_sweep`); with
     ``eval_loops`` (N' values, a list or ``"2,4,8"``) every finished looped run is also rescored at each
-    N', eps frozen and re-set (:func:`evaluate_loop_counts`; ``results["eval_loops"]``)."""
+    N', eps frozen and re-set (:func:`evaluate_loop_counts`; ``results["eval_loops"]``); ``sweep_only``:
+    stop after the sweep (:func:`drmlab.experiments.ablate.run_planned`)."""
     study = plan_study(arms, seeds, preset, tokens=tokens, train=train, data=data, tokenizer=tokenizer,
                        lr_grid=lr_grid, tune_tokens=tune_tokens)
     loop_counts = parse_loop_counts(eval_loops) if eval_loops is not None else None
@@ -69,7 +70,8 @@ def run_study(arms=DEFAULT_ARMS, seeds=ablate.DEFAULT_SEEDS, *, out: str | Path,
         from drmlab.data import load_corpus
 
         corpus = load_corpus(source=study.data_source, tokenizer=study.tokenizer, cache_dir=cache_dir)
-    results = ablate.run_planned(study, out, corpus=corpus, cache_dir=cache_dir, device=device, quiet=quiet, log=log)
+    results = ablate.run_planned(study, out, corpus=corpus, cache_dir=cache_dir, device=device, quiet=quiet, log=log,
+                                 sweep_only=sweep_only)
     settings = {arm: arm_settings(arm, preset) for arm in results["models"]}
     loop_eval = None
     if loop_counts:

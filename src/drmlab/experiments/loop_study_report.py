@@ -28,7 +28,8 @@ def write_report(results: dict, settings: dict[str, dict], out: str | Path,
     if loop_eval is not None:
         text += "\n" + eval_loops_markdown(loop_eval)
     (out / "loop.md").write_text(text)
-    draw_or_log(lambda: plot_loss_vs_n(results, settings, out / "loss_vs_n.png"), log, "loss_vs_n.png")
+    if results.get("models"):  # nothing to draw before the first paired run (a sweep-only study)
+        draw_or_log(lambda: plot_loss_vs_n(results, settings, out / "loss_vs_n.png"), log, "loss_vs_n.png")
     if loop_eval is not None:
         draw_or_log(lambda: plot_eval_loops(loop_eval, out / "eval_loops.png"), log, "eval_loops.png")
     return text
