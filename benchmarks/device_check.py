@@ -21,7 +21,8 @@ Steps, in order, each a subprocess with its own time limit (a crash or a hang lo
 5. ``resume``: the same run again, stopped by SIGTERM as soon as its first checkpoint is committed,
    then ``--resume``d to the end; its validation CE (the first 128k tokens) is recorded beside step 4's (not asserted equal:
    some CUDA kernels, embedding's backward among them, add in no fixed order).
-6. ``fsdp``: ``torchrun --nproc_per_node 1 drmlab train --fsdp`` (NCCL, one process) for a few steps.
+6. ``fsdp``: ``torchrun --nproc_per_node 1 -m drmlab train --fsdp``: a process group of one over NCCL,
+   the model wrapped by FSDP2, its checkpoint gathered (one GPU cannot hold two NCCL ranks).
 
 OUT receives at most four files (``device_check.json``: every step's command, exit code, seconds and
 last output lines; ``device_check.log``: all output; the suite's two files), within the device

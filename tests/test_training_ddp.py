@@ -225,3 +225,24 @@ def test_fsdp_two_gloo_processes_match_one_and_resume(tmp_path):
     for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=name)
     assert one_process_eval["ce"] == pytest.approx(summary["val_ce"], rel=1e-6)
+
+
+def test_torchrun_of_one_process_shards_over_one_rank_and_equals_a_plain_run(tmp_path):
+    """``torchrun --nproc_per_node 1 -m drmlab train --fsdp`` joins a process group of one and wraps the
+    model with FSDP2 (what a one-GPU machine can check of FSDP over NCCL); the numbers equal a plain run."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    train = ["train", "--model", "J", "--preset", "micro", "--tokens", "2k", "--device", "cpu", "--threads", "1",
+             "--eval-tokens", "2k", "--quiet"]
+    sharded, plain = tmp_path / "fsdp", tmp_path / "plain"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "drmlab",
+           *train, "--fsdp", "--out", str(sharded)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = subprocess.run([sys.executable, "-m", "drmlab", *train, "--out", str(plain)], env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((sharded / "config.json").read_text())
+    assert config["runtime"]["data_parallel"] == "fsdp" and config["runtime"]["world_size"] == 1
+    assert json.loads((plain / "config.json").read_text())["runtime"]["data_parallel"] is None
+    val = lambda run: json.loads((run / "summary.json").read_text())["val_ce"]
+    assert val(sharded) == val(plain)

@@ -106,7 +106,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--fsdp", action="store_true",
                         help="under torchrun: shard weights, gradients and optimizer state over the processes with "
                              "FSDP2 (each block, then the root) instead of DDP; the run directory keeps the "
-                             "single-process format (no effect in one process)")
+                             "single-process format (no effect without torchrun; torchrun of one process shards over one rank)")
     add_tensorboard_argument(parser)
     add_runtime_arguments(parser)
     parser.set_defaults(func=run)

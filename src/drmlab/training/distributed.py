@@ -48,7 +48,9 @@ class DistInfo:
 
     @property
     def enabled(self) -> bool:
-        return self.world_size > 1
+        """Whether the run is data-parallel: several processes, or one that torchrun launched (so that
+        ``torchrun --nproc_per_node 1 ... --fsdp`` shards over one rank, as on a one-GPU machine)."""
+        return self.world_size > 1 or self.owns_group
 
     @property
     def is_main(self) -> bool:
@@ -63,7 +65,7 @@ def setup(device_name: str | None = "auto") -> tuple[DistInfo, torch.device]:
         info = DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", dist.get_rank())))
         return info, resolve_device(device_name, info.local_rank)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    if world <= 1 and "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun of one process still joins a group
         return DistInfo(), resolve_device(device_name)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(device_name, local_rank)
