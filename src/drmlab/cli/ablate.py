@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from drmlab.cli.common import (add_data_arguments, add_lr_sweep_arguments, add_runtime_arguments, add_tensorboard_argument, apply_threads, check_sweep_only,
-                               check_tensorboard, log_to_stderr, parse_seeds, split_list)
+                               check_tensorboard, log_to_stderr, parse_seeds, split_list, written_files)
 from drmlab.naming import suggest
 from drmlab.presets import PRESETS
 
@@ -103,7 +103,6 @@ def run(args: argparse.Namespace) -> int:
                                quiet=args.quiet, log=log_to_stderr, lr_grid=args.lr_grid, tune_tokens=args.tune_tokens,
                                tensorboard=args.tensorboard, sweep_only=args.sweep_only)
     print(ablate_report.markdown(results))
-    written = ["results.md", "results.csv", "results.json"] + [f for f in ("curves.png", "seeds.png", "lr_sweep.png")
-                                                               if (out / f).exists()]
-    print(f"results in {out}/: {', '.join(written)}")
+    print(f"results in {out}/: " + written_files(out, ["results.md", "results.csv", "results.json"],
+                                                 ["curves.png", "seeds.png", "lr_sweep.png"]))
     return 0

@@ -50,15 +50,13 @@ def apply_threads(args: argparse.Namespace) -> None:
     """Set torch's intra-op threads from ``--threads`` (when given and positive); without it, on the
     CPU, print one line when the machine is too busy for torch's default (:func:`busy_machine_warning`)."""
     threads = getattr(args, "threads", None)
-    if threads is not None:
-        if threads <= 0:
-            raise ValueError(f"--threads must be a positive integer, got {threads}")
-        import torch
-
-        torch.set_num_threads(threads)
-        return
+    if threads is not None and threads <= 0:
+        raise ValueError(f"--threads must be a positive integer, got {threads}")
     import torch
 
+    if threads is not None:
+        torch.set_num_threads(threads)
+        return
     device = getattr(args, "device", "cpu")
     if device == "cpu" or (device in ("auto", None) and not torch.cuda.is_available()):
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -95,6 +93,14 @@ def busy_machine_warning(threads: int, cores: int, others: int | None) -> str | 
     return (f"drmlab: {others} other task{'s' if others > 1 else ''} already busy on this {cores}-core machine and torch "
             f"will use {threads} threads: threads that wait for each other on a busy CPU can make training a hundred "
             f"times slower; pass --threads {suggest}")
+
+
+def written_files(out, always: list[str], maybe: list[str]) -> str:
+    """``always`` and those of ``maybe`` that exist in the folder ``out``, comma-separated: what a study
+    verb names after "results in OUT/" (plots are drawn only when there is something to draw)."""
+    from pathlib import Path
+
+    return ", ".join(always + [name for name in maybe if (Path(out) / name).exists()])
 
 
 def load_corpus_for(data: str | None, tokenizer: str | None, cache_dir: str | None):

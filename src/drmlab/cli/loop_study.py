@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from drmlab.cli.common import add_data_arguments, add_lr_sweep_arguments, add_runtime_arguments, apply_threads, check_sweep_only, log_to_stderr, parse_seeds, split_list
+from drmlab.cli.common import add_data_arguments, add_lr_sweep_arguments, add_runtime_arguments, apply_threads, check_sweep_only, log_to_stderr, parse_seeds, split_list, written_files
 from drmlab.presets import PRESETS
 
 DEFAULT_ARMS = "A,B,C,I12u,I12"
@@ -62,9 +62,8 @@ def run(args: argparse.Namespace) -> int:
         sweep_only=args.sweep_only)
     print(ablate_report.markdown(results))
     print(loop_table)
-    written = ["results.md", "results.json", "loop.md"] + [f for f in ("curves.png", "seeds.png", "loss_vs_n.png",
-                                                                      "lr_sweep.png", "eval_loops.png")
-                                                           if (out / f).exists()]
     extra = " (and eval_loops/, the per-run scores)" if (out / "eval_loops.png").exists() else ""
-    print(f"results in {out}/: {', '.join(written)}{extra}")
+    print(f"results in {out}/: " + written_files(out, ["results.md", "results.json", "loop.md"],
+                                                 ["curves.png", "seeds.png", "loss_vs_n.png", "lr_sweep.png",
+                                                  "eval_loops.png"]) + extra)
     return 0

@@ -82,6 +82,18 @@ def _seed_values(per_seed: dict[str, float]) -> list[float]:
     return [per_seed[s] for s in sorted(per_seed, key=int)]
 
 
+def _ce_by_seed(record: dict) -> dict[int, float]:
+    """A study record's ``ce_per_seed`` keyed by int seed, as :func:`~drmlab.experiments.stats.gate` takes it."""
+    return {int(k): v for k, v in record["ce_per_seed"].items()}
+
+
+def _bpb_cells(record: dict) -> tuple[str, str]:
+    """("mean +- std", "s1 / s2 / s3") of a record's bits per byte over its seeds."""
+    bpb = [v / LN2 for v in _seed_values(record["ce_per_seed"])]
+    mean, std = mean_std(bpb)
+    return f"{mean:.4f} +- {std:.4f}", " / ".join(f"{v:.4f}" for v in bpb)
+
+
 def _two_places_below_ten(x: float) -> str:
     """Two decimals below 10, one from 10 up: how the benchmark tables print times and ratios."""
     return f"{x:.2f}" if x < 10 else f"{x:.1f}"
@@ -272,12 +284,10 @@ def _protocol_table(studies: dict[str, dict]) -> str:
     study = studies["protocol-tiny"]
     rows = []
     for model, m in sorted(study["models"].items(), key=lambda kv: mean_std(_seed_values(kv[1]["ce_per_seed"]))[0]):
-        bpb = [v / LN2 for v in _seed_values(m["ce_per_seed"])]
-        mean, std = mean_std(bpb)
         marks = [mean_std(_seed_values(m["milestone_bpb_per_seed"][t]))[0] for t in sorted(m["milestone_bpb_per_seed"], key=int)]
         speed = mean_std(_seed_values(m["tokens_per_s_per_seed"]))[0]
-        rows.append([model, f"{m['params']:,}", _sci(m["lr"]), f"{mean:.4f} +- {std:.4f}",
-                     " / ".join(f"{v:.4f}" for v in bpb), *(f"{v:.4f}" for v in marks), f"{speed:,.0f}"])
+        rows.append([model, f"{m['params']:,}", _sci(m["lr"]), *_bpb_cells(m), *(f"{v:.4f}" for v in marks),
+                     f"{speed:,.0f}"])
     return _table(["model", "params", "lr (swept)", "bits/byte", "seeds 1 / 2 / 3", "at 1M tokens", "at 2M tokens",
                    "tok/s"], ["---", "---:", "---:", "---", "---", "---:", "---:", "---:"], rows)
 
@@ -306,13 +316,15 @@ def _full_budget_sweep_table(studies: dict[str, dict]) -> str:
     the protocol's own sweep; each budget's best rate in bold."""
     short = studies["protocol-tiny"]["lr_sweep"]
     check = studies["protocol-tiny-fullbudget"]
+    def cell(value: float | None, best: bool) -> str:
+        return "-" if value is None else ("**%.4f**" if best else "%.4f") % value
+
     rows = []
     for model, sweep in check["sweeps"].items():
         full = {float(k): v for k, v in sweep["scores"].items()}
         early = {float(k): v for k, v in short[model]["scores"].items() if v is not None}
         best_full, best_early = min(full, key=full.get), min(early, key=early.get)
         for lr in sorted(full):
-            cell = lambda v, best: "-" if v is None else ("**%.4f**" if best else "%.4f") % v
             rows.append([model, _sci(lr), cell(early.get(lr), lr == best_early), cell(full[lr], lr == best_full)])
     tokens = check["protocol"]["tokens"]
     return _table(["model", "lr", "tuning CE after 1M tokens", f"after {tokens:,} tokens"],
@@ -328,9 +340,7 @@ def _full_budget_paired_table(studies: dict[str, dict]) -> str:
     rows = []
     for model, run in paired.items():
         for label, m in ((f"{model} (the protocol's rate)", protocol[model]), (f"{model} (full-budget choice)", run)):
-            bpb = [v / LN2 for v in _seed_values(m["ce_per_seed"])]
-            mean, std = mean_std(bpb)
-            rows.append([label, _sci(m["lr"]), f"{mean:.4f} +- {std:.4f}", " / ".join(f"{v:.4f}" for v in bpb)])
+            rows.append([label, _sci(m["lr"]), *_bpb_cells(m)])
     return _table(["model", "lr", "bits/byte", "seeds 1 / 2 / 3"], ["---", "---:", "---", "---"], rows)
 
 
@@ -538,8 +548,7 @@ def _fast_weight_claims(s: dict) -> list[Claim]:
 def _protocol_claims(studies: dict[str, dict]) -> list[Claim]:
     """The protocol study's gate verdicts quoted in the prose."""
     models = studies["protocol-tiny"]["models"]
-    seeds = lambda m: {int(k): v for k, v in models[m]["ce_per_seed"].items()}
-    g = lambda a, b: gate(seeds(a), seeds(b))
+    g = lambda a, b: gate(_ce_by_seed(models[a]), _ce_by_seed(models[b]))
     nd, js, dc, mj = (g("J_NO_DIRECTION", "J"), g("J", "SSM_CONTROL"), g("J_DIRECT_CONTROL_MATCHED", "J_NO_DIRECTION"),
                       g("MAMBA", "J_NO_DIRECTION"))
     return [
@@ -557,10 +566,9 @@ def _protocol_claims(studies: dict[str, dict]) -> list[Claim]:
 def _full_budget_claims(studies: dict[str, dict]) -> list[Claim]:
     """The full-budget check of the protocol's rates, quoted in the prose."""
     protocol, check = studies["protocol-tiny"]["models"], studies["protocol-tiny-fullbudget"]
-    seeds = lambda m: {int(k): v for k, v in m["ce_per_seed"].items()}
-    j_full, j_protocol = seeds(check["paired"]["J"]), seeds(protocol["J"])
+    j_full, j_protocol = _ce_by_seed(check["paired"]["J"]), _ce_by_seed(protocol["J"])
     behind = gate(j_protocol, j_full)  # gain > 0: the full-budget rate ends behind
-    js, ndj = gate(j_full, seeds(protocol["SSM_CONTROL"])), gate(seeds(protocol["J_NO_DIRECTION"]), j_full)
+    js, ndj = gate(j_full, _ce_by_seed(protocol["SSM_CONTROL"])), gate(_ce_by_seed(protocol["J_NO_DIRECTION"]), j_full)
     std_full, std_protocol = mean_std(list(j_full.values()))[1], mean_std(list(j_protocol.values()))[1]
     sweeps = check["sweeps"]
     changed = sorted(m for m, sw in sweeps.items() if sw["lr"] != protocol[m]["lr"])
@@ -585,9 +593,8 @@ def _full_budget_claims(studies: dict[str, dict]) -> list[Claim]:
 def _direct_control_claims(protocol: dict, paired: dict) -> list[Claim]:
     """The direct control's paired runs at its full-budget rate: against its runs at the protocol's
     rate, and the tie with J_NO_DIRECTION."""
-    seeds = lambda m: {int(k): v for k, v in m["ce_per_seed"].items()}
-    full, at_protocol = seeds(paired["J_DIRECT_CONTROL_MATCHED"]), seeds(protocol["J_DIRECT_CONTROL_MATCHED"])
-    no_direction = seeds(protocol["J_NO_DIRECTION"])
+    full, at_protocol = _ce_by_seed(paired["J_DIRECT_CONTROL_MATCHED"]), _ce_by_seed(protocol["J_DIRECT_CONTROL_MATCHED"])
+    no_direction = _ce_by_seed(protocol["J_NO_DIRECTION"])
     behind, tie = gate(at_protocol, full), gate(full, no_direction)
     return [Claim("protocol-tiny-fullbudget",
                   f"The direct control's runs at {_sci(paired['J_DIRECT_CONTROL_MATCHED']['lr'])} end {behind['gain']:.4f} "
