@@ -28,6 +28,7 @@ import torch
 from drmlab.models import build_model
 from drmlab.runs import CorruptCheckpointError, RunDir
 from drmlab.training import TrainConfig, train
+from drmlab.training.run_info import DataInfo, RunInfo
 
 CHILD = textwrap.dedent("""
     import sys, torch
@@ -49,7 +50,7 @@ def _cfg(steps: int) -> TrainConfig:
 
 def run_training(model_name: str, steps: int, run: str, resume: bool = False) -> torch.nn.Module:
     model = build_model(model_name, "micro", vocab_size=256, seed=1)
-    info = {"model": model_name, "preset": "micro", "vocab_size": 256}
+    info = RunInfo(model_name, "micro", data=DataInfo(256, "bytes", None, None))
     resumable = resume and RunDir(run).has_checkpoint()
     train(model, _stream(), None, _cfg(steps), run, quiet=True, resume=resumable, overwrite=not resumable, run_info=info)
     return model

@@ -19,6 +19,7 @@ from drmlab.models import build_model, list_models
 from drmlab.presets import PRESET_DEFAULTS
 from drmlab.training import train
 from drmlab.training.config import TrainConfig
+from drmlab.training.run_info import DataInfo, RunInfo
 
 MICRO_WINDOW = PRESET_DEFAULTS["micro"]["seq_len"]
 
@@ -70,7 +71,7 @@ def _train_micro_run(run_dir: Path, name: str, seed: int):
     cfg = TrainConfig(tokens=2 * 4 * MICRO_WINDOW, batch_size=4, seq_len=MICRO_WINDOW, seed=seed, eval_every=0,
                       eval_windows=0)
     train(model, stream, None, cfg, run_dir, quiet=True,
-          run_info={"model": name, "preset": "micro", "overrides": {}, "vocab_size": 256, "tokenizer": "bytes"})
+          run_info=RunInfo(name, "micro", data=DataInfo(256, "bytes", None, None)))
     return model.eval()
 
 

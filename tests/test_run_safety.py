@@ -3,6 +3,7 @@ every rename), checksums, resume refusals, non-finite and divergence stops, sign
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -20,6 +21,7 @@ import torch.nn as nn
 from drmlab.models.output import ModelOutput
 from drmlab.runs import (POINTER_FILE, CorruptCheckpointError, RunDir, RunLockedError, read_json)
 from drmlab.training import TrainConfig, train
+from drmlab.training.run_info import DataInfo, RunInfo
 from drmlab.training.trainer import DivergenceError, NonFiniteLossError, Trainer, TrainingInterrupted
 
 
@@ -238,13 +240,14 @@ def test_damaged_json_names_the_file(tmp_path):
 
 
 def test_resume_refuses_other_data_and_lists_what_differs(tmp_path):
-    info = {"tokenizer": "bytes", "vocab_size": 64, "data": {"content_sha256": "aaa"}}
+    data = DataInfo(64, "bytes", None, {"content_sha256": "aaa"})
+    info = RunInfo(data=data)
     train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, stop_after_step=2, run_info=info)
-    other = dict(info, data={"content_sha256": "bbb"})
+    other = RunInfo(data=dataclasses.replace(data, meta={"content_sha256": "bbb"}))
     with pytest.raises(ValueError, match="training data: content sha256 aaa in the run, bbb now"):
         train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, resume=True, run_info=other)
     with pytest.raises(ValueError, match="tokenizer: 'bytes' in the run, 'gpt2' now"):
-        train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, resume=True, run_info=dict(info, tokenizer="gpt2"))
+        train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, resume=True, run_info=RunInfo(data=dataclasses.replace(data, tokenizer="gpt2")))
     assert read_json(tmp_path / "config.json")["data"]["content_sha256"] == "aaa"  # the record is kept
 
 
@@ -300,7 +303,7 @@ def test_non_finite_weights_are_never_committed_nor_evaluated(tmp_path):
     from drmlab.models import build_model
 
     model = build_model("SSM_CONTROL", "micro", vocab_size=64, seed=0)
-    info = {"model": "SSM_CONTROL", "preset": "micro", "vocab_size": 64}
+    info = RunInfo("SSM_CONTROL", "micro", data=DataInfo(64, "bytes", None, None))
     train(model, _stream(), None, _cfg(seed=0), tmp_path, quiet=True, run_info=info)
     run = RunDir(tmp_path)
     name, weight = next(iter(model.named_parameters()))

@@ -15,6 +15,7 @@ import torch
 
 from drmlab.experiments import mqar_distance
 from drmlab.experiments import specialise as recipe
+from drmlab.training.run_info import DataInfo, RunInfo
 
 CURRICULUM = [(40, 3), (72, 2)]
 EVAL_SEQUENCES = 8
@@ -60,9 +61,8 @@ def base_run(corpus, tmp_path_factory):
     cfg = TrainConfig(batch_size=4, seq_len=32, lr=3e-3, eval_every=0, eval_windows=0, eval_tokens=EVAL_TOKENS)
     cfg.tokens = 4 * cfg.tokens_per_step
     model = build_model("J_NO_DIRECTION", "micro", vocab_size=256, seed=0)
-    train(model, corpus.train, None, cfg.validate(), out, run_info={
-        "model": "J_NO_DIRECTION", "preset": "micro", "overrides": {}, "vocab_size": 256,
-        "tokenizer": corpus.tokenizer.name, "data_source": str(corpus.meta["source"]), "data": corpus.meta},
+    train(model, corpus.train, None, cfg.validate(), out,
+          run_info=RunInfo("J_NO_DIRECTION", "micro", data=DataInfo.of(corpus, str(corpus.meta["source"]))),
         evaluate=rescorer(corpus.val, cfg.seq_len, batch_size=cfg.eval_batch_size, max_targets=EVAL_TOKENS),
         device="cpu", quiet=True)
     return out

@@ -21,6 +21,7 @@ from drmlab.training.batches import eval_sample, train_batch, window_starts
 from drmlab.cli.common import parse_assignments
 from drmlab.training.config import resolve_train_config, split_overrides
 from drmlab.training.optim import lr_at
+from drmlab.training.run_info import DataInfo, RunInfo
 
 
 @dataclasses.dataclass
@@ -270,7 +271,7 @@ def test_huge_learning_rate_is_caught(tmp_path):
 def test_run_directory_contents(tmp_path):
     tr, va = _data()
     summary = train(TinyLM(), tr, va, _cfg(eval_every=8 * 16 * 3), tmp_path, quiet=True, evaluate=rescorer(va, 16),
-                    run_info={"model": "TINY", "preset": "micro", "data": {"content_sha256": "x"}})
+                    run_info=RunInfo("TINY", "micro", data=DataInfo(256, "bytes", None, {"content_sha256": "x"})))
     names = {p.name for p in tmp_path.iterdir()}
     assert {"config.json", "metrics.jsonl", "summary.json", "checkpoint.json", "checkpoints"} <= names
     assert [n for n in names if n.startswith(".")] == [".lock"]  # no temporary leftovers
@@ -310,3 +311,14 @@ def test_bf16_autocast_trains():
     b = [r["loss"] for r in bf16["rows"] if r["kind"] == "train"]
     assert all(math.isfinite(x) for x in b)
     assert a != b and np.allclose(a, b, atol=0.05)
+
+
+def test_run_info_records_config_json_entries_in_their_order_and_refuses_a_clash():
+    data = DataInfo(256, "bytes", None, {"content_sha256": "x"})
+    info = RunInfo("J", "tiny", {"d_state": 8}, label="J:arm", data=data, study={"mqar": {"kv": 4}})
+    assert list(info.record()) == ["model", "preset", "overrides", "label", "vocab_size", "tokenizer",
+                                   "data_source", "data", "mqar"]
+    assert info.record()["data_source"] is None  # the embedded corpus is recorded as such, not left out
+    assert list(RunInfo().record()) == ["overrides"]  # the trainer then names the model by its class
+    with pytest.raises(ValueError, match=r"repeats the run's own entries: \['tokenizer'\]"):
+        RunInfo("J", data=data, study={"tokenizer": "gpt2"}).record()

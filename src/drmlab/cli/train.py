@@ -19,6 +19,7 @@ from drmlab.cli.common import (add_data_arguments, add_runtime_arguments, add_te
                                parse_assignments)
 from drmlab.presets import PRESET_DEFAULTS
 from drmlab.training.config import SCHEDULES, TRAIN_KEYS, parse_tokens, resolve_train_config, split_overrides
+from drmlab.training.run_info import DataInfo, RunInfo
 
 DEFAULT_MODEL = "J"
 DEFAULT_PRESET = "tiny"
@@ -176,8 +177,7 @@ def run(args: argparse.Namespace) -> int:
     corpus = load_corpus_for(data, tokenizer, args.cache_dir)
     model = build_model(name, preset, vocab_size=corpus.vocab_size, seed=cfg.seed, **model_overrides)
     check_seq_len(model, cfg.seq_len)
-    run_info = {"model": name, "preset": preset, "overrides": model_overrides, "vocab_size": corpus.vocab_size,
-                "tokenizer": corpus.tokenizer.name, "data_source": data, "data": corpus.meta}
+    run_info = RunInfo(name, preset, model_overrides, data=DataInfo.of(corpus, data))
     val_bytes = corpus.meta.get("val_bytes") if isinstance(corpus.meta, dict) else None
     evaluate = rescorer(corpus.val, cfg.seq_len, batch_size=cfg.eval_batch_size, max_targets=cfg.eval_tokens,
                         count_bytes=byte_counter(corpus.val, corpus.tokenizer, val_bytes))
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_reporting_stops(args, model, corpus, cfg, out: Path, run_info: dict, evaluate) -> tuple[dict | None, int]:
+def _train_reporting_stops(args, model, corpus, cfg, out: Path, run_info, evaluate) -> tuple[dict | None, int]:
     """(summary, 0), or (None, exit code) after one line saying why training stopped and how to go on."""
     from drmlab.runs import RunDir
     from drmlab.training.compiling import CompileError

@@ -39,6 +39,7 @@ from drmlab.experiments import ablate_report, lr_sweep
 from drmlab.experiments.stats import GATE_RULE, gate, mean_std
 from drmlab.naming import suggest
 from drmlab.training.config import TRAIN_DEFAULTS, TRAIN_KEYS, parse_tokens, resolve_train_config, split_overrides
+from drmlab.training.run_info import DataInfo, RunInfo
 
 DEFAULT_MODELS = ("J", "SSM_CONTROL", "GPT2")
 DEFAULT_SEEDS = (1, 2, 3)
@@ -347,10 +348,9 @@ def _train_one(study: Study, out: Path, corpus, train_tokens, eval_tokens, count
                         evaluate=rescorer(eval_tokens, cfg.seq_len, batch_size=cfg.eval_batch_size,
                                           max_targets=cfg.eval_tokens, count_bytes=count_bytes),
                         device=device, quiet=quiet, tensorboard=tensorboard,
-                        run_info={"model": study.registry_name(model), "label": model, "preset": study.preset,
-                                  "overrides": overrides, "vocab_size": corpus.vocab_size,
-                                  "tokenizer": corpus.tokenizer.name, "data_source": study.data_source,
-                                  "data": data_meta})
+                        run_info=RunInfo(study.registry_name(model), study.preset, overrides, label=model,
+                                         data=DataInfo(corpus.vocab_size, corpus.tokenizer.name,
+                                                       study.data_source, data_meta)))
     except RunLockedError:
         return "locked"
     except NonFiniteLossError as exc:

@@ -41,6 +41,7 @@ from drmlab.experiments.stats import mean, mean_std
 from drmlab.naming import suggest
 from drmlab.runs import jsonable
 from drmlab.training.batches import FixedSetBatches
+from drmlab.training.run_info import RunInfo
 
 DEFAULT_MODELS = ("L1_ds64", "L4_ds64", "L4u_ds64")
 DEFAULT_KVS = (4, 16)
@@ -189,8 +190,8 @@ def run_one(study: MQARStudy, name: str, kv: int, seed: int, out: Path, *, devic
     batches = FreshMQARBatches(task, cfg.batch_size) if fresh else FixedSetBatches(x_train, y_train, cfg.batch_size)
     t0 = time.perf_counter()
     summary = train(model, batches, None, cfg, run_dir, overwrite=True,
-                    run_info={"model": name, "preset": study.preset, "overrides": kw,
-                              "registry_model": registry, "mqar": dataclasses.asdict(task), "arm_model": study.arm_model},
+                    run_info=RunInfo(name, study.preset, kw, registry_model=registry,
+                                     study={"mqar": dataclasses.asdict(task), "arm_model": study.arm_model}),
                     device=device, quiet=quiet, tensorboard=tensorboard)
     wall = time.perf_counter() - t0
     test = accuracy(model, x_test, y_test)

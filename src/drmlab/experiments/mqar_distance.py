@@ -63,6 +63,7 @@ from drmlab.experiments.mqar_task import probe_train_config
 from drmlab.naming import suggest
 from drmlab.runs import jsonable
 from drmlab.training.batches import BatchSource
+from drmlab.training.run_info import RunInfo
 
 VOCAB_SIZE = 256
 MARKER = 1
@@ -523,8 +524,9 @@ def train_one(study: DistanceStudy, name: str, seed: int, out: Path, *, device="
         resume = continue_run and run.has_checkpoint()
         continue_run = True
         summary = train(model, batches, None, cfg, run_dir, resume=resume, overwrite=not resume,
-                        run_info={"model": name, "preset": study.preset, "overrides": kw, "registry_model": registry,
-                                  "mqar_distance": {"train_length": CONTROL_LENGTH, "milestones": study.milestones}},
+                        run_info=RunInfo(name, study.preset, kw, registry_model=registry,
+                                         study={"mqar_distance": {"train_length": CONTROL_LENGTH,
+                                                                  "milestones": study.milestones}}),
                         device=device, quiet=quiet, stop_after_step=milestone,
                         **({"tensorboard": True} if tensorboard else {}))
         trained_here = True

@@ -68,6 +68,7 @@ from drmlab.training.compiling import compile_errors, compile_model
 from drmlab.training.config import TRAIN_DEFAULTS, TrainConfig
 from drmlab.training.diagnostics import WINDOWS as DIAGNOSTIC_WINDOWS, evaluation_diagnostics
 from drmlab.training.optim import build_optimizer, lr_at
+from drmlab.training.run_info import RunInfo
 from drmlab.training.tensorboard import open_sink, require_tensorboard
 
 IGNORE_INDEX = BatchSource.IGNORE_INDEX  # a target that is not scored
@@ -143,12 +144,12 @@ def sampled_eval(model: torch.nn.Module, windows: torch.Tensor, batch_size: int,
     return total / max(count, 1)
 
 
-def resolved_config(model, cfg: TrainConfig, run_info: dict | None, world_size: int, device: torch.device) -> dict:
+def resolved_config(model, cfg: TrainConfig, run_info: RunInfo | None, world_size: int, device: torch.device) -> dict:
     """config.json of a run: model, preset, overrides, the model's config, train settings, what
     they derive to, the caller's ``run_info`` (data provenance, tokenizer) and the runtime."""
     import drmlab
 
-    info = dict(run_info or {})
+    info = run_info.record() if run_info is not None else {}
     config = getattr(model, "config", None)
     return jsonable({
         "model": info.pop("model", getattr(model, "model_name", type(model).__name__)),
@@ -226,7 +227,7 @@ class Trainer:
     """One training run in pieces; :func:`train` drives it. See the module docstring."""
 
     def __init__(self, model: torch.nn.Module, batches: BatchSource, cfg: TrainConfig, run: RunDir | None, *,
-                 val_tokens: np.ndarray | None, evaluate: Evaluate | None, run_info: dict | None,
+                 val_tokens: np.ndarray | None, evaluate: Evaluate | None, run_info: RunInfo | None,
                  device, quiet: bool, progress_seconds: float = PROGRESS_SECONDS, fsdp: bool = False,
                  tensorboard: bool = False):
         cfg.validate()
@@ -524,7 +525,7 @@ def train(
     out_dir: str | Path | RunDir | None = None,
     *,
     resume: bool = False,
-    run_info: dict | None = None,
+    run_info: RunInfo | None = None,
     evaluate: Evaluate | None = None,
     device: str | torch.device | None = "auto",
     quiet: bool = False,
