@@ -137,7 +137,7 @@ def test_a_named_arm_is_its_own_row(corpus_file, tmp_path):
 def test_the_study_runs_from_python_with_plain_arguments(corpus_file, tmp_path, capsys):
     """ablate.run_study takes plain arguments (no flags) and gives the numbers the command line gives."""
     from drmlab.cli import main
-    from drmlab.experiments import ablate
+    from drmlab.experiments.ablate import protocol as ablate
 
     data = dict(data=str(corpus_file), cache_dir=str(tmp_path / "c"))
     results = ablate.run_study(["GPT2", "LOOPED:B"], [1], out=tmp_path / "py", preset="micro", tokens="256",

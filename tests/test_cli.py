@@ -110,7 +110,10 @@ def test_a_bad_setting_is_refused_before_the_data(tmp_path, no_corpus, capsys):
 
 def test_the_verbs_defaults_are_the_studies_defaults():
     from drmlab.cli import ablate as ablate_cli, loop_study as loop_cli, mqar as mqar_cli
-    from drmlab.experiments import ablate, loop_study, mqar, mqar_models
+    from drmlab.experiments.ablate import protocol as ablate
+    from drmlab.experiments.loop import study as loop_study
+    from drmlab.experiments.mqar import study as mqar
+    from drmlab.experiments.mqar import models as mqar_models
 
     assert mqar_cli.ANCHOR_ARM_NAMES == tuple(mqar_models.ANCHOR_ARMS)
     assert mqar_cli.ARM_MODELS == mqar_models.ARM_MODELS

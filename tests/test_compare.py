@@ -7,7 +7,7 @@ import json
 import pytest
 
 from drmlab.cli import main
-from drmlab.experiments import compare
+from drmlab.experiments.probes import compare
 
 
 def _ablate(tmp_path, name, models):

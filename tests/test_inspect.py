@@ -1,4 +1,4 @@
-"""drmlab inspect (drmlab.experiments.inspect, drmlab.cli.inspect): every registered model at preset
+"""drmlab inspect (drmlab.experiments.probes.inspect, drmlab.cli.inspect): every registered model at preset
 micro, model settings, and a trained run loaded back from its run directory."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from drmlab.cli import main
-from drmlab.experiments.inspect import inspect_registered, inspect_run, sample_tokens
+from drmlab.experiments.probes.inspect import inspect_registered, inspect_run, sample_tokens
 from drmlab.models import build_model, list_models
 from drmlab.presets import PRESET_DEFAULTS
 from drmlab.training import train

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from drmlab.cli import main
-from drmlab.experiments.loop_study import parse_loop_counts
+from drmlab.experiments.loop.study import parse_loop_counts
 from drmlab.models import build_model
 
 

@@ -1,4 +1,4 @@
-"""Tests of drmlab.experiments.loop_proofs: the five looped-residual proofs.
+"""Tests of drmlab.experiments.loop.proofs: the five looped-residual proofs.
 
 Proofs 1, 2, 3 and 5 are pinned at their default sizes (each runs in about a second) against the
 numbers the original scripts printed (``docs/looped.md`` section 7; proof 5 also against the
@@ -16,8 +16,8 @@ import os
 import numpy as np
 import pytest
 
-from drmlab.experiments import loop_proofs as lp
-from drmlab.experiments.loop_proofs.common import openblas_controls
+from drmlab.experiments.loop import proofs as lp
+from drmlab.experiments.loop.proofs.common import openblas_controls
 
 # ------------------------------------------------------------------ the original printed numbers
 

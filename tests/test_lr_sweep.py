@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from drmlab.experiments import ablate, lr_sweep
+from drmlab.experiments import lr_sweep
+
+from drmlab.experiments.ablate import protocol as ablate
 
 
 def test_parse_lr_grid():
@@ -204,8 +206,8 @@ def test_a_second_process_takes_what_the_first_does_not_hold(corpus_file, tmp_pa
 
 
 def test_mqar_sweeps_each_model_on_held_out_training_sequences(tmp_path):
-    from drmlab.experiments import mqar
-    from drmlab.experiments.mqar_task import train_set
+    from drmlab.experiments.mqar import study as mqar
+    from drmlab.experiments.mqar.task import train_set
 
     options = dict(preset="micro", width=16, steps=3, batch_size=8, n_train=40, n_test=16, lr_grid="1e-3,3e-2,1e4",
                    settings={"divergence_steps": 1})

@@ -1,4 +1,4 @@
-"""The MQAR probe: data rules of ``docs/mqar.md`` section 1 (drmlab.experiments.mqar_task), accuracy on
+"""The MQAR probe: data rules of ``docs/mqar.md`` section 1 (drmlab.experiments.mqar.task), accuracy on
 the query positions only, chance, the anchor arms (mqar_models), the trainer's batch sources, the
 study and its report (mqar, mqar_report) and a tiny CLI run (drmlab.cli.mqar)."""
 
@@ -15,7 +15,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from drmlab.cli import mqar as mqar_cli
-from drmlab.experiments import mqar, mqar_models, mqar_report, mqar_task
+from drmlab.experiments.mqar import study as mqar
+from drmlab.experiments.mqar import models as mqar_models
+from drmlab.experiments.mqar import report as mqar_report
+from drmlab.experiments.mqar import task as mqar_task
 from drmlab.models.output import ModelOutput
 from drmlab.models.registry import config_fields
 from drmlab.training.batches import FixedSetBatches

@@ -1,4 +1,4 @@
-"""The distance MQAR protocol (docs/mqar.md section 8, drmlab.experiments.mqar_distance): the task's
+"""The distance MQAR protocol (docs/mqar.md section 8, drmlab.experiments.mqar.distance): the task's
 tokens and scored positions, the Wilson interval, reading with a carried state against one forward,
 context limits, the gates, and the study end to end on micro (train, resume, --ckpt, the CLI)."""
 
@@ -12,7 +12,7 @@ import torch
 
 from drmlab.cli import main
 from drmlab.cli import mqar as mqar_cli
-from drmlab.experiments import mqar_distance as md
+from drmlab.experiments.mqar import distance as md
 from drmlab.models import build_model
 
 torch.set_num_threads(1)

@@ -89,9 +89,9 @@ def test_derived_numbers_come_from_the_raw_values(studies):
 
 
 def test_study_values_agree_with_the_code_and_with_each_other(studies):
-    from drmlab.experiments.ablate import DEFAULT_TOKENS
-    from drmlab.experiments.mqar_models import ANCHOR_ACC
-    from drmlab.experiments.mqar_task import MQARTask
+    from drmlab.experiments.ablate.protocol import DEFAULT_TOKENS
+    from drmlab.experiments.mqar.models import ANCHOR_ACC
+    from drmlab.experiments.mqar.task import MQARTask
     from drmlab.presets import PRESET_DEFAULTS
 
     tiny = PRESET_DEFAULTS["tiny"]
@@ -113,7 +113,7 @@ def test_study_values_agree_with_the_code_and_with_each_other(studies):
 
 
 def test_the_committed_proof5_table_is_what_the_proof_computes(studies):
-    from drmlab.experiments.loop_proofs import proof5
+    from drmlab.experiments.loop.proofs import proof5
 
     result = proof5()
     committed = studies["loop-proofs"]["proof5"]["rows"]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from drmlab.cli import main
-from drmlab.experiments.html_page import PNG_MAGIC, markdown_html
+from drmlab.experiments.report.html import PNG_MAGIC, markdown_html
 
 HOSTILE = "<script>alert('x')</script> & \"quoted\""
 
@@ -154,8 +154,8 @@ def test_out_file_and_bad_directories(studies, pages, tmp_path, capsys):
 
 
 def test_gate_verdicts_name_the_promoted_pairs():
-    from drmlab.experiments.ablate import summarize
-    from drmlab.experiments.report_html import _gate_verdicts
+    from drmlab.experiments.ablate.protocol import summarize
+    from drmlab.experiments.report.pages import _gate_verdicts
     from drmlab.experiments.stats import GATE_RULE
 
     runs = [{"model": m, "seed": s, "val_ce": ce, "val_bpb": ce, "params": 1, "tokens_per_s": None}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from drmlab.cli.residual_probe import add_parser
-from drmlab.experiments.residual_probe import residual_stream, residual_stream_profile, summarize
+from drmlab.experiments.probes.residual import residual_stream, residual_stream_profile, summarize
 from drmlab.models import build_model
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from drmlab.experiments import mqar_distance
+from drmlab.experiments.mqar import distance as mqar_distance
 from drmlab.experiments import specialise as recipe
 from drmlab.training.run_info import DataInfo, RunInfo
 

@@ -1,6 +1,6 @@
 """``drmlab ablate``: the paired ablation protocol on the command line (docs/drm.md section A.7).
 
-Parses the flags into plain arguments of :func:`drmlab.experiments.ablate.run_study`, prints each
+Parses the flags into plain arguments of :func:`drmlab.experiments.ablate.protocol.run_study`, prints each
 run's progress to stderr and the results table to stdout. ``--set KEY=VALUE`` is a train setting
 for every run, ``--set MODEL.KEY=VALUE`` a model setting of that model only.
 """
@@ -87,7 +87,8 @@ def split_settings(assignments: dict, models: list[str]) -> tuple[dict, dict[str
 
 
 def run(args: argparse.Namespace) -> int:
-    from drmlab.experiments import ablate, ablate_report
+    from drmlab.experiments.ablate import protocol as ablate
+    from drmlab.experiments.ablate import report as ablate_report
     from drmlab.cli.common import parse_assignments
 
     check_tensorboard(args)

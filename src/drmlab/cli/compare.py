@@ -1,5 +1,5 @@
 """``drmlab compare``: bits per byte beside MQAR accuracy, from finished studies (docs/mqar.md
-section 7); the table and the plot are :mod:`drmlab.experiments.compare`'s."""
+section 7); the table and the plot are :mod:`drmlab.experiments.probes.compare`'s."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drmlab.experiments.compare import write_compare
+    from drmlab.experiments.probes.compare import write_compare
 
     if not args.ablate and not args.mqar:
         raise ValueError("give at least one --ablate DIR or --mqar DIR")

@@ -2,7 +2,7 @@
 
 ``drmlab inspect --model NAME --preset P [--set KEY=VALUE ...]`` builds a registered model
 (untrained), ``drmlab inspect --ckpt RUN_DIR`` loads a trained run; either way it runs one forward
-pass on real text and prints the report of :mod:`drmlab.experiments.inspect` (parameters, forward
+pass on real text and prints the report of :mod:`drmlab.experiments.probes.inspect` (parameters, forward
 time, cross-entropy beside the uniform guess, and the geometry diagnostics of the DRM family).
 """
 
@@ -57,7 +57,7 @@ def print_report(report: dict, indent: str = "") -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drmlab.experiments.inspect import inspect_registered, inspect_run
+    from drmlab.experiments.probes.inspect import inspect_registered, inspect_run
     from drmlab.cli.common import parse_assignments
 
     if args.list:

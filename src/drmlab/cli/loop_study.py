@@ -1,6 +1,6 @@
 """``drmlab loop-study``: the loop study on the command line (docs/looped.md section 4).
 
-Parses the flags into plain arguments of :func:`drmlab.experiments.loop_study.run_study`, prints
+Parses the flags into plain arguments of :func:`drmlab.experiments.loop.study.run_study`, prints
 each run's progress to stderr and the ablation table and the loop table to stdout.
 """
 
@@ -46,7 +46,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from drmlab.cli.ablate import train_settings
-    from drmlab.experiments import ablate_report, loop_study
+    from drmlab.experiments.ablate import report as ablate_report
+    from drmlab.experiments.loop import study as loop_study
     from drmlab.cli.common import parse_assignments
 
     check_sweep_only(args)

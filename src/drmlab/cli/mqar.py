@@ -1,9 +1,9 @@
 """``drmlab mqar``: the MQAR probe on the command line (docs/mqar.md).
 
-Parses the flags into plain arguments of :func:`drmlab.experiments.mqar.plan_study` and
-:func:`~drmlab.experiments.mqar.run_planned`, prints each run's line to stderr and the table to
+Parses the flags into plain arguments of :func:`drmlab.experiments.mqar.study.plan_study` and
+:func:`~drmlab.experiments.mqar.study.run_planned`, prints each run's line to stderr and the table to
 stdout. The defaults below mirror the study's (tests/test_cli.py checks they agree).
-``--protocol distance`` runs :mod:`drmlab.experiments.mqar_distance` instead (docs/mqar.md section 8):
+``--protocol distance`` runs :mod:`drmlab.experiments.mqar.distance` instead (docs/mqar.md section 8):
 the flags both protocols share default to None here and take each protocol's own default.
 """
 
@@ -111,7 +111,8 @@ def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drmlab.experiments import mqar, mqar_report
+    from drmlab.experiments.mqar import study as mqar
+    from drmlab.experiments.mqar import report as mqar_report
     from drmlab.cli.common import parse_assignments
 
     if args.protocol == "distance":
@@ -144,9 +145,10 @@ def fixed_defaults(args: argparse.Namespace) -> None:
 
 
 def run_distance(args: argparse.Namespace) -> int:
-    """``--protocol distance``: :func:`drmlab.experiments.mqar_distance.plan_study` and ``run_planned``."""
+    """``--protocol distance``: :func:`drmlab.experiments.mqar.distance.plan_study` and ``run_planned``."""
     from drmlab.cli.common import parse_assignments
-    from drmlab.experiments import mqar_distance, mqar_distance_report
+    from drmlab.experiments.mqar import distance as mqar_distance
+    from drmlab.experiments.mqar import distance_report as mqar_distance_report
 
     given = [flag for dest, flag in FIXED_ONLY.items() if getattr(args, dest) != args.fixed_only_defaults[dest]]
     if given:

@@ -1,8 +1,8 @@
 """``drmlab proofs``: the five loop proofs on the command line (docs/looped.md section 7).
 
 ``drmlab proofs [1 2 3 4 5 | all] [--json PATH] [--plot PATH]`` runs the selected proofs of
-:mod:`drmlab.experiments.loop_proofs` and prints each one's table, criterion and verdict. One
-proof: the JSON is that proof's object (:meth:`~drmlab.experiments.loop_proofs.ProofResult.to_json`);
+:mod:`drmlab.experiments.loop.proofs` and prints each one's table, criterion and verdict. One
+proof: the JSON is that proof's object (:meth:`~drmlab.experiments.loop.proofs.ProofResult.to_json`);
 several (or ``all``): ``{"1": {...}, ..., "5": {...}}`` keyed by proof number. ``--plot`` writes one
 PNG with a panel per proof. ``--seed``, ``--d``, ``--ns`` and ``--set NAME=VALUE`` override a
 proof's settings, ``--remove-scaling`` runs the planted negative. The exit code is 0 whatever the
@@ -109,7 +109,7 @@ def proof_arguments(defaults: dict[str, Any], args: argparse.Namespace) -> dict[
 
 
 def run(args: argparse.Namespace) -> int:
-    from drmlab.experiments.loop_proofs import plot_results, proof_settings, run_proof
+    from drmlab.experiments.loop.proofs import plot_results, proof_settings, run_proof
 
     numbers = selected(args.which)
     if args.set and len(numbers) > 1:

@@ -1,6 +1,6 @@
 """``drmlab report DIR``: a run or study directory as one self-contained HTML page.
 
-The page is :mod:`drmlab.experiments.report_html`'s: for a run directory its curves, final numbers,
+The page is :mod:`drmlab.experiments.report.pages`'s: for a run directory its curves, final numbers,
 checkpoint, configuration and data provenance; for an ablation, loop or MQAR study its own tables
 and figures, the promotion-gate verdicts and its settings. Figures are embedded, nothing is loaded
 from elsewhere, so the file can be mailed or archived alone.
@@ -29,7 +29,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drmlab.experiments.report_html import write_report
+    from drmlab.experiments.report.pages import write_report
 
     target = write_report(args.dir, args.out)
     print(f"wrote {target}")

@@ -1,5 +1,5 @@
 """``drmlab residual-probe``: the residual-stream profile of a model at initialisation, printed one
-row per block application (docs/looped.md section 6; :mod:`drmlab.experiments.residual_probe`)."""
+row per block application (docs/looped.md section 6; :mod:`drmlab.experiments.probes.residual`)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _fmt(value, spec: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drmlab.experiments.residual_probe import probe_model
+    from drmlab.experiments.probes.residual import probe_model
     from drmlab.cli.common import parse_assignments
 
     report = probe_model(args.model, args.preset, seed=args.seed, batch=args.batch, length=args.length,

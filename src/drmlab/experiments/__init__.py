@@ -1,16 +1,16 @@
 """Studies and probes, callable from Python with plain arguments (the ``drmlab`` verbs in
 :mod:`drmlab.cli` parse the command line and print; nothing here reads flags or prints).
 
-Each study is its protocol (planning, training runs, resuming, collecting the numbers) and its
-report (markdown, CSV, JSON, plots), in separate modules:
+One subpackage per study, each its protocol (planning, runs, resuming, collecting the numbers) beside
+its report (markdown, CSV, JSON, plots):
 
-* ``ablate`` / ``ablate_report`` -- the paired multi-seed ablation and the promotion gate (docs/drm.md A.7);
-* ``loop_study`` / ``loop_study_report`` -- looped arms through that protocol (docs/looped.md section 4);
-* ``mqar_task``, ``mqar_models``, ``mqar`` / ``mqar_report`` -- associative recall (docs/mqar.md);
-* ``compare`` -- bits per byte beside MQAR accuracy from finished studies (report only);
-* ``loop_proofs`` -- the five numpy proofs of correlated accumulation (docs/looped.md section 7);
-* ``inspect``, ``residual_probe`` -- one model at a time: diagnostics, residual-stream profile.
+* ``ablate/`` -- the paired multi-seed ablation and the promotion gate (docs/drm.md A.7);
+* ``loop/`` -- looped arms through that protocol and the five proofs (docs/looped.md sections 4, 7);
+* ``mqar/`` -- associative recall: the task, the models, the fixed and distance protocols (docs/mqar.md);
+* ``specialise/`` -- the ASM_CM specialisation recipe (docs/mqar.md section 9);
+* ``report/`` -- ``drmlab report``: one self-contained HTML page of a run or a study;
+* ``probes/`` -- one model or table at a time: compare, inspect, the residual probe.
 
-Shared: ``stats`` (mean and population std, the promotion gate) and ``plotting`` (figures on the
-Agg backend; a figure that cannot be drawn never costs the tables).
+Shared by all of them: ``stats`` (mean, population std, the promotion gate), ``lr_sweep`` (each model
+at its own rate) and ``plotting`` (figures on the Agg backend; a figure never costs the tables).
 """

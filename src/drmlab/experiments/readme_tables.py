@@ -10,7 +10,7 @@ between models -- and renders:
 * the README's tables, each between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``
   (:func:`render_blocks`; :func:`replace_blocks` writes them into the README text);
 * ``docs/figures/compare-tiny.png``, MQAR accuracy against bits per byte, drawn by
-  :func:`drmlab.experiments.compare.plot` from the committed values (:func:`render_figure`). The
+  :func:`drmlab.experiments.probes.compare.plot` from the committed values (:func:`render_figure`). The
   PNG carries a ``drmlab-source`` text chunk, the SHA-256 of the values it was drawn from, so a
   check needs no particular matplotlib version (:func:`figure_is_current`);
 * :class:`Claim` s: the numbers the README's prose quotes, each as the exact phrase the README
@@ -735,7 +735,7 @@ def png_text(png: bytes) -> dict[bytes, bytes]:
 def render_figure(studies: dict[str, dict]) -> bytes:
     """The compare-tiny PNG, drawn by ``drmlab compare``'s plot from the committed values and tagged
     with :func:`figure_source`. Deterministic for a given matplotlib."""
-    from drmlab.experiments.compare import plot
+    from drmlab.experiments.probes.compare import plot
 
     inputs = figure_inputs(studies)
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,7 +22,7 @@ very batches an uninterrupted one draws):
       CE(student) + 0.5 T^2 KL(softmax(teacher / T) || softmax(student / T)) / #tokens,   T = 2
 
   (:func:`language_loss`; the KL summed over the vocabulary, divided by the 128 positions);
-* else an **MQAR batch** of the distance protocol at length L (:mod:`drmlab.experiments.mqar_distance`:
+* else an **MQAR batch** of the distance protocol at length L (:mod:`drmlab.experiments.mqar.distance`:
   its example generator from ``default_rng([seed + 2, k, 0])``), 4 examples if L < 512, 2 if
   512 <= L < 1024, 1 from 1024 up (:func:`mqar_batch_size`), scored by the CE on the 8 query
   positions only (:func:`mqar_loss`).
@@ -34,7 +34,7 @@ at 1e-4 -- gradients clipped to norm 1.0; a non-finite loss or gradient stops th
 update with :class:`~drmlab.training.trainer.NonFiniteLossError`, one line naming the step.
 
 **Evaluations.** After each stage the student reads every curriculum length up to the stage's
-(:func:`drmlab.experiments.mqar_distance.read_length`: accuracy over the 8 scored positions with
+(:func:`drmlab.experiments.mqar.distance.read_length`: accuracy over the 8 scored positions with
 a Wilson 95% interval, one parallel forward per batch); by default 32 batches of that length's MQAR
 batch size (``eval_sequences`` fixes the count instead). A stage passes when every length read is
 at >= 80%; the recipe passes when the last stage does (every curriculum length). The language CE
@@ -68,7 +68,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from drmlab.experiments import mqar_distance
+from drmlab.experiments.mqar import distance as mqar_distance
 from drmlab.runs import RunDir, jsonable, read_json, write_json_atomic
 
 STUDENT_MODEL = "ASM_CM"

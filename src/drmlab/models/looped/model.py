@@ -39,7 +39,7 @@ Generation: ``init_state(batch)`` / ``step(tokens_t, state)`` keep, per block *a
 key/value cache (attention) or the SSM state and conv context (O(1) per token); stepping a
 sequence reproduces the parallel logits, and ``forward(tokens, return_state=True)`` returns the
 same state after a whole prompt from the parallel pass. ``residual_stream(tokens)`` returns the residual stream
-after every application (for :mod:`drmlab.experiments.residual_probe`).
+after every application (for :mod:`drmlab.experiments.probes.residual`).
 
 Another loop count at evaluation (``docs/looped.md`` section 4.1): ``set_loop_count(n_loop, eps=...)`` applies
 the same stored blocks N' times instead of N, with ε frozen at the value the model was built with or set

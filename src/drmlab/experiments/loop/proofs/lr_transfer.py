@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from drmlab.experiments.loop_proofs.common import ProofResult, blas_single, check_ns
+from drmlab.experiments.loop.proofs.common import ProofResult, blas_single, check_ns
 
 LR_GRID = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from drmlab.experiments.loop_proofs.common import ProofResult, blas_single, check_ns, ratio
+from drmlab.experiments.loop.proofs.common import ProofResult, blas_single, check_ns, ratio
 
 
 def _softplus(z):

@@ -49,11 +49,11 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from drmlab.experiments.loop_proofs.common import CONFIRMED, REFUTED, ProofResult, single_blas_thread
-from drmlab.experiments.loop_proofs.lr_transfer import LR_GRID, lr_student_inits, lr_teacher_data, proof4, train_looped_student
-from drmlab.experiments.loop_proofs.plot import plot_results
-from drmlab.experiments.loop_proofs.relu_chains import proof1, proof2, proof3
-from drmlab.experiments.loop_proofs.ssm_mixer import proof5
+from drmlab.experiments.loop.proofs.common import CONFIRMED, REFUTED, ProofResult, single_blas_thread
+from drmlab.experiments.loop.proofs.lr_transfer import LR_GRID, lr_student_inits, lr_teacher_data, proof4, train_looped_student
+from drmlab.experiments.loop.proofs.plot import plot_results
+from drmlab.experiments.loop.proofs.relu_chains import proof1, proof2, proof3
+from drmlab.experiments.loop.proofs.ssm_mixer import proof5
 from drmlab.naming import suggest
 
 __all__ = ["CONFIRMED", "REFUTED", "LR_GRID", "PROOFS", "ProofResult", "lr_student_inits", "lr_teacher_data",

@@ -1,5 +1,5 @@
 """The ablation study's report (docs/drm.md section A.7), written from the numbers of
-:func:`drmlab.experiments.ablate.collect_results`:
+:func:`drmlab.experiments.ablate.protocol.collect_results`:
 
 * ``results.json`` -- everything: the study record, per-model statistics, every run, every gate;
 * ``results.md`` -- models by mean validation CE (mean +- population std, min-max, bits per byte,

@@ -24,7 +24,7 @@ Python: ``run_study(models, seeds, out=..., preset=..., tokens=..., train=..., m
 data=..., tokenizer=..., lr_grid=..., tune_tokens=...)`` plans, trains and reports; :func:`plan_study` checks every name and
 setting first, on the meta device, before any data is read. :func:`collect_results` turns the
 finished runs into the numbers (per-model mean +- population std, per-seed values, the promotion
-gate of :mod:`drmlab.experiments.stats` for every ordered pair); :mod:`drmlab.experiments.ablate_report`
+gate of :mod:`drmlab.experiments.stats` for every ordered pair); :mod:`drmlab.experiments.ablate.report`
 writes them as results.json / .md / .csv and the plots.
 """
 
@@ -35,7 +35,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from drmlab.experiments import ablate_report, lr_sweep
+from drmlab.experiments import lr_sweep
+
+from drmlab.experiments.ablate import report as ablate_report
 from drmlab.experiments.stats import GATE_RULE, gate, mean_std
 from drmlab.naming import suggest
 from drmlab.training.config import TRAIN_DEFAULTS, TRAIN_KEYS, parse_tokens, resolve_train_config, split_overrides

@@ -9,8 +9,8 @@ quotes) before it reaches the page; the functions here take plain values and esc
 themselves, so callers never write raw text into markup.
 
 :func:`markdown_html` renders the small part of markdown the study reports write
-(:mod:`drmlab.experiments.ablate_report`, :mod:`drmlab.experiments.mqar_report`,
-:mod:`drmlab.experiments.loop_study_report`): ``#`` headings, pipe tables with their alignment
+(:mod:`drmlab.experiments.ablate.report`, :mod:`drmlab.experiments.mqar.report`,
+:mod:`drmlab.experiments.loop.report`): ``#`` headings, pipe tables with their alignment
 row, ``*`` / ``-`` bullets, paragraphs, and inline code, bold and emphasis. The page therefore shows
 the reports' own tables rather than a second rendering of the same numbers.
 """

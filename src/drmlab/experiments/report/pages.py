@@ -7,17 +7,17 @@ What a directory is decides the page (:func:`directory_kind`):
   learning rate, gradient norm, tokens/s, and the DRM geometry diagnostics of each evaluation when
   the rows hold them; resumes marked), the evaluations and resumes as tables, the committed
   checkpoint with its sha256 sums, the configuration, the data provenance and the runtime;
-* an **ablation** (``study.json``; :mod:`drmlab.experiments.ablate`) or a **loop study** (the same,
-  its models being LOOPED arms; :mod:`drmlab.experiments.loop_study`): the study's own report --
-  results.md and its figures, redrawn by :mod:`~drmlab.experiments.ablate_report` (and
-  :mod:`~drmlab.experiments.loop_study_report`) from the finished runs -- the promotion-gate verdicts
+* an **ablation** (``study.json``; :mod:`drmlab.experiments.ablate.protocol`) or a **loop study** (the same,
+  its models being LOOPED arms; :mod:`drmlab.experiments.loop.study`): the study's own report --
+  results.md and its figures, redrawn by :mod:`~drmlab.experiments.ablate.report` (and
+  :mod:`~drmlab.experiments.loop.report`) from the finished runs -- the promotion-gate verdicts
   of :mod:`drmlab.experiments.stats`, every run, and the study's settings and data provenance;
-* an **MQAR study** (``mqar.json``; :mod:`drmlab.experiments.mqar`): mqar.md and the accuracy plot
-  of :mod:`~drmlab.experiments.mqar_report`, and the study's settings.
+* an **MQAR study** (``mqar.json``; :mod:`drmlab.experiments.mqar.study`): mqar.md and the accuracy plot
+  of :mod:`~drmlab.experiments.mqar.report`, and the study's settings.
 
 The study reports are written by their own writers into a temporary folder and embedded, so the
 page shows the same tables and figures as the files beside the study. Everything goes into one
-file (:mod:`drmlab.experiments.html_page`): figures as base64 PNGs, no script, no outside resource;
+file (:mod:`drmlab.experiments.report.html`): figures as base64 PNGs, no script, no outside resource;
 every string read from a file is escaped. Anything else is refused with one line.
 """
 
@@ -28,7 +28,7 @@ import tempfile
 from fractions import Fraction
 from pathlib import Path
 
-from drmlab.experiments import html_page as h
+from drmlab.experiments.report import html as h
 
 REPORT_FILE = "report.html"
 # Figures the study writers draw, in page order, with what each shows.
@@ -58,7 +58,7 @@ class NotAReportDirectory(ValueError):
 
 def directory_kind(path: str | Path) -> str:
     """``"run"``, ``"ablate"``, ``"loop-study"`` or ``"mqar"``; anything else raises one line."""
-    from drmlab.experiments.ablate import STUDY_FILE
+    from drmlab.experiments.ablate.protocol import STUDY_FILE
     from drmlab.runs import CONFIG_FILE, read_json
 
     path = Path(path)
@@ -302,10 +302,10 @@ def _provenance(config: dict) -> str:
 
 
 def _study_results(path: Path) -> dict:
-    """The study's numbers from its finished runs (:func:`drmlab.experiments.ablate.collect_results`),
+    """The study's numbers from its finished runs (:func:`drmlab.experiments.ablate.protocol.collect_results`),
     with what only its results.json holds (e.g. the loop study's ``eval_loops``); or results.json
     alone when the runs are not there (a copied results folder)."""
-    from drmlab.experiments import ablate
+    from drmlab.experiments.ablate import protocol as ablate
     from drmlab.runs import read_json
 
     saved = read_json(path / "results.json") if (path / "results.json").is_file() else None
@@ -376,7 +376,7 @@ def _fraction(value) -> str:
 
 def _first_run_config(path: Path, runs: list[dict], study: dict) -> dict | None:
     """config.json of the study's first run that has one (its data provenance and runtime)."""
-    from drmlab.experiments.ablate import run_dir
+    from drmlab.experiments.ablate.protocol import run_dir
     from drmlab.runs import RunDir
 
     candidates = [(r["model"], r["seed"]) for r in runs] + [(m, s) for m in study.get("models", [])
@@ -389,7 +389,7 @@ def _first_run_config(path: Path, runs: list[dict], study: dict) -> dict | None:
 
 
 def study_page(path: Path, loop: bool = False) -> str:
-    from drmlab.experiments import ablate_report
+    from drmlab.experiments.ablate import report as ablate_report
 
     results = _study_results(path)
     study = results["study"]
@@ -398,7 +398,8 @@ def study_page(path: Path, loop: bool = False) -> str:
     def write(folder: Path) -> None:
         ablate_report.write_report(results, folder, log=warnings.append)
         if loop and results.get("models"):
-            from drmlab.experiments import loop_study, loop_study_report
+            from drmlab.experiments.loop import study as loop_study
+            from drmlab.experiments.loop import report as loop_study_report
 
             settings = {arm: loop_study.arm_settings(arm, study["preset"]) for arm in results["models"]}
             extra = {"loop_eval": results["eval_loops"]} if results.get("eval_loops") else {}
@@ -436,7 +437,7 @@ def study_page(path: Path, loop: bool = False) -> str:
 
 
 def mqar_page(path: Path) -> str:
-    from drmlab.experiments import mqar_report
+    from drmlab.experiments.mqar import report as mqar_report
     from drmlab.runs import RunDir, read_json
 
     summary = read_json(path / "mqar.json")

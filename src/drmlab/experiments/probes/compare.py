@@ -3,8 +3,8 @@ section 7).
 
 It joins finished studies by model name: validation bits per byte from the ablation study
 (``results.json``: deterministic rescoring of the whole validation stream, mean +- population std
-over seeds; :mod:`drmlab.experiments.ablate`) and test accuracy on multi-query associative recall
-from the MQAR study (``mqar.json``, one number of pairs; :mod:`drmlab.experiments.mqar`). Nothing is
+over seeds; :mod:`drmlab.experiments.ablate.protocol`) and test accuracy on multi-query associative recall
+from the MQAR study (``mqar.json``, one number of pairs; :mod:`drmlab.experiments.mqar.study`). Nothing is
 trained or re-scored here; every figure is read from the studies, and the protocols of both are
 written above the table so the numbers cannot be quoted without them.
 

@@ -21,8 +21,8 @@ Python: ``run_study(models, kvs, seeds, out=..., preset=..., width=..., steps=..
 :func:`run_planned` runs a planned study.
 :func:`summarize` turns the runs into the numbers (mean +- population std over seeds, first-query
 accuracy, the no-binding levels, the study's anchor value where the setting is comparable);
-:mod:`drmlab.experiments.mqar_report` writes ``mqar.md``, ``mqar.json`` and ``mqar.png``. The task is
-:mod:`drmlab.experiments.mqar_task`, the models :mod:`drmlab.experiments.mqar_models`.
+:mod:`drmlab.experiments.mqar.report` writes ``mqar.md``, ``mqar.json`` and ``mqar.png``. The task is
+:mod:`drmlab.experiments.mqar.task`, the models :mod:`drmlab.experiments.mqar.models`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from drmlab.experiments import lr_sweep, mqar_report
-from drmlab.experiments.mqar_models import ANCHOR_ACC, ANCHOR_ARMS, ARM_BASE, ARM_MODELS, build, registry_entry
-from drmlab.experiments.mqar_task import FreshMQARBatches, MQARTask, accuracy, probe_train_config, test_set, train_set
+from drmlab.experiments import lr_sweep
+
+from drmlab.experiments.mqar import report as mqar_report
+from drmlab.experiments.mqar.models import ANCHOR_ACC, ANCHOR_ARMS, ARM_BASE, ARM_MODELS, build, registry_entry
+from drmlab.experiments.mqar.task import FreshMQARBatches, MQARTask, accuracy, probe_train_config, test_set, train_set
 from drmlab.experiments.stats import mean, mean_std
 from drmlab.naming import suggest
 from drmlab.runs import jsonable
@@ -136,7 +138,7 @@ TUNING_STREAM = 7919
 def tuning_sets(task: MQARTask, seed: int):
     """(training sequences or None for fresh ones, held-out sequences) of a sweep run: the last tenth
     of the training set is held out; with fresh training sequences, ``n_test`` of a stream of their own."""
-    from drmlab.experiments.mqar_task import generate
+    from drmlab.experiments.mqar.task import generate
 
     if task.n_train == 0:
         return None, generate(task, task.n_test, [seed, TUNING_STREAM])

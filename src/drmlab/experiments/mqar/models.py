@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from drmlab.experiments.mqar_task import MQARTask
+from drmlab.experiments.mqar.task import MQARTask
 from drmlab.models.registry import config_fields
 
 # The anchor arms: the study's MQAR model (docs/mqar.md section 5) on the registered LOOPED body.

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from drmlab.experiments.loop_proofs.common import (ProofResult, blas_single, check_ns, loglog_slope, ratio, relu,
+from drmlab.experiments.loop.proofs.common import (ProofResult, blas_single, check_ns, loglog_slope, ratio, relu,
                                                    study_matrix)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from drmlab.experiments.loop_proofs.common import ProofResult
+from drmlab.experiments.loop.proofs.common import ProofResult
 from drmlab.experiments.plotting import pyplot
 
 

@@ -1,10 +1,10 @@
 """The loop study (docs/looped.md section 4): looped arms with paired seeds, eps = 1/N against eps = 1.
 
 The arms of the looped-residual study (``build_model("LOOPED", arm=...)``, docs/looped.md section 3)
-are trained through exactly the ablation protocol of :mod:`drmlab.experiments.ablate`: same trainer,
+are trained through exactly the ablation protocol of :mod:`drmlab.experiments.ablate.protocol`: same trainer,
 same batches per seed, deterministic rescoring, mean +- std, per-seed pairs and the promotion gate;
 each arm is a label of the study (run folders ``OUT/runs/ARM-seedS``). On top of the ablation's
-report, :mod:`drmlab.experiments.loop_study_report` writes ``loop.md`` (each arm's stored blocks L,
+report, :mod:`drmlab.experiments.loop.report` writes ``loop.md`` (each arm's stored blocks L,
 loop count N, schedule, eps rule and validation CE) and ``loss_vs_n.png``.
 
 Loop count at evaluation (docs/looped.md section 4.1, the reference study's extrapolation probe):
@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from drmlab.experiments import ablate, loop_study_report
+from drmlab.experiments.ablate import protocol as ablate
+
+from drmlab.experiments.loop import report as loop_study_report
 from drmlab.experiments.stats import mean_std
 
 DEFAULT_ARMS = ("A", "B", "C", "I12u", "I12")
@@ -62,7 +64,7 @@ def run_study(arms=DEFAULT_ARMS, seeds=ablate.DEFAULT_SEEDS, *, out: str | Path,
     ``lr_grid`` each arm first sweeps its learning rate (:mod:`drmlab.experiments.lr_sweep`); with
     ``eval_loops`` (N' values, a list or ``"2,4,8"``) every finished looped run is also rescored at each
     N', eps frozen and re-set (:func:`evaluate_loop_counts`; ``results["eval_loops"]``); ``sweep_only``:
-    stop after the sweep (:func:`drmlab.experiments.ablate.run_planned`)."""
+    stop after the sweep (:func:`drmlab.experiments.ablate.protocol.run_planned`)."""
     study = plan_study(arms, seeds, preset, tokens=tokens, train=train, data=data, tokenizer=tokenizer,
                        lr_grid=lr_grid, tune_tokens=tune_tokens)
     loop_counts = parse_loop_counts(eval_loops) if eval_loops is not None else None

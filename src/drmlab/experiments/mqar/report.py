@@ -1,5 +1,5 @@
 """The MQAR study's report (docs/mqar.md section 7), written from
-:func:`drmlab.experiments.mqar.summarize`'s numbers:
+:func:`drmlab.experiments.mqar.study.summarize`'s numbers:
 
 * ``mqar.md`` -- model x kv: test accuracy mean +- population std over seeds (with the reference
   study's value where comparable) and first-query accuracy, the rows of chance and of the two

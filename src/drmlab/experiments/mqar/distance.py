@@ -40,7 +40,7 @@ the run stops with a checkpoint, the control accuracy is measured and the run re
 files and ``result.json`` sit in ``OUT/runs/<model>_s<seed>/``; a finished milestone or length whose
 settings match is reused, so a rerun skips what is done. A run directory from elsewhere (``ckpts``)
 is evaluated through the same reads, its results in ``OUT/evals/<name>/result.json``. The report is
-:mod:`drmlab.experiments.mqar_distance_report`.
+:mod:`drmlab.experiments.mqar.distance_report`.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from drmlab.experiments import mqar_distance_report
-from drmlab.experiments.mqar_models import ANCHOR_ARMS, POSITION_FIELDS, width_overrides
-from drmlab.experiments.mqar_task import probe_train_config
+from drmlab.experiments.mqar import distance_report as mqar_distance_report
+from drmlab.experiments.mqar.models import ANCHOR_ARMS, POSITION_FIELDS, width_overrides
+from drmlab.experiments.mqar.task import probe_train_config
 from drmlab.naming import suggest
 from drmlab.runs import jsonable
 from drmlab.training.batches import BatchSource

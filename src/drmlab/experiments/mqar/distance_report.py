@@ -1,5 +1,5 @@
 """The distance MQAR study's report (docs/mqar.md section 8), written from
-:func:`drmlab.experiments.mqar_distance.summarize`'s numbers:
+:func:`drmlab.experiments.mqar.distance.summarize`'s numbers:
 
 * ``results.md`` -- per model (or evaluated checkpoint) and length: accuracy with its Wilson 95%
   interval, "n/a (context N)" or "not read"; the gate verdicts; the control accuracy at each training

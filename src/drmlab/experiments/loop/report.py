@@ -20,8 +20,8 @@ from drmlab.experiments.plotting import draw_or_log, pyplot
 def write_report(results: dict, settings: dict[str, dict], out: str | Path,
                  log: Callable[[str], None] | None = None, loop_eval: dict | None = None) -> str:
     """Write loop.md and loss_vs_n.png for the ablation ``results`` of the arms, whose
-    :func:`~drmlab.experiments.loop_study.arm_settings` are ``settings``; return the table. With
-    ``loop_eval`` (:func:`~drmlab.experiments.loop_study.evaluate_loop_counts`) also its table and
+    :func:`~drmlab.experiments.loop.study.arm_settings` are ``settings``; return the table. With
+    ``loop_eval`` (:func:`~drmlab.experiments.loop.study.evaluate_loop_counts`) also its table and
     ``eval_loops.png``."""
     out = Path(out)
     text = table(results, settings)
@@ -37,7 +37,7 @@ def write_report(results: dict, settings: dict[str, dict], out: str | Path,
 
 def add_to_results(results: dict, out: str | Path) -> None:
     """Put ``results["eval_loops"]`` into the ablation's results.json and append its table to results.md
-    (both were just rewritten by :func:`drmlab.experiments.ablate.write_results`)."""
+    (both were just rewritten by :func:`drmlab.experiments.ablate.protocol.write_results`)."""
     from drmlab.runs import write_json_atomic
 
     out = Path(out)
