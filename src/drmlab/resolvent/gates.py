@@ -13,7 +13,7 @@ study half of the gates sat exactly at 0 at initialisation, carried no gradient 
   trainable choice (:data:`DEFAULT_PARAMETERISATION`).
 
 :class:`GateHead` is the per-position head ``x -> (u, theta)`` of shape ``[B, n_heads, S]`` each,
-ready for :func:`drmlab.resolvent.torch.resolvent_attention`.
+ready for :func:`drmlab.resolvent.attention.resolvent_attention`.
 """
 
 from __future__ import annotations
