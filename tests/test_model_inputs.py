@@ -1,5 +1,5 @@
 """The input contract of every registered model (``drmlab/models/inputs.py``; ``docs/architecture.md``
-section 2) and the resolvent operator's ``check_finite`` refusals (``drmlab/resolvent/torch.py``,
+section 2) and the resolvent operator's ``check_finite`` refusals (``drmlab/resolvent/checks.py``,
 mirroring ``docs/resolvent.md`` section 4).
 
 Every model, at preset micro, must refuse T = 0, B = 0, 1-D and 3-D input, float tokens,
