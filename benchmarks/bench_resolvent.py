@@ -1,5 +1,5 @@
 """Forward+backward time and peak memory of the torch resolvent operator's paths
-(drmlab.resolvent.torch, ``docs/resolvent.md`` section 6), beside the dense evaluation and torch's
+(drmlab.resolvent.attention, ``docs/resolvent.md`` section 6), beside the dense evaluation and torch's
 scaled_dot_product_attention.
 
     python benchmarks/bench_resolvent.py [--B 8 --H 6 --S 1024 --d 64] [--reps 5] [--threads N]
@@ -57,7 +57,7 @@ def _child(name: str, args) -> dict:
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from drmlab.resolvent.torch import resolvent_attention, select_path
+    from drmlab.resolvent.attention import resolvent_attention, select_path
 
     if args.threads:
         torch.set_num_threads(args.threads)

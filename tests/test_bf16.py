@@ -8,7 +8,7 @@ models must do is form the gates, decays and inputs of a recurrence outside the 
 (``drmlab/models/drm/components.py`` ``SelectiveMemory``, ``drmlab/models/layers/mamba_mixer.py``
 ``_project``, ``drmlab/models/looped/selective_ssm.py``), since a forget gate rounded to bf16's 8
 bits compounds over the sequence. The resolvent head computes in float32 under an autocast too
-(``drmlab/resolvent/torch.py``).
+(``drmlab/resolvent/attention.py``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The input contract of every registered model (``drmlab/models/inputs.py``; ``docs/architecture.md``
-section 2) and the resolvent operator's ``check_finite`` refusals (``drmlab/resolvent/torch.py``,
+section 2) and the resolvent operator's ``check_finite`` refusals (``drmlab/resolvent/checks.py``,
 mirroring ``docs/resolvent.md`` section 4).
 
 Every model, at preset micro, must refuse T = 0, B = 0, 1-D and 3-D input, float tokens,
@@ -20,10 +20,10 @@ import torch
 
 from drmlab.models import ModelInputError, build_model, list_models
 from drmlab.models.inputs import check_step_tokens, check_tokens
+from drmlab.resolvent import attention as resolvent_dispatch
 from drmlab.resolvent import reference
-from drmlab.resolvent import torch as resolvent_torch
+from drmlab.resolvent.attention import resolvent_attention
 from drmlab.resolvent.reference import NonFinite, Switches
-from drmlab.resolvent.torch import resolvent_attention
 
 LONG = torch.long
 F64 = torch.float64
@@ -284,7 +284,7 @@ def test_the_language_model_runs_without_the_check(monkeypatch):
     def refuse_everything(*args, **kwargs):
         raise AssertionError("check_finite ran inside the model")
 
-    monkeypatch.setattr(resolvent_torch, "_refuse_non_finite", refuse_everything)
+    monkeypatch.setattr(resolvent_dispatch, "refuse_non_finite", refuse_everything)
     with pytest.raises(AssertionError, match="check_finite ran"):
         resolvent_attention(*slice_inputs(), 1.0, 1.0, 1.0, check_finite=True)
     model = micro("RESOLVENT")

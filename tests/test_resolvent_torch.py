@@ -1,4 +1,4 @@
-"""The batched torch resolvent operator (drmlab.resolvent.torch) and the gate parameterisations
+"""The batched torch resolvent operator (drmlab.resolvent.attention) and the gate parameterisations
 (drmlab.resolvent.gates), ``docs/resolvent.md`` sections 6 and 7: float64 agreement with the numpy
 reference to 1e-12, every fast path against the dense path, gradcheck in float64 for each path,
 float32 and bfloat16, O(S) memory of the blockwise path, and gates that keep gradient."""
@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from drmlab.resolvent import Switches, operator, readout
+from drmlab.resolvent.attention import resolvent_attention, resolvent_weights, select_path
 from drmlab.resolvent.gates import (
     DEFAULT_PARAMETERISATION,
     PARAMETERISATIONS,
@@ -22,7 +23,6 @@ from drmlab.resolvent.gates import (
     hard_concrete_magnitude,
     sigmoid_magnitude,
 )
-from drmlab.resolvent.torch import resolvent_attention, resolvent_weights, select_path
 
 F64 = torch.float64
 

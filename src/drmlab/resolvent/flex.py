@@ -1,47 +1,19 @@
-r"""The phase-free gated head through ``torch.nn.attention.flex_attention``
-(``docs/resolvent.md`` section 6, the ``flex`` path).
-
-One job: evaluate ``o_i = sum_j softmax_j(x_ij) v_j`` and ``lse_i = logsumexp_j x_ij`` for the
-scores of the phase-free resolvent head,
-
-    x_ij = q_i.k_j + L_i - L_j     on live pairs  start_i <= j <= i,   else -inf,
-
-without ever building an ``[S, S]`` tensor on a GPU. ``L`` is the running sum of log gate
-magnitudes and ``start_i`` the last closed gate at or before ``i`` (both from
-``drmlab.resolvent.torch._gate_sums``, so a closed gate is treated exactly as the ``dense`` and
-``flash`` paths treat it: a segment boundary, never a ``log 0``). The log-gate difference is the
-``score_mod``; causality and the segments are the ``mask_mod``; the block-sparse ``BlockMask`` is
-built directly from ``start`` (per query block, the live key blocks form one contiguous range from
-the block of the smallest segment start up to the diagonal block), so no ``[S, S]`` boolean mask
-is evaluated either.
-
-Precision: in float32 ``L`` is split into ``L_hi = fl32(L)`` and ``L_lo = fl32(L - L_hi)``, and the
-score adds ``(L_hi_i - L_hi_j) + (L_lo_i - L_lo_j)``: the bias is then the float64 difference
-rounded to about one float32 ulp, as in the ``dense`` path, however large ``|L|`` grows along a
-decaying sequence. The gradient reaches ``L`` through ``L_lo`` (``L_hi`` is a detached copy).
-Unlike the ``flash`` path no weight floor of ``e^-60`` is applied (flex computes every live
-weight).
-
-Where it runs:
-
-* CUDA: ``flex_attention`` compiled (``torch.compile``; inside an outer compiled graph it is called
-  directly), forward and backward, gradients to ``q``, ``k``, ``v`` and ``L`` (flex supports
-  gradients of captured ``score_mod`` buffers and of ``lse``). **None of this was run on a GPU
-  when it was written**: the CUDA path is untested code; the first GPU session must run
-  ``tests/test_resolvent_torch.py`` (its CUDA tests) and ``benchmarks/bench_resolvent.py``.
-* CPU: eager ``flex_attention`` forward only (torch 2.13 has no CPU backward: inputs that require
-  grad raise ``ValueError``). The eager CPU forward is torch's reference ("math") implementation,
-  which materialises the scores: on a CPU this path is a correctness check, not an O(S) kernel.
+r"""The ``flex`` path of the resolvent operator (``docs/resolvent.md`` section 6.2): the phase-free
+gated head through ``torch.nn.attention.flex_attention``, the log-gate bias ``L_i - L_j`` as its
+``score_mod`` and a block-sparse mask built from the segment starts, so no ``[S, S]`` tensor is
+built on a GPU. **The CUDA path was not run on a GPU when written**; on a CPU only the forward runs.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
-from typing import Optional
 
 import torch
 
-__all__ = ["flex_available", "gated_flex_attention", "segment_block_mask"]
+from drmlab.resolvent.common import blend_gates, expand_heads, fixed_at, gate_sums, rescale_by_lse
+
+__all__ = ["flex_available", "flex_resolvent", "gated_flex_attention", "segment_block_mask"]
 
 
 def flex_available() -> bool:
@@ -129,7 +101,7 @@ def gated_flex_attention(
     L = L.expand(B, H, S).contiguous()
     start = start.expand(B, H, S).contiguous()
     if dt == torch.float64:
-        L_hi: Optional[torch.Tensor] = None
+        L_hi: torch.Tensor | None = None
         L_lo = L
     else:
         L_hi = L.detach().to(dt)
@@ -152,3 +124,17 @@ def gated_flex_attention(
         o, aux = flex(q, k, v, score_mod=gate_bias, block_mask=mask, scale=1.0,
                       return_aux=AuxRequest(lse=True))
     return o, aux.lse.to(dt)
+
+
+def flex_resolvent(q, k, v, magnitude, beta, qk, g, cdt, block_size):
+    """``(Re O, None)`` of a phase-free head in ``cdt`` through :func:`gated_flex_attention`: the
+    same ``L`` and segment starts as ``dense`` and ``flash``, the same ``Z^(1 - beta)`` rescale."""
+    B, H, _, d = q.shape
+    m, _ = blend_gates(magnitude.to(cdt), None, g)
+    L, start, _ = gate_sums(m, None)
+    qs = q.to(cdt) * (qk[..., None, None] / math.sqrt(d))
+    o, lse = gated_flex_attention(qs, k.to(cdt), v.to(cdt), expand_heads(L, B, H),
+                                  expand_heads(start, B, H), block_size)
+    if not fixed_at(beta, 1.0):
+        o = rescale_by_lse(o, beta, lse)
+    return o, None

@@ -1,19 +1,8 @@
-"""Gate magnitude parameterisations for the resolvent operator (``docs/resolvent.md`` section 7).
-
-The reference operator blends a raw magnitude ``u`` as ``m = clamp(lerp(1, u, g), 0, 1)``. If ``u``
-is a linear read-out of the residual stream, the clamp is flat outside (0, 1): in the reference
-study half of the gates sat exactly at 0 at initialisation, carried no gradient and never reopened
-("the clamp is the freeze"; ``docs/resolvent.md`` section 7). The maps below turn a pre-activation
-``x`` into the ``u`` that the operator blends:
-
-* ``"clamp"``: ``clamp(x, 0, 1)`` -- the reference's (identity before the blend's clamp); freezes.
-* ``"hard_concrete"``: ``clamp(1.2 sigmoid(x) - 0.1, 0, 1)`` -- exact 0 and 1 are reachable, flat
-  only for ``|x| > log 11 ~ 2.40``.
-* ``"sigmoid"``: ``sigmoid(x)`` -- never exactly 0 or 1, gradient everywhere. The default
-  trainable choice (:data:`DEFAULT_PARAMETERISATION`).
-
-:class:`GateHead` is the per-position head ``x -> (u, theta)`` of shape ``[B, n_heads, S]`` each,
-ready for :func:`drmlab.resolvent.torch.resolvent_attention`.
+"""Gate magnitude parameterisations of the resolvent operator (``docs/resolvent.md`` section 7):
+maps from a pre-activation ``x`` to the raw magnitude ``u`` that the operator blends (``"clamp"``,
+the reference's, which freezes; ``"hard_concrete"``; ``"sigmoid"``, the default) and
+:class:`GateHead`, the per-position head ``x -> (u, theta)`` for
+:func:`drmlab.resolvent.attention.resolvent_attention`.
 """
 
 from __future__ import annotations

@@ -1,43 +1,7 @@
-"""Float64 numpy reference of the resolvent operator (``docs/resolvent.md`` sections 1-4).
-
-One causal attention head with three switches ``(beta, qk, g)``. For ``0 <= j <= i < n``::
-
-    s_ij  = <q_i, k_j> / sqrt(d)                      scaled logit
-    m_k   = clamp(lerp(1, u_k, g), 0, 1)              blended magnitude
-    th'_k = g * theta_k                               blended phase
-    a_k   = m_k * exp(i th'_k)                        the gate
-    G_ij  = prod_{k=j+1..i} a_k,   G_ii = 1           the path product
-    R_ij  = prod_{k=j+1..i} m_k  = |G_ij|             its modulus
-    Z_i   = sum_{j<=i} R_ij exp(qk s_ij)              the row normaliser
-    W_ij  = G_ij exp(qk s_ij) / Z_i**beta  (j <= i),  W_ij = 0 (j > i)
-    O_i   = sum_{j<=i} W_ij V_j                       the readout
-
-Corners: ``Switches.SOFTMAX`` (1, 1, 0), ``Switches.UNNORMALIZED_KERNEL`` (0, 1, 0) and
-``Switches.PATH_PRODUCT`` (0, 0, 1). At the path-product corner the readout of values ``b`` with
-``b_0 = 0`` is the gated chain ``y_0 = 0, y_i = a_i y_{i-1} + b_i`` (:func:`chain_label`), i.e.
-forward substitution of ``(I - A) y = b`` with ``A`` the gate shift: ``G = (I - A)^{-1}``.
-
-Evaluation (``docs/resolvent.md`` section 4):
-
-* the path product is accumulated from ``k = i`` down to ``k = j + 1`` (complex products are not
-  associative in floating point), never as a ratio of cumulative products and never through
-  ``exp(cumsum(log m))``; a closed gate (``m_k = 0``) therefore kills every path through it exactly;
-* complex arithmetic is written out on real and imaginary lanes (``re = ar*br - ai*bi``,
-  ``im = ar*bi + ai*br``), one rounded numpy operation at a time, so results are reproducible bit
-  for bit by a plain Python loop that uses the same formula;
-* the dot product is accumulated sequentially over the head dimension, then divided by ``sqrt(d)``;
-* ``W_ij = G_ij exp(qk s_ij - beta log Z_i)`` with ``log Z_i`` taken in the log domain over the live
-  entries (``R_ij > 0``), shifted by the row maximum of ``log R_ij + qk s_ij``;
-* a live entry whose true value exceeds the float64 range reads +-inf, never NaN: dead entries are
-  exactly 0 and a lane of ``G_ij`` that is exactly 0 stays 0 (never ``0 * inf``);
-* refusals raise :class:`NonFinite`: a NaN/inf query, key, magnitude, phase or switch, a blended
-  phase ``g * theta_k`` that overflows, or a causal logit ``qk s_ij`` that overflows. With
-  ``qk = 0`` the logit is exactly 0 without evaluating the dot product, so an overflowing dot
-  product is accepted there;
-* where the original Rust operator panics (shape mismatch, ``head_dim = 0`` with ``n > 0``) this
-  module raises :class:`ValueError`; the empty sequence returns an empty operator, readout and chain.
-
-Nothing is claimed for ``beta`` strictly between 0 and 1 beyond evaluating the formula.
+"""Float64 numpy reference of the resolvent operator (``docs/resolvent.md`` sections 1-4): one causal
+head with switches ``(beta, qk, g)``, evaluated by the rules of section 4 (path products accumulated
+from ``k = i`` down, complex arithmetic on real lanes, a log-domain normaliser, the refusals as
+:class:`NonFinite`), so that every number is reproducible by a plain Python loop.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ from drmlab.models.layers import CausalSelfAttention, PreLNBlock
 from drmlab.models.legacy_names import accept_legacy_names
 from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens, leading_batch
 from drmlab.models.output import ModelOutput
+from drmlab.resolvent.attention import resolvent_attention
 from drmlab.resolvent.gates import GateHead
-from drmlab.resolvent.torch import resolvent_attention
 
 from .config import ResolventLMConfig
 
