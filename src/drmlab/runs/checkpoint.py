@@ -129,6 +129,46 @@ def _restore_rng(tensors: dict[str, torch.Tensor]) -> None:
 # ---------------------------------------------------------------- writing
 
 
+def _write_files(
+    tmp: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    state: dict,
+    full_state: tuple[dict[str, torch.Tensor], dict | None] | None,
+    step: int,
+) -> dict[str, dict]:
+    """Write the checkpoint's files into the (temporary) folder ``tmp``, each fsynced (:func:`save_checkpoint`'s
+    arguments); returns the manifest's ``{name: {"sha256": ..., "bytes": ...}}``."""
+    meta = {"format": CHECKPOINT_FORMAT, "step": str(step)}
+    if full_state is None:
+        save_model(model, str(tmp / MODEL_FILE), metadata=meta, force_contiguous=True)
+        optimizer_sd = optimizer.state_dict() if optimizer is not None else None
+    else:
+        model_sd, optimizer_sd = full_state
+        dropped = tied_names(model)
+        meta.update(dropped)  # as save_model does to its metadata (the optimizer file gets it too)
+        save_file(
+            {k: v.contiguous() for k, v in model_sd.items() if k not in dropped},
+            str(tmp / MODEL_FILE),
+            metadata=meta,
+        )
+    names = [MODEL_FILE]
+    trainer_state = dict(state, format=CHECKPOINT_FORMAT)
+    if optimizer_sd is not None:
+        tensors, opt_meta = _flatten_optimizer(optimizer_sd)
+        tensors.update(_rng_tensors())
+        save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata=meta)
+        trainer_state["optimizer"] = opt_meta
+        names.append(OPTIMIZER_FILE)
+    write_json_atomic(tmp / STATE_FILE, jsonable(trainer_state))
+    names.append(STATE_FILE)
+    files = {}
+    for name in names:
+        fsync_path(tmp / name)
+        files[name] = {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
+    return files
+
+
 def save_checkpoint(
     run: Path,
     model: torch.nn.Module,
@@ -146,39 +186,13 @@ def save_checkpoint(
     files are the same as a single process writes."""
     make_dir(run)
     step = int(state["step"])
-    meta = {"format": CHECKPOINT_FORMAT, "step": str(step)}
     folder = run / CHECKPOINTS_DIR
     final = folder / checkpoint_name(step)
     tmp = None
     try:
         folder.mkdir(exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=TEMP_CHECKPOINT_PREFIX, dir=run))
-        if full_state is None:
-            save_model(model, str(tmp / MODEL_FILE), metadata=meta, force_contiguous=True)
-            optimizer_sd = optimizer.state_dict() if optimizer is not None else None
-        else:
-            model_sd, optimizer_sd = full_state
-            dropped = tied_names(model)
-            meta.update(dropped)  # as save_model does to its metadata (the optimizer file gets it too)
-            save_file(
-                {k: v.contiguous() for k, v in model_sd.items() if k not in dropped},
-                str(tmp / MODEL_FILE),
-                metadata=meta,
-            )
-        names = [MODEL_FILE]
-        trainer_state = dict(state, format=CHECKPOINT_FORMAT)
-        if optimizer_sd is not None:
-            tensors, opt_meta = _flatten_optimizer(optimizer_sd)
-            tensors.update(_rng_tensors())
-            save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata=meta)
-            trainer_state["optimizer"] = opt_meta
-            names.append(OPTIMIZER_FILE)
-        write_json_atomic(tmp / STATE_FILE, jsonable(trainer_state))
-        names.append(STATE_FILE)
-        files = {}
-        for name in names:
-            fsync_path(tmp / name)
-            files[name] = {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
+        files = _write_files(tmp, model, optimizer, state, full_state, step)
         manifest = {"format": CHECKPOINT_FORMAT, "step": step, "dir": f"{CHECKPOINTS_DIR}/{final.name}", "files": files}
         write_json_atomic(tmp / MANIFEST_FILE, manifest)
         fsync_path(tmp)
