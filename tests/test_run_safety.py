@@ -356,7 +356,7 @@ def test_the_cli_exits_143_on_sigterm_with_one_line(tmp_path, monkeypatch, capsy
 
 
 def test_a_full_disk_is_one_error_and_leaves_the_last_checkpoint(tmp_path, monkeypatch):
-    from drmlab import runs
+    from drmlab.runs import checkpoint
 
     train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, stop_after_step=2)
     before = RunDir(tmp_path).read_pointer()
@@ -364,7 +364,7 @@ def test_a_full_disk_is_one_error_and_leaves_the_last_checkpoint(tmp_path, monke
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(runs, "save_file", no_space)
+    monkeypatch.setattr(checkpoint, "save_file", no_space)
     with pytest.raises(OSError, match=r"no space left on the device while writing .*checkpoints/step-00000003"):
         train(SmallLM(), _stream(), None, _cfg(checkpoint_every=4 * 8), tmp_path, quiet=True, resume=True)
     assert RunDir(tmp_path).read_pointer() == before

@@ -1,0 +1,356 @@
+"""A run's checkpoint: the atomic commit, the checks on load, and the leftovers of a killed writer (README,
+"Runs that never lose work": one atomic commit, checked on load).
+
+**Commit protocol.** A checkpoint is written complete into a temporary folder (every file fsynced),
+renamed to ``checkpoints/step-N`` in one ``rename``, and committed by atomically replacing
+``checkpoint.json`` (the pointer: folder, step and every file's sha256 and size, the same as the folder's
+``manifest.json``); only then are older checkpoint folders removed. A kill at any system call leaves the
+pointer naming a complete checkpoint: the old one before the pointer's replace, the new one after.
+Temporary files and folders a killed process left behind are removed by the next writer
+(:func:`clean_orphans`). Loading checks every file's size and sha256 against the pointer, so a flipped bit
+or a truncated file is refused with one line naming the file, never silently loaded.
+
+**What is stored.** ``model.safetensors``: the state dict, tied tensors once (:func:`tied_names`);
+``optimizer.safetensors``: the optimizer's tensors as ``state.<param index>.<name>`` and the torch RNG
+state(s) as ``rng.*``; ``trainer_state.json``: the trainer's state with the optimizer's hyper-parameters
+and non-tensor state under ``optimizer``.
+
+**Sharded models.** A model sharded over processes (FSDP2, :mod:`drmlab.training.distributed`) is saved
+from full tensors gathered on process 0 (``save_checkpoint(..., full_state=...)``) and read back as full
+tensors on every process (:func:`read_checkpoint`), so the files are the single-process ones: a run
+trained sharded is evaluated, sampled or resumed in one process.
+
+Every function takes the run directory's folder ``run``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, load_model, save_file, save_model
+
+from .jsonio import disk_error, fsync_path, jsonable, make_dir, read_json, write_json_atomic
+from .layout import (
+    CHECKPOINTS_DIR,
+    MANIFEST_FILE,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    POINTER_FILE,
+    RUN_FILES,
+    STATE_FILE,
+    TEMP_CHECKPOINT_PREFIX,
+    TEMP_METRICS_FILE,
+    checkpoint_name,
+)
+
+CHECKPOINT_FORMAT = "drmlab-checkpoint-2"
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file does not match its recorded checksum or cannot be read; the message names it."""
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def tied_names(model: torch.nn.Module) -> dict[str, str]:
+    """``{dropped name: kept name}`` for the state-dict entries that are one tensor under several
+    names (tied weights): the entries a checkpoint stores once, under the first name in sorted
+    order -- the rule of safetensors' ``save_model``, so both writers make the same file."""
+    groups: dict[int, list[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(tensor), []).append(name)
+    return {name: min(names) for names in groups.values() if len(names) > 1 for name in names if name != min(names)}
+
+
+# ---------------------------------------------------------------- optimizer and RNG state as tensors
+
+
+def _flatten_optimizer(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """An optimizer state dict (``optimizer.state_dict()`` form: parameters numbered 0, 1, ... over the
+    groups) as (tensors named ``state.<index>.<name>``, JSON-able groups and non-tensor state)."""
+    tensors, scalars = {}, {}
+    for index, state in sd["state"].items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state.{index}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(index), {})[key] = value
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
+    return tensors, {"param_groups": groups, "scalars": scalars}
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    """:func:`_flatten_optimizer`'s inverse: the ``optimizer.state_dict()`` form again."""
+    state: dict[int, dict] = {}
+    for name, value in tensors.items():
+        if not name.startswith("state."):
+            continue
+        _, index, key = name.split(".", 2)
+        state.setdefault(int(index), {})[key] = value
+    for index, values in meta.get("scalars", {}).items():
+        state.setdefault(int(index), {}).update(values)
+    groups = []
+    for group in meta["param_groups"]:
+        group = dict(group)
+        if "betas" in group:
+            group["betas"] = tuple(group["betas"])
+        groups.append(group)
+    return {"state": state, "param_groups": groups}
+
+
+def _rng_tensors() -> dict[str, torch.Tensor]:
+    out = {"rng.torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            out[f"rng.cuda.{i}"] = state
+    return out
+
+
+def _restore_rng(tensors: dict[str, torch.Tensor]) -> None:
+    if "rng.torch_cpu" in tensors:
+        torch.set_rng_state(tensors["rng.torch_cpu"])
+    cuda = sorted((k for k in tensors if k.startswith("rng.cuda.")), key=lambda k: int(k.rsplit(".", 1)[1]))
+    if cuda and torch.cuda.is_available():
+        states = [tensors[k] for k in cuda][: torch.cuda.device_count()]
+        torch.cuda.set_rng_state_all(states)
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _write_files(
+    tmp: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    state: dict,
+    full_state: tuple[dict[str, torch.Tensor], dict | None] | None,
+    step: int,
+) -> dict[str, dict]:
+    """Write the checkpoint's files into the (temporary) folder ``tmp``, each fsynced (:func:`save_checkpoint`'s
+    arguments); returns the manifest's ``{name: {"sha256": ..., "bytes": ...}}``."""
+    meta = {"format": CHECKPOINT_FORMAT, "step": str(step)}
+    if full_state is None:
+        save_model(model, str(tmp / MODEL_FILE), metadata=meta, force_contiguous=True)
+        optimizer_sd = optimizer.state_dict() if optimizer is not None else None
+    else:
+        model_sd, optimizer_sd = full_state
+        dropped = tied_names(model)
+        meta.update(dropped)  # as save_model does to its metadata (the optimizer file gets it too)
+        save_file(
+            {k: v.contiguous() for k, v in model_sd.items() if k not in dropped},
+            str(tmp / MODEL_FILE),
+            metadata=meta,
+        )
+    names = [MODEL_FILE]
+    trainer_state = dict(state, format=CHECKPOINT_FORMAT)
+    if optimizer_sd is not None:
+        tensors, opt_meta = _flatten_optimizer(optimizer_sd)
+        tensors.update(_rng_tensors())
+        save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata=meta)
+        trainer_state["optimizer"] = opt_meta
+        names.append(OPTIMIZER_FILE)
+    write_json_atomic(tmp / STATE_FILE, jsonable(trainer_state))
+    names.append(STATE_FILE)
+    files = {}
+    for name in names:
+        fsync_path(tmp / name)
+        files[name] = {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
+    return files
+
+
+def save_checkpoint(
+    run: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    state: dict,
+    *,
+    full_state: tuple[dict[str, torch.Tensor], dict | None] | None = None,
+) -> Path:
+    """Write the checkpoint of ``model`` (and ``optimizer``) with trainer ``state`` (needs ``step``)
+    and commit it as one unit (module docstring); returns its folder.
+
+    ``full_state`` = (the model's full state dict, the optimizer's full state dict in
+    ``optimizer.state_dict()`` form or None), gathered from a sharded model, is written instead
+    of reading ``model`` and ``optimizer`` (``model`` then only names its tied weights); the
+    files are the same as a single process writes."""
+    make_dir(run)
+    step = int(state["step"])
+    folder = run / CHECKPOINTS_DIR
+    final = folder / checkpoint_name(step)
+    tmp = None
+    try:
+        folder.mkdir(exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=TEMP_CHECKPOINT_PREFIX, dir=run))
+        files = _write_files(tmp, model, optimizer, state, full_state, step)
+        manifest = {"format": CHECKPOINT_FORMAT, "step": step, "dir": f"{CHECKPOINTS_DIR}/{final.name}", "files": files}
+        write_json_atomic(tmp / MANIFEST_FILE, manifest)
+        fsync_path(tmp)
+        if final.exists():  # an uncommitted folder of a killed run (the pointer never names the step being written)
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        tmp = None
+        fsync_path(folder)
+        write_json_atomic(run / POINTER_FILE, manifest)  # the commit
+        fsync_path(run)
+    except OSError as exc:
+        raise disk_error(exc, final) from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    for entry in folder.iterdir():
+        if entry != final:
+            shutil.rmtree(entry, ignore_errors=True)
+    return final
+
+
+def clean_orphans(run: Path) -> list[str]:
+    """Remove what a killed writer left: temporary files and folders, uncommitted checkpoint
+    folders. Call only while holding the lock. Returns the names removed."""
+    if not run.is_dir():
+        return []
+    removed = []
+    for entry in run.iterdir():
+        name = entry.name
+        temp_json = name.startswith(".") and any(name.startswith(f".{f}.") for f in RUN_FILES + (MANIFEST_FILE,))
+        if name.startswith(TEMP_CHECKPOINT_PREFIX) or temp_json or name == TEMP_METRICS_FILE:
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            removed.append(name)
+    folder = run / CHECKPOINTS_DIR
+    if folder.is_dir():
+        keep = read_pointer(run).get("dir") if (run / POINTER_FILE).is_file() else None
+        for entry in folder.iterdir():
+            if f"{CHECKPOINTS_DIR}/{entry.name}" != keep:
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(f"{CHECKPOINTS_DIR}/{entry.name}")
+    return removed
+
+
+# ---------------------------------------------------------------- reading
+
+
+def read_pointer(run: Path) -> dict:
+    """``checkpoint.json``: the committed checkpoint's folder, step and file sums."""
+    path = run / POINTER_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint in {run} (missing {POINTER_FILE})")
+    pointer = read_json(path)
+    if not isinstance(pointer, dict) or "dir" not in pointer or "files" not in pointer:
+        raise CorruptCheckpointError(f"{path} is not a checkpoint pointer; the file is damaged")
+    return pointer
+
+
+def checkpoint_dir(run: Path) -> Path:
+    """The committed checkpoint's folder."""
+    return run / read_pointer(run)["dir"]
+
+
+def read_state(run: Path) -> dict:
+    """The committed checkpoint's trainer state (unverified: for reports, not for loading)."""
+    return read_json(checkpoint_dir(run) / STATE_FILE)
+
+
+def verify_checkpoint(run: Path) -> tuple[Path, dict]:
+    """(folder, pointer) after checking every file's size and sha256; one-line errors name the file."""
+    pointer = read_pointer(run)
+    folder = run / pointer["dir"]
+    for name, expected in pointer["files"].items():
+        path = folder / name
+        if not path.is_file():
+            raise CorruptCheckpointError(f"{path} is missing; the checkpoint in {run} is incomplete")
+        size = path.stat().st_size
+        if size != expected.get("bytes"):
+            raise CorruptCheckpointError(
+                f"{path} has {size:,} bytes, the checkpoint recorded {expected.get('bytes'):,} "
+                "(truncated or replaced); it cannot be loaded"
+            )
+        if sha256_file(path) != expected.get("sha256"):
+            raise CorruptCheckpointError(
+                f"{path} does not match its recorded sha256 (the file is damaged); it cannot be loaded"
+            )
+    return folder, pointer
+
+
+def _verified_state(run: Path) -> tuple[Path, dict, dict]:
+    """(folder, pointer, trainer state) of the committed checkpoint after checking every file."""
+    folder, pointer = verify_checkpoint(run)
+    state = read_json(folder / STATE_FILE)
+    step = int(state["step"])
+    if step != int(pointer["step"]):
+        raise CorruptCheckpointError(
+            f"{folder / STATE_FILE} says step {step} but {run / POINTER_FILE} says "
+            f"step {pointer['step']}: the checkpoint is inconsistent"
+        )
+    return folder, pointer, state
+
+
+def _read_optimizer(folder: Path, pointer: dict, state: dict, restore_rng: bool) -> dict:
+    """The optimizer's state dict of a verified checkpoint (and, with ``restore_rng``, its RNG state restored)."""
+    opt_path = folder / OPTIMIZER_FILE
+    if OPTIMIZER_FILE not in pointer["files"] or "optimizer" not in state:
+        raise FileNotFoundError(f"no optimizer state in {folder}; cannot resume training from it")
+    try:
+        tensors = load_file(str(opt_path))
+    except Exception as exc:
+        raise CorruptCheckpointError(f"{opt_path} cannot be read ({type(exc).__name__}: {exc})") from None
+    if restore_rng:
+        _restore_rng(tensors)
+    return _unflatten_optimizer(tensors, state["optimizer"])
+
+
+def read_checkpoint(
+    run: Path, model: torch.nn.Module, *, optimizer: bool = True, restore_rng: bool = True
+) -> tuple[dict, dict[str, torch.Tensor], dict | None]:
+    """(trainer state, the model's full state dict on the CPU, the optimizer's state dict in
+    ``optimizer.state_dict()`` form or None) of the committed checkpoint, after verifying the
+    checksums; for loading into a sharded ``model``, whose tied weights are filled in from the
+    one stored copy and whose names and shapes are checked here (on every process alike)."""
+    folder, pointer, state = _verified_state(run)
+    model_path = folder / MODEL_FILE
+    try:
+        tensors = load_file(str(model_path))
+    except Exception as exc:
+        raise CorruptCheckpointError(f"{model_path} cannot be read ({type(exc).__name__}: {exc})") from None
+    for dropped, kept in tied_names(model).items():
+        if dropped not in tensors and kept in tensors:
+            tensors[dropped] = tensors[kept]
+    expected = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
+    found = {name: tuple(t.shape) for name, t in tensors.items()}
+    if found != expected:
+        missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+        shapes = sorted(n for n in set(found) & set(expected) if found[n] != expected[n])
+        raise ValueError(
+            f"{model_path} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
+            f"other shapes {[(n, found[n], expected[n]) for n in shapes[:3]]}"
+        )
+    optimizer_sd = _read_optimizer(folder, pointer, state, restore_rng) if optimizer else None
+    return state, tensors, optimizer_sd
+
+
+def load_checkpoint(
+    run: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, restore_rng: bool = True
+) -> dict:
+    """Load weights (and optimizer state, RNG) into ``model`` after verifying the checksums; return
+    the trainer state."""
+    folder, pointer, state = _verified_state(run)
+    model_path = folder / MODEL_FILE
+    device = next(iter(model.parameters())).device
+    try:
+        load_model(model, str(model_path), strict=True, device=str(device))
+    except RuntimeError as exc:  # tensors of other names or shapes
+        raise ValueError(f"{model_path} does not fit this model: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # safetensors' own errors for a damaged header
+        raise CorruptCheckpointError(f"{model_path} cannot be read ({type(exc).__name__}: {exc})") from None
+    if optimizer is not None:
+        optimizer.load_state_dict(_read_optimizer(folder, pointer, state, restore_rng))
+    return state

@@ -1,0 +1,85 @@
+"""Atomic JSON files and the one-line write error of every writer of a run (README, "Runs that never lose work").
+
+A JSON file is written into a temporary file of the same folder, fsynced and moved over the old one with
+``os.replace``, so a reader sees the old file or the new one, never half of one. Every read names its file
+when it fails; a failed write (a full disk says so) is an :class:`OSError` naming the path, with nothing
+half-written left behind.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def fsync_path(path: Path) -> None:
+    """Flush ``path`` (a file or a folder's entries) to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def disk_error(exc: OSError, path: Path) -> OSError:
+    """A one-line error for a failed write (a full disk says so and names the path)."""
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        error = OSError(
+            f"no space left on the device while writing {path}; free some space, "
+            "the last committed checkpoint is intact"
+        )
+    else:
+        error = OSError(f"could not write {path}: {exc.strerror or exc}")
+    error.errno = exc.errno
+    return error
+
+
+def make_dir(path: Path) -> None:
+    """Create the folder ``path`` (and its parents); a failure is :func:`disk_error`'s one line."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise disk_error(exc, path) from None
+
+
+def write_json_atomic(path: str | Path, obj) -> None:
+    """Write ``obj`` as JSON to ``path`` via a temporary file in the same folder and ``os.replace``."""
+    path = Path(path)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(obj, handle, indent=2, sort_keys=False)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise disk_error(exc, path) from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def read_json(path: str | Path):
+    """The JSON in ``path``; a missing or damaged file raises an error that names it."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not valid JSON (not UTF-8 text); the file is damaged") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); the file is damaged") from None
+
+
+def jsonable(obj):
+    """``obj`` with every value JSON can not hold turned into its string."""
+    return json.loads(json.dumps(obj, default=str))

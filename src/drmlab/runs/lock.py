@@ -1,0 +1,72 @@
+"""The writer's lock of a run directory (README, "Runs that never lose work": one writer).
+
+The one process writing a run holds an exclusive ``flock`` on ``DIR/.lock``, a file naming it (pid, host,
+start time); a second writer is refused at once with that name.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+
+class RunLockedError(OSError):
+    """Another live process holds the run directory's lock; the message names it."""
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``DIR/.lock`` naming its holder (pid, host, start time).
+
+    The kernel drops the lock when its process dies, so the lock of a killed run is stale by
+    construction and the next writer takes it over; the file itself is never removed (removing a
+    locked file would let two processes lock two different files)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.handle = None
+
+    def acquire(self) -> "RunLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip()
+            handle.close()
+            raise RunLockedError(
+                f"{self.path.parent} is in use by {_holder(holder)}; wait for it to finish or "
+                "stop it (a second writer would corrupt the run)"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(
+            json.dumps(
+                {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+            )
+            + "\n"
+        )
+        handle.flush()
+        self.handle = handle
+        return self
+
+    def release(self) -> None:
+        if self.handle is not None:
+            fcntl.flock(self.handle.fileno(), fcntl.LOCK_UN)
+            self.handle.close()
+            self.handle = None
+
+
+def _holder(text: str) -> str:
+    """The lock file's ``text`` as words: ``process 12 on host since 2026-01-01 10:00:00 +0000``."""
+    try:
+        who = json.loads(text)
+    except json.JSONDecodeError:
+        return text or "another process"
+    return (
+        f"process {who.get('pid')} on {who.get('host')} since {who.get('started')}" if isinstance(who, dict) else text
+    )

@@ -1,0 +1,90 @@
+"""``metrics.jsonl``: appending a run's rows, reading them, dropping lost ones on resume (README, "Runs that
+never lose work" and "TensorBoard and HTML reports").
+
+One JSON object a line: a row per optimizer step (``kind: train``), per sampled evaluation (``kind: eval``)
+and per resume (``kind: resume``). A killed writer may leave a half-written last line; readers skip it. On
+resume, rows logged after the checkpoint's step (work the kill lost) are dropped by an atomic rewrite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .jsonio import disk_error
+from .layout import METRICS_FILE
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of the metrics file ``path`` (a half-written last line is skipped)."""
+    rows = []
+    lines = path.read_text().splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise ValueError(f"{path} line {number} is not valid JSON; the file is damaged") from None
+    return rows
+
+
+def truncate(path: Path, step: int) -> None:
+    """Drop the rows of ``path`` logged after ``step`` (work lost with an interrupted run) before resuming."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a half-written last line
+            continue
+        if int(row.get("step", 0)) <= step:
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")  # layout.TEMP_METRICS_FILE for metrics.jsonl
+    try:
+        with open(tmp, "w") as handle:
+            handle.write("".join(k + "\n" for k in kept))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise disk_error(exc, path) from None
+
+
+class MetricsLog:
+    """Appends rows to ``metrics.jsonl`` (line-buffered) and keeps them; ``path=None`` keeps them only.
+
+    ``sinks``: objects with ``write(row)`` and ``close()`` that receive every row after it is in the
+    file (metrics.jsonl stays the one source of truth), e.g. TensorBoard's
+    (:class:`drmlab.training.tensorboard.TensorBoardSink`)."""
+
+    def __init__(self, path: Path | None, sinks=()):
+        self.handle = open(path, "a", buffering=1) if path is not None else None
+        self.rows: list[dict] = []
+        self.sinks = list(sinks)
+
+    def log(self, row: dict) -> None:
+        self.rows.append(row)
+        if self.handle is not None:
+            self.handle.write(json.dumps(row) + "\n")
+        for sink in self.sinks:
+            sink.write(row)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The rows of ``run_dir/metrics.jsonl``."""
+    return read_rows(Path(run_dir) / METRICS_FILE)
