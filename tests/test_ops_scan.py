@@ -3,8 +3,10 @@ every backend; the backend table; the C kernel's loader (drmlab.ops.ckernels).""
 
 import importlib.util
 import os
+import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -453,3 +455,69 @@ def test_cuda_uses_torch_path():
     assert backend_for(uc) == ("triton" if importlib.util.find_spec("triton") else "torch")
     out = linear_scan(fc, uc, ic)
     assert (out.cpu() - loop64(f, u, init)).abs().max().item() <= 1e-12
+
+
+PLANTED_C = r"""
+#include <stdio.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *f = fopen(MARKER, "w"); if (f) { fputs("ran", f); fclose(f); }
+}
+"""
+
+
+def _plant(tmp_path, directory, name):
+    """A shared library named like the kernel's build, whose constructor writes a marker file."""
+    cc = ckernels.find_compiler()
+    if cc is None:
+        pytest.skip("no C compiler to build the planted library")
+    marker = tmp_path / "planted-ran"
+    source = tmp_path / "planted.c"
+    source.write_text(PLANTED_C)
+    subprocess.run([cc, "-shared", "-fPIC", f'-DMARKER="{marker}"', "-o", str(directory / name), str(source)],
+                   check=True, capture_output=True)
+    return marker
+
+
+def _kernel_in(monkeypatch, cache_dir, safe_dir):
+    """A fresh linear-scan kernel whose cache directories are ``cache_dir`` then ``safe_dir``."""
+    monkeypatch.setattr(ckernels, "cache_dirs", lambda: [cache_dir, safe_dir])
+    fresh = ckernels.CKernel("linear_scan", scan_c.SOURCE, scan_c.prepare)
+    monkeypatch.setattr(scan_c, "KERNEL", fresh)
+    return fresh
+
+
+@pytest.mark.parametrize("how", ["writable by others", "another user's", "a symbolic link"])
+def test_a_library_planted_in_an_unsafe_cache_is_never_loaded(tmp_path, monkeypatch, c_kernel, how):
+    shared, safe = tmp_path / "shared", tmp_path / "safe"
+    shared.mkdir()
+    name = ckernels._shared_object_name("linear_scan", ckernels.find_compiler(), scan_c.SOURCE)
+    marker = _plant(tmp_path, shared, name)
+    cache = shared
+    if how == "writable by others":
+        shared.chmod(0o777)
+    elif how == "another user's":
+        if os.getuid() != 0:
+            pytest.skip("giving a directory to another user needs root")
+        os.chown(shared, 65534, 65534)  # nobody's, as a directory another user made first would be
+    else:
+        cache = tmp_path / "link"
+        cache.symlink_to(shared, target_is_directory=True)
+    kernel = _kernel_in(monkeypatch, cache, safe)
+    status = kernel.status()
+    assert not marker.exists(), "the planted library was executed"
+    assert status["available"], status["error"]
+    assert Path(status["path"]).parent != shared.resolve()
+
+
+def test_a_private_cache_is_used_and_an_unsafe_shared_object_in_it_is_refused(tmp_path, monkeypatch, c_kernel):
+    cache = tmp_path / "cache"
+    kernel = _kernel_in(monkeypatch, cache, tmp_path / "unused")
+    assert kernel.available() and Path(kernel.status()["path"]).parent == cache
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700  # created private
+    # the same build made writable by others is refused at the next load, in one line naming it
+    built = Path(kernel.status()["path"])
+    built.chmod(0o666)
+    again = _kernel_in(monkeypatch, cache, tmp_path / "other")
+    assert again.available()
+    assert Path(again.status()["path"]).parent == tmp_path / "other"
+    assert ckernels.unsafe_reason(built) == "is writable by others (mode 666)"

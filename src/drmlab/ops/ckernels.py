@@ -17,7 +17,9 @@ Environment:
   (.ci/run sets it, so kernel tests fail rather than skip).  ``DRMLAB_NO_CKERNEL`` takes
   precedence.
 * ``DRMLAB_CACHE_DIR``: the cache directory; otherwise ``$XDG_CACHE_HOME/drmlab``, else
-  ``~/.cache/drmlab``, else ``<tmpdir>/drmlab-<uid>`` (the first that is writable).
+  ``~/.cache/drmlab``, else ``<tmpdir>/drmlab-<uid>``: the first that is writable and private (owned
+  by this user, writable by nobody else, not a symbolic link); when none is, a fresh ``mkdtemp``
+  directory of the process. A shared object is loaded only when it is private too.
 * ``CC``: the compiler; otherwise ``cc``, ``gcc`` or ``clang`` on the PATH.
 
 The shared object's name holds a hash of the source, the compiler and its version, the flags and
@@ -27,11 +29,13 @@ processes building the same kernel at once never load a half-written file.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -112,6 +116,46 @@ def cache_dirs() -> list[Path]:
     uid = os.getuid() if hasattr(os, "getuid") else "user"
     dirs.append(Path(tempfile.gettempdir()) / f"drmlab-{uid}")
     return dirs
+
+
+def unsafe_reason(path: Path) -> Optional[str]:
+    """Why ``path`` (a cache directory or a shared object in it) must not be compiled into or loaded
+    from, or None: it must belong to this user and be writable by nobody else, or another user could
+    plant a library that this process would then execute. A directory must not be a symbolic link
+    (``<tmpdir>/drmlab-<uid>`` could point anywhere)."""
+    if not hasattr(os, "getuid"):  # no POSIX owners (Windows): nothing to check
+        return None
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link"
+    if info.st_uid != os.getuid():
+        return f"belongs to uid {info.st_uid}, not to this user ({os.getuid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by others (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def private_cache_dir(path: Path) -> Path:
+    """``path`` created (mode 0700) if missing and checked by :func:`unsafe_reason`; raises
+    ``PermissionError`` naming the directory and the reason when it is not private."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    why = unsafe_reason(path)
+    if why is not None:
+        raise PermissionError(f"cache directory {path} {why}: not used")
+    return path
+
+
+def _process_cache_dir() -> Path:
+    """The last resort when no shared cache directory is private: a fresh ``mkdtemp`` directory of
+    this process (mode 0700; the kernel is rebuilt in every such process)."""
+    global _PROCESS_DIR
+    if _PROCESS_DIR is None:
+        _PROCESS_DIR = Path(tempfile.mkdtemp(prefix="drmlab-kernels-"))
+        atexit.register(shutil.rmtree, _PROCESS_DIR, True)  # a loaded library stays mapped
+    return _PROCESS_DIR
+
+
+_PROCESS_DIR: Optional[Path] = None
 
 
 def compile_shared_object(cc: str, source: Path, dest: Path) -> None:
@@ -217,11 +261,15 @@ class CKernel:
             name = _shared_object_name(self.name, cc, self.source)
             errors = []
             lib = None
-            for cache_dir in cache_dirs():
-                path = cache_dir / name
+            for cache_dir in [*cache_dirs(), None]:
                 try:
+                    cache_dir = private_cache_dir(cache_dir) if cache_dir is not None else _process_cache_dir()
+                    path = cache_dir / name
                     if not path.is_file():
                         compile_shared_object(cc, self.source, path)
+                    why = unsafe_reason(path)
+                    if why is not None:
+                        raise PermissionError(f"{path} {why}: not loaded")
                     lib = ctypes.CDLL(str(path))
                     self._path = str(path)
                     break
@@ -230,7 +278,7 @@ class CKernel:
                     break
                 except (OSError, subprocess.SubprocessError) as exc:
                     # unwritable directory, unloadable file: try the next cache directory
-                    errors.append(f"{path}: {exc}")
+                    errors.append(str(exc) if isinstance(exc, PermissionError) else f"{cache_dir}: {exc}")
             if lib is None:
                 raise RuntimeError("; ".join(errors) or "no usable cache directory")
             self.prepare(lib)
