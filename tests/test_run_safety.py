@@ -228,12 +228,71 @@ def test_a_flipped_bit_or_truncation_is_refused_naming_the_file(tmp_path):
 
 def test_damaged_json_names_the_file(tmp_path):
     run = _trained_run(tmp_path)
+    (run.checkpoint_dir() / "manifest.json").write_text("{not json")  # nothing left to recover from
     run.pointer_path.write_text("{not json")
-    with pytest.raises(ValueError, match=rf"{POINTER_FILE} is not valid JSON"):
+    with pytest.raises(ValueError, match=rf"{POINTER_FILE} is not valid JSON; the file is damaged; and no checkpoint"):
         run.load_checkpoint(SmallLM())
     run.config_path.write_bytes(b"\xff\xfe")
     with pytest.raises(ValueError, match="config.json is not valid JSON"):
         run.read_config()
+
+
+def _checkpoint_bytes(run):
+    return {p.relative_to(run.path): p.read_bytes() for p in (run.path / "checkpoints").rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("damage", ["lost", "not json", "a flipped step", "a key renamed", "a flipped folder name"])
+def test_a_lost_or_damaged_pointer_is_recovered_from_the_manifest_and_nothing_is_deleted(tmp_path, damage):
+    """Issue 23 item 1: resume verified nothing and deleted every folder the pointer did not name."""
+    cfg = _cfg()
+    train(SmallLM(), _stream(), None, cfg, tmp_path, quiet=True, stop_after_step=3)
+    run = RunDir(tmp_path)
+    kept = _checkpoint_bytes(run)
+    text = run.pointer_path.read_text()
+    if damage == "lost":
+        run.pointer_path.unlink()
+    elif damage == "not json":
+        run.pointer_path.write_text(text[:-5])
+    elif damage == "a flipped step":
+        run.pointer_path.write_text(text.replace('"step": 3', '"step": 9'))
+    elif damage == "a key renamed":
+        run.pointer_path.write_text(text.replace('"bytes"', '"cytes"', 1))
+    else:
+        run.pointer_path.write_text(text.replace("step-00000003", "step-00000009"))
+    assert run.has_checkpoint()
+    assert run.read_pointer()["step"] == 3  # a reader recovers too, without writing
+    assert _checkpoint_bytes(run) == kept
+    reference = SmallLM()
+    train(reference, _stream(), None, cfg, tmp_path / "whole", quiet=True)
+    model = SmallLM(seed=1)
+    summary = train(model, _stream(), None, cfg, tmp_path, quiet=True, resume=True)
+    assert summary["finished"] and _same(_weights(model), _weights(reference))
+    assert json.loads(run.pointer_path.read_text())["step"] == summary["steps"]
+
+
+def test_a_damaged_checkpoint_is_refused_and_nothing_is_deleted(tmp_path):
+    train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, stop_after_step=3)
+    run = RunDir(tmp_path)
+    model_file = run.checkpoint_dir() / "model.safetensors"
+    model_file.write_bytes(model_file.read_bytes()[:-8])
+    kept = _checkpoint_bytes(run)
+    with pytest.raises(CorruptCheckpointError, match="model.safetensors has .* bytes"):
+        train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, resume=True)
+    assert _checkpoint_bytes(run) == kept
+
+
+def test_another_tools_files_are_never_touched(tmp_path):
+    """A directory with another tool's config.json and checkpoints/epoch-10/: neither --resume nor
+    --overwrite deletes anything of it."""
+    (tmp_path / "checkpoints" / "epoch-10").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "epoch-10" / "weights.bin").write_bytes(b"theirs")
+    (tmp_path / "config.json").write_text('{"epochs": 10}')
+    with pytest.raises(FileNotFoundError, match="nothing to resume"):
+        train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, resume=True)
+    with pytest.raises(FileExistsError, match="is not a drmlab run .config.json is not a drmlab run's.; nothing was deleted"):
+        train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, overwrite=True)
+    assert (tmp_path / "checkpoints" / "epoch-10" / "weights.bin").read_bytes() == b"theirs"
+    assert (tmp_path / "config.json").read_text() == '{"epochs": 10}'
 
 
 # ---------------------------------------------------------------- resume refusals

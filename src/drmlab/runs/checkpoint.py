@@ -209,14 +209,20 @@ def save_checkpoint(
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     for entry in folder.iterdir():
-        if entry != final:
+        if entry != final and own_manifest(entry) is not None:  # superseded; another tool's folder is kept
             shutil.rmtree(entry, ignore_errors=True)
     return final
 
 
 def clean_orphans(run: Path) -> list[str]:
-    """Remove what a killed writer left: temporary files and folders, uncommitted checkpoint
-    folders. Call only while holding the lock. Returns the names removed."""
+    """Remove what a killed writer of this run left, and nothing else; call only while holding the lock.
+
+    Removed: its temporary files and folders (names only this module and :mod:`~drmlab.runs.jsonio`
+    give), and checkpoint folders this run wrote (a :func:`own_manifest`) that the committed checkpoint
+    superseded. That is done only once the committed checkpoint is proven: the pointer verifies, or a
+    lost or damaged pointer was recovered from the newest checkpoint whose manifest verifies (the pointer
+    is then rewritten from it, and ``"recovered ..."`` is among the names returned). When no checkpoint
+    verifies, no checkpoint folder is touched. Returns the names removed."""
     if not run.is_dir():
         return []
     removed = []
@@ -227,57 +233,163 @@ def clean_orphans(run: Path) -> list[str]:
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
             removed.append(name)
     folder = run / CHECKPOINTS_DIR
-    if folder.is_dir():
-        keep = read_pointer(run).get("dir") if (run / POINTER_FILE).is_file() else None
-        for entry in folder.iterdir():
-            if f"{CHECKPOINTS_DIR}/{entry.name}" != keep:
-                shutil.rmtree(entry, ignore_errors=True)
-                removed.append(f"{CHECKPOINTS_DIR}/{entry.name}")
+    if not folder.is_dir():
+        return removed
+    try:
+        keep, manifest, note = resolve_checkpoint(run)
+    except (FileNotFoundError, CorruptCheckpointError):
+        return removed  # nothing proven committed: every checkpoint folder stays for the user to inspect
+    if note is not None:  # the pointer was lost or damaged: commit the checkpoint that verifies
+        write_json_atomic(run / POINTER_FILE, manifest)
+        fsync_path(run)
+        removed.append(f"recovered {POINTER_FILE}: {note}")
+    for entry in folder.iterdir():
+        if entry != keep and own_manifest(entry) is not None:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(f"{CHECKPOINTS_DIR}/{entry.name}")
     return removed
+
+
+def own_manifest(entry: Path) -> dict | None:
+    """The manifest of a checkpoint folder that drmlab wrote for this very place (``manifest.json`` of this
+    format naming ``checkpoints/<entry>``), or None: a folder without one is not this run's to delete."""
+    path = entry / MANIFEST_FILE
+    if not entry.is_dir() or not path.is_file():
+        return None
+    try:
+        manifest = read_json(path)
+    except Exception:
+        return None
+    if _shape_problem(manifest) or manifest.get("dir") != f"{CHECKPOINTS_DIR}/{entry.name}":
+        return None
+    if manifest.get("format") != CHECKPOINT_FORMAT:
+        return None
+    return manifest
+
+
+def _shape_problem(record) -> str | None:
+    """What is wrong with the form of a pointer or manifest (``dir``, ``step``, ``files`` with a sha256 and
+    a byte count each), or None."""
+    if not isinstance(record, dict):
+        return "is not a JSON object"
+    if not isinstance(record.get("dir"), str) or not record["dir"].startswith(f"{CHECKPOINTS_DIR}/"):
+        return "names no checkpoint folder"
+    if "/" in record["dir"][len(CHECKPOINTS_DIR) + 1 :] or ".." in record["dir"]:
+        return f"names a folder outside {CHECKPOINTS_DIR}/"
+    if not isinstance(record.get("step"), int) or isinstance(record.get("step"), bool):
+        return "has no integer step"
+    files = record.get("files")
+    if not isinstance(files, dict) or not files:
+        return "lists no files"
+    for name, entry in files.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+            return f"has no sha256 for {name}"
+        if not isinstance(entry.get("bytes"), int) or isinstance(entry.get("bytes"), bool):
+            return f"has no byte count for {name}"
+    return None
+
+
+def _files_problem(folder: Path, files: dict) -> str | None:
+    """The first file of ``folder`` that is missing, of another size or another sha256 than ``files`` says."""
+    for name, expected in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing; the checkpoint in {folder.parent.parent} is incomplete"
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            return (f"{path} has {size:,} bytes, the checkpoint recorded {expected['bytes']:,} "
+                    "(truncated or replaced); it cannot be loaded")
+        if sha256_file(path) != expected["sha256"]:
+            return f"{path} does not match its recorded sha256 (the file is damaged); it cannot be loaded"
+    return None
+
+
+def _newest_verified(run: Path) -> tuple[Path, dict] | None:
+    """The checkpoint folder of the highest step whose own manifest verifies, with that manifest."""
+    folder = run / CHECKPOINTS_DIR
+    if not folder.is_dir():
+        return None
+    found = [(m["step"], entry, m) for entry in folder.iterdir() if (m := own_manifest(entry)) is not None]
+    for _, entry, manifest in sorted(found, key=lambda item: item[0], reverse=True):
+        if _files_problem(entry, manifest["files"]) is None:
+            return entry, manifest
+    return None
+
+
+def resolve_checkpoint(run: Path) -> tuple[Path, dict, str | None]:
+    """(folder, pointer, note) of the run's checkpoint after verifying every file's size and sha256.
+
+    The pointer ``checkpoint.json`` names it. When the pointer is lost, unreadable or damaged (its files do
+    not verify, but the folder's own manifest does, or it names a folder that does not exist), the newest
+    checkpoint whose manifest verifies is returned instead, with ``note`` saying so (readers use it as it
+    is; the writer commits it: :func:`clean_orphans`). Raises ``FileNotFoundError`` when the run has no
+    checkpoint and :class:`CorruptCheckpointError` (one line naming the file) when none verifies. A
+    reader racing a writer's commit retries while the pointer changes under it."""
+    path = run / POINTER_FILE
+    for _ in range(5):
+        before = path.read_bytes() if path.is_file() else None
+        try:
+            return _resolve_once(run)
+        except (FileNotFoundError, CorruptCheckpointError):
+            after = path.read_bytes() if path.is_file() else None
+            if after == before:
+                raise
+    return _resolve_once(run)
+
+
+def _resolve_once(run: Path) -> tuple[Path, dict, str | None]:
+    path = run / POINTER_FILE
+    if not path.is_file():
+        recovered = _newest_verified(run)
+        if recovered is None:
+            raise FileNotFoundError(f"no checkpoint in {run} (missing {POINTER_FILE})")
+        return recovered[0], recovered[1], f"{POINTER_FILE} is missing; {recovered[1]['dir']} verifies"
+    try:
+        pointer = read_json(path)
+    except Exception:
+        pointer = None
+    problem = _shape_problem(pointer) if pointer is not None else "is not valid JSON"
+    if problem is None:
+        folder = run / pointer["dir"]
+        manifest = own_manifest(folder)
+        problem = _files_problem(folder, pointer["files"])
+        if problem is None and (manifest is None or manifest == pointer):  # the pointer is the manifest's copy
+            return folder, pointer, None
+        if manifest is not None and _files_problem(folder, manifest["files"]) is None:
+            return folder, manifest, f"{POINTER_FILE} is damaged; {manifest['dir']}'s manifest verifies"
+        problem = problem or f"{path} differs from {folder / MANIFEST_FILE}, which does not verify"
+        if folder.exists():
+            raise CorruptCheckpointError(problem)  # the checkpoint itself is damaged: never an older one silently
+    else:
+        problem = f"{path} {problem}; the file is damaged"
+    recovered = _newest_verified(run)
+    if recovered is None:
+        raise CorruptCheckpointError(f"{problem}; and no checkpoint folder of {run} verifies")
+    return recovered[0], recovered[1], f"{POINTER_FILE} is damaged; {recovered[1]['dir']} verifies"
 
 
 # ---------------------------------------------------------------- reading
 
 
 def read_pointer(run: Path) -> dict:
-    """``checkpoint.json``: the committed checkpoint's folder, step and file sums."""
-    path = run / POINTER_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint in {run} (missing {POINTER_FILE})")
-    pointer = read_json(path)
-    if not isinstance(pointer, dict) or "dir" not in pointer or "files" not in pointer:
-        raise CorruptCheckpointError(f"{path} is not a checkpoint pointer; the file is damaged")
-    return pointer
+    """``checkpoint.json`` (or, when it is lost or damaged, the manifest of the newest checkpoint that
+    verifies: :func:`resolve_checkpoint`): the committed checkpoint's folder, step and file sums."""
+    return resolve_checkpoint(run)[1]
 
 
 def checkpoint_dir(run: Path) -> Path:
     """The committed checkpoint's folder."""
-    return run / read_pointer(run)["dir"]
+    return resolve_checkpoint(run)[0]
 
 
 def read_state(run: Path) -> dict:
-    """The committed checkpoint's trainer state (unverified: for reports, not for loading)."""
-    return read_json(checkpoint_dir(run) / STATE_FILE)
+    """The committed checkpoint's trainer state, verified."""
+    return read_json(resolve_checkpoint(run)[0] / STATE_FILE)
 
 
 def verify_checkpoint(run: Path) -> tuple[Path, dict]:
     """(folder, pointer) after checking every file's size and sha256; one-line errors name the file."""
-    pointer = read_pointer(run)
-    folder = run / pointer["dir"]
-    for name, expected in pointer["files"].items():
-        path = folder / name
-        if not path.is_file():
-            raise CorruptCheckpointError(f"{path} is missing; the checkpoint in {run} is incomplete")
-        size = path.stat().st_size
-        if size != expected.get("bytes"):
-            raise CorruptCheckpointError(
-                f"{path} has {size:,} bytes, the checkpoint recorded {expected.get('bytes'):,} "
-                "(truncated or replaced); it cannot be loaded"
-            )
-        if sha256_file(path) != expected.get("sha256"):
-            raise CorruptCheckpointError(
-                f"{path} does not match its recorded sha256 (the file is damaged); it cannot be loaded"
-            )
+    folder, pointer, _ = resolve_checkpoint(run)
     return folder, pointer
 
 
@@ -285,8 +397,8 @@ def _verified_state(run: Path) -> tuple[Path, dict, dict]:
     """(folder, pointer, trainer state) of the committed checkpoint after checking every file."""
     folder, pointer = verify_checkpoint(run)
     state = read_json(folder / STATE_FILE)
-    step = int(state["step"])
-    if step != int(pointer["step"]):
+    step = state.get("step") if isinstance(state, dict) else None
+    if not isinstance(step, int) or step != pointer["step"]:
         raise CorruptCheckpointError(
             f"{folder / STATE_FILE} says step {step} but {run / POINTER_FILE} says "
             f"step {pointer['step']}: the checkpoint is inconsistent"

@@ -77,11 +77,44 @@ class RunDir:
     def remove_run(self) -> None:
         """Delete this run's own files (config, metrics, summary, eval.json, checkpoints, TensorBoard
         event files); nothing else."""
+        foreign = self.foreign_reason()
+        if foreign is not None:
+            raise FileExistsError(f"{self.path} is not a drmlab run ({foreign}); nothing was deleted")
         for name in RUN_FILES:
             (self.path / name).unlink(missing_ok=True)
-        shutil.rmtree(self.path / CHECKPOINTS_DIR, ignore_errors=True)
+        self._remove_own_checkpoints()
         shutil.rmtree(self.path / TENSORBOARD_DIR, ignore_errors=True)
         self.clean_orphans()
+
+    def foreign_reason(self) -> str | None:
+        """Why this directory holds another tool's files rather than a drmlab run, or None: a config.json
+        that is not a run's (a JSON object with model, train and runtime), or a checkpoints/ folder holding
+        folders drmlab did not write."""
+        if self.config_path.is_file():
+            try:
+                config = read_json(self.config_path)
+            except Exception:
+                config = None
+            if not isinstance(config, dict) or not {"model", "train", "runtime"} <= set(config):
+                return f"{CONFIG_FILE} is not a drmlab run's"
+        folder = self.path / CHECKPOINTS_DIR
+        if folder.is_dir():
+            others = sorted(e.name for e in folder.iterdir() if checkpoint.own_manifest(e) is None)
+            if others:
+                return f"{CHECKPOINTS_DIR}/ holds {', '.join(others[:3])}, which drmlab did not write"
+        return None
+
+    def _remove_own_checkpoints(self) -> None:
+        folder = self.path / CHECKPOINTS_DIR
+        if not folder.is_dir():
+            return
+        for entry in folder.iterdir():
+            if checkpoint.own_manifest(entry) is not None:
+                shutil.rmtree(entry, ignore_errors=True)
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: what is left is not this run's
+            pass
 
     def clean_orphans(self) -> list[str]:
         """Remove what a killed writer left (:func:`drmlab.runs.checkpoint.clean_orphans`); only while
@@ -92,7 +125,7 @@ class RunDir:
         """Forget a previous run's metrics, checkpoint and summary before a fresh start."""
         for name in (METRICS_FILE, SUMMARY_FILE, EVAL_FILE, POINTER_FILE):
             (self.path / name).unlink(missing_ok=True)
-        shutil.rmtree(self.path / CHECKPOINTS_DIR, ignore_errors=True)
+        self._remove_own_checkpoints()
 
     # config and summary
     def has_config(self) -> bool:
@@ -132,7 +165,10 @@ class RunDir:
 
     # the checkpoint (drmlab.runs.checkpoint)
     def has_checkpoint(self) -> bool:
-        return self.pointer_path.is_file()
+        """A pointer, or a checkpoint folder of this run that a lost pointer can be recovered from."""
+        folder = self.path / CHECKPOINTS_DIR
+        return self.pointer_path.is_file() or (
+            folder.is_dir() and any(checkpoint.own_manifest(entry) is not None for entry in folder.iterdir()))
 
     def read_pointer(self) -> dict:
         return checkpoint.read_pointer(self.path)
