@@ -465,3 +465,23 @@ def test_progress_lines_without_a_terminal(tmp_path, capsys):
     assert "tok/s" in lines[-1]
     train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, progress_seconds=0, overwrite=True)
     assert "step 1/6" not in capsys.readouterr().err
+
+
+def test_an_edited_config_is_refused_with_its_fields_unless_accepted(tmp_path):
+    """Issue 23 item 2: resume and eval read the run's settings from config.json, which had no checksum."""
+    from drmlab.runs import EditedConfigError
+
+    train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, stop_after_step=2)
+    run = RunDir(tmp_path)
+    config = json.loads(run.config_path.read_text())
+    config["train"]["seed"] += 1
+    config["train"]["lr"] = 0.5
+    run.config_path.write_text(json.dumps(config, indent=2))
+    with pytest.raises(EditedConfigError, match=r"config.json was edited after the run wrote it \(train.seed: 0 -> 1; "
+                                                r"train.lr: 0.01 -> 0.5\).*--accept-edited-config"):
+        run.read_config()
+    assert run.read_config(accept_edited=True)["train"]["lr"] == 0.5
+    assert run.accept_config_edits() == ["train.seed: 0 -> 1", "train.lr: 0.01 -> 0.5"]
+    assert run.read_config()["train"]["seed"] == 1  # sealed again
+    assert run.read_metrics()[-1] == {"kind": "config_edited", "changed": ["train.seed: 0 -> 1", "train.lr: 0.01 -> 0.5"]}
+    assert run.accept_config_edits() == []

@@ -271,6 +271,7 @@ def test_bad_bases_are_refused_in_one_line(base_run, tmp_path, capsys):
     shutil.copytree(base_run, other)
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps(dict(config, model="SSM_CONTROL")))
+    (other / "config.seal.json").unlink()  # as a run of that model written before config.json was sealed
     for base, words in ((other, "a SSM_CONTROL run"), (tmp_path / "nothing", "not a drmlab run directory")):
         assert main(["specialise", "--base", str(base), "--out", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err

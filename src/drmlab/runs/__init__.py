@@ -15,6 +15,7 @@ Everything that reads or writes a run goes through :class:`RunDir`, a facade ove
 
 from __future__ import annotations
 
+from .config_seal import EditedConfigError
 from .checkpoint import CHECKPOINT_FORMAT, CorruptCheckpointError, sha256_file, tied_names
 from .jsonio import jsonable, read_json, write_json_atomic
 from .layout import (
@@ -38,6 +39,7 @@ from .metrics import MetricsLog, read_metrics
 from .rundir import RunDir
 
 __all__ = [
+    "EditedConfigError",
     "CHECKPOINTS_DIR",
     "CHECKPOINT_FORMAT",
     "CONFIG_FILE",

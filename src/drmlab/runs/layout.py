@@ -3,6 +3,8 @@
 A run directory holds
 
 * ``config.json`` -- the resolved run (model, preset, overrides, train settings, data provenance);
+  ``config.seal.json`` -- its sha256 and the copy it was taken of, so an edit is refused, with the
+  fields it changed (:mod:`~drmlab.runs.config_seal`);
 * ``metrics.jsonl`` -- one JSON row per optimizer step (``kind: train``), per sampled evaluation
   (``kind: eval``) and per resume (``kind: resume``, with any settings changed on resuming);
 * ``checkpoint.json`` -- the pointer to the committed checkpoint: its folder, step and the sha256
@@ -34,8 +36,9 @@ MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "manifest.json"
+CONFIG_SEAL_FILE = "config.seal.json"  # config.json's sha256 and the copy it was taken of
 # Files a run writes at its top level (what --overwrite removes; nothing else is touched).
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, EVAL_FILE, POINTER_FILE)
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, EVAL_FILE, POINTER_FILE, CONFIG_SEAL_FILE)
 # Leftovers of a killed writer: a checkpoint being written, metrics.jsonl being truncated.
 TEMP_CHECKPOINT_PREFIX = ".checkpoint-"
 TEMP_METRICS_FILE = METRICS_FILE + ".tmp"

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint
+from . import checkpoint, config_seal
 from .jsonio import jsonable, make_dir, read_json, write_json_atomic
 from .layout import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
+    CONFIG_SEAL_FILE,
     EVAL_FILE,
     LOCK_FILE,
     METRICS_FILE,
@@ -41,6 +42,7 @@ class RunDir:
     summary_path = RunFile(SUMMARY_FILE)
     eval_path = RunFile(EVAL_FILE)
     pointer_path = RunFile(POINTER_FILE)
+    seal_path = RunFile(CONFIG_SEAL_FILE)
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -131,13 +133,34 @@ class RunDir:
     def has_config(self) -> bool:
         return self.config_path.is_file()
 
-    def read_config(self) -> dict:
+    def read_config(self, *, accept_edited: bool = False) -> dict:
+        """config.json, verified against its seal (:mod:`~drmlab.runs.config_seal`): an edited one raises
+        :class:`~drmlab.runs.config_seal.EditedConfigError` listing the changed fields, unless
+        ``accept_edited`` (then see :meth:`accept_config_edits`)."""
         if not self.config_path.is_file():
             raise FileNotFoundError(f"{self.path} is not a run directory: {self.config_path} is missing")
-        return read_json(self.config_path)
+        config = read_json(self.config_path)
+        if not accept_edited:
+            changed = config_seal.edits(self.config_path, self.seal_path, config)
+            if changed:
+                raise config_seal.refusal(self.config_path, changed)
+        return config
 
     def write_config(self, config: dict) -> None:
-        write_json_atomic(self.config_path, jsonable(config))
+        """Write config.json and its seal."""
+        config_seal.write_sealed(self.config_path, self.seal_path, config)
+
+    def accept_config_edits(self) -> list[str]:
+        """Take an edited config.json as the run's (the user said ``--accept-edited-config``): seal it again
+        and record the changed fields in metrics.jsonl (a ``kind: config_edited`` row). Returns them."""
+        config = read_json(self.config_path)
+        changed = config_seal.edits(self.config_path, self.seal_path, config)
+        if changed:
+            log = self.metrics_log()
+            log.log({"kind": "config_edited", "changed": changed})
+            log.close()
+            self.write_config(config)
+        return changed
 
     def read_summary(self) -> dict | None:
         """The summary, or None when the run has none yet."""
