@@ -197,9 +197,9 @@ def test_train_compile_trains_like_eager(corpus, tmp_path, capsys):
 def test_a_model_that_cannot_compile_names_the_operation(corpus, tmp_path, capsys, monkeypatch):
     """The pre-custom-operator state of the scan (a ``torch.compiler.disable`` escape) put back
     into the DRM memory: ``--compile`` is refused in one line naming the call and its line."""
-    import drmlab.models.drm.model as drm_model
+    import drmlab.models.drm.stages.memory as drm_memory
 
-    monkeypatch.setattr(drm_model, "linear_scan", torch.compiler.disable(drm_model.linear_scan))
+    monkeypatch.setattr(drm_memory, "linear_scan", torch.compiler.disable(drm_memory.linear_scan))
     from drmlab.cli import main
 
     code = main(["train", "--model", "SSM_CONTROL", "--preset", "micro", "--tokens", "256", "--data", str(corpus),
@@ -209,7 +209,7 @@ def test_a_model_that_cannot_compile_names_the_operation(corpus, tmp_path, capsy
     first, *rest = err.strip().splitlines()
     assert first.startswith("drmlab train: error: SSM_CONTROL cannot be compiled as one graph"), first
     assert "torch.compiler.disable" in first and "linear_scan" in first and "<function" not in first
-    assert "drmlab/models/drm/model.py:" in first and "m = linear_scan(" in first
+    assert "drmlab/models/drm/stages/memory.py:" in first and "m = linear_scan(" in first
     assert rest == ["  to train it uncompiled: the same command without --compile, with --overwrite "
                     "(this run wrote no checkpoint)"]
 

@@ -98,17 +98,17 @@ def test_composition_equals_the_dense_float64_formula_forward_and_backward(compo
 
 @pytest.mark.parametrize("composition", COMPOSITIONS)
 def test_the_model_velocity_is_the_dense_formula_at_its_geometry(composition):
-    """DRMModel._velocity of the registered variant, float64 at micro, against the dense formula at the
+    """Transition.velocity of the registered variant, float64 at micro, against the dense formula at the
     geometry and flow coefficients the model computes (the wiring, not only the helper)."""
     model = build_model(VARIANT[composition], "micro", seed=4).double()
     g = torch.Generator().manual_seed(2)
     z = 0.5 * torch.randn(2, model.config.d_state, generator=g, dtype=torch.float64)
     token_part = model.flow.token_part(model.embedding(torch.randint(0, 256, (2, 6), generator=g)))
-    geometry = model._geometry_at(z)
+    geometry = model.transition.geometry_at(z)
     gates, directions, gamma, u_factor, _ = geometry
     strength = model.naturalization_strength(None)
     with torch.no_grad():
-        velocity = model._velocity(z, geometry, token_part, strength)
+        velocity = model.transition.velocity(z, geometry, token_part, strength)
         coeff = model.flow(model.read(z).unsqueeze(-2), token_part)
         expected = _dense_numpy(composition, directions, gates, coeff, gamma, u_factor, strength)
     assert strength == 0.5 and (velocity - expected).abs().max() <= 1e-12

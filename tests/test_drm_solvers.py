@@ -70,8 +70,8 @@ def test_endpoint_correction_is_refused_and_its_leak_is_pinned():
 
     def corrected(tok):
         states, _ = model.states(tok)
-        token_part = model._flow_token_part(model.embedding(tok))
-        target = model._one_token(states[:, -2], token_part[:, -1], 0.5)
+        token_part = model.transition.token_part(model.embedding(tok))
+        target = model.transition.one_token(states[:, -2], token_part[:, -1], 0.5)
         return solvers.reference_endpoint_correction(states, target, 0.5, 1.0, model.bound)
 
     with torch.no_grad():
@@ -88,8 +88,8 @@ def test_fixed_point_converges_to_the_bounded_sequential_rollout(step_mode):
     tokens = torch.randint(0, 256, (2, length))
     with torch.no_grad():
         states, _ = model.states(tokens)
-        token_part = model._flow_token_part(model.embedding(tokens))
-        rollout = model.rollout(model.initial_state(2).double(), token_part, 0.5)
+        token_part = model.transition.token_part(model.embedding(tokens))
+        rollout = model.transition.rollout(model.initial_state(2).double(), token_part, 0.5)
     assert (states - model.bound(rollout)).abs().max() <= 1e-8
 
 
@@ -104,8 +104,8 @@ def test_refinement_distance_to_rollout_falls_with_iterations():
                                 solver_iters=iters).double()
             with torch.no_grad():
                 states, _ = model.states(tokens)
-                token_part = model._flow_token_part(model.embedding(tokens))
-                rollout = model.bound(model.rollout(model.initial_state(2).double(), token_part, 0.5))
+                token_part = model.transition.token_part(model.embedding(tokens))
+                rollout = model.bound(model.transition.rollout(model.initial_state(2).double(), token_part, 0.5))
             distances[solver, iters] = (states - rollout).abs().max().item()
     fp = [distances["fixed_point", k] for k in (1, 2, 4, 8)]
     assert fp == sorted(fp, reverse=True) and fp[-1] < 1e-10

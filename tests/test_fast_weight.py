@@ -108,8 +108,13 @@ def _stepped(model, tokens):
     return torch.stack(logits, dim=1), state
 
 
+def _memory(state):
+    """The fast-weight memory's entry of a decoding state: the model's last stage."""
+    return state.stages[-1]
+
+
 def _state_bytes(state):
-    memory = state.fast_weight
+    memory = _memory(state)
     tensors = [state.z_start, memory.fast, memory.slow, memory.previous_token]
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -119,6 +124,7 @@ def test_stepping_and_prefill_equal_the_parallel_forward_with_the_memory_live():
     the parallel pass's state equals the stepped one, and the memory's state has one size at
     every length."""
     model = active(build_model("ASM_CM", preset="micro", seed=3)).double().eval()
+    assert model.stages[-1].name == "fast_weight_memory"
     tokens = torch.randint(0, 256, (2, 29), generator=torch.Generator().manual_seed(1))
     tokens[:, 20:24] = tokens[:, 3:7]  # repeats across blocks
     with torch.no_grad():
@@ -130,8 +136,8 @@ def test_stepping_and_prefill_equal_the_parallel_forward_with_the_memory_live():
             prefilled = model(tokens[:, :length], return_state=True).state
             _, reached = _stepped(model, tokens[:, :length])
             for name in ("fast", "slow", "previous_token"):
-                want = getattr(reached.fast_weight, name)
-                assert (getattr(prefilled.fast_weight, name) - want).abs().max() <= 1e-10, (length, name)
+                want = getattr(_memory(reached), name)
+                assert (getattr(_memory(prefilled), name) - want).abs().max() <= 1e-10, (length, name)
             assert _state_bytes(prefilled) == _state_bytes(state)
 
 
@@ -168,7 +174,7 @@ def test_float32_state_and_compute_under_bf16_autocast():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(tokens, return_state=True)
         _, stepped = model.step(tokens[:, 0], model.init_state(2))
-    for state in (out.state.fast_weight, stepped.fast_weight):
+    for state in (_memory(out.state), _memory(stepped)):
         assert state.fast.dtype == state.slow.dtype == state.previous_token.dtype == torch.float32
     assert torch.isfinite(out.logits).all()
 

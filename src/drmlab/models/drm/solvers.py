@@ -33,16 +33,17 @@ def metric_apply(x: torch.Tensor, gamma: torch.Tensor | None, u_factor: torch.Te
     return out
 
 
-def candidate_step(model, z, anchor, geometry) -> torch.Tensor:
+def candidate_step(transition, z, anchor, geometry) -> torch.Tensor:
     """Section S.1: z' = sum_i softmax(s / tau)_i y_i with y_i = B(z^a + dt c a_i V_i).
 
-    z [N..., 1, d] the start state, anchor [N..., L, d] the Euler anchors z^a for L tokens,
-    geometry at z. Returns [N..., L, d] (not re-bounded: a convex combination of points in the ball).
+    ``transition``: the model's :class:`~drmlab.models.drm.transition.Transition` (config, bound,
+    read, risk); z [N..., 1, d] the start state, anchor [N..., L, d] the Euler anchors z^a for L
+    tokens, geometry at z. Returns [N..., L, d] (not re-bounded: a convex combination of points in the ball).
     """
-    c = model.config
+    c = transition.config
     gates, directions, gamma, u_factor, _ = geometry
     push = (c.dt * c.candidate_scale) * gates.unsqueeze(-1) * directions  # [N..., n, d]
-    y = model.bound(anchor.unsqueeze(-2) + push.unsqueeze(-3))  # [N..., L, n, d]
+    y = transition.bound(anchor.unsqueeze(-2) + push.unsqueeze(-3))  # [N..., L, n, d]
     w = (y - z.unsqueeze(-2)) / c.dt
     if gamma is None:
         energy = w.pow(2).sum(-1)
@@ -52,33 +53,33 @@ def candidate_step(model, z, anchor, geometry) -> torch.Tensor:
             energy = energy + (w @ u_factor.unsqueeze(-3)).pow(2).sum(-1)
     score = -(c.geodesic_metric_weight * energy
               + c.geodesic_anchor_weight * (y - anchor.unsqueeze(-2)).pow(2).sum(-1))
-    if model.risk is not None and model.risk.enabled:
-        score = score - c.geodesic_risk_weight * model.risk(model.read(y))
+    if transition.risk is not None and transition.risk.enabled:
+        score = score - c.geodesic_risk_weight * transition.risk(transition.read(y))
     weights = torch.softmax(score / c.candidate_temperature, dim=-1)  # over the n candidates
     return (weights.unsqueeze(-1) * y).sum(-2)
 
 
-def geodesic_step(model, z, anchor, geometry) -> torch.Tensor:
+def geodesic_step(transition, z, anchor, geometry) -> torch.Tensor:
     """Section S.2: from y = z^a, K times y <- B(y - eta grad E(y)) with
     grad E = 2 l_a (y - z^a) + (2 l_m / dt^2) G (y - z) + l_r grad rho(y); G from the start state z.
 
     The gradient is written in closed form (autograd only for an enabled risk field), so the
     iteration is differentiated through like any other layer.
     """
-    c = model.config
+    c = transition.config
     _, _, gamma, u_factor, _ = geometry
     y = anchor
-    risk_on = model.risk is not None and model.risk.enabled
+    risk_on = transition.risk is not None and transition.risk.enabled
     for _ in range(c.geodesic_steps):
         grad = 2 * c.geodesic_anchor_weight * (y - anchor)
         grad = grad + (2 * c.geodesic_metric_weight / c.dt**2) * metric_apply(y - z, gamma, u_factor)
         if risk_on:
             with torch.enable_grad():
                 probe = y if y.requires_grad else y.detach().requires_grad_(True)
-                (risk_grad,) = torch.autograd.grad(model.risk(model.read(probe)).sum(), probe,
+                (risk_grad,) = torch.autograd.grad(transition.risk(transition.read(probe)).sum(), probe,
                                                    create_graph=torch.is_grad_enabled())
             grad = grad + c.geodesic_risk_weight * risk_grad
-        y = model.bound(y - c.geodesic_lr * grad)
+        y = transition.bound(y - c.geodesic_lr * grad)
     return y
 
 

@@ -1,0 +1,25 @@
+"""The fast-weight memory stage (``docs/drm.md`` section V): z' = z + the memory's read, written as it
+goes (:class:`~drmlab.models.drm.fast_weight.FastWeightMemory`). Its state (the fast and slow matrices
+and the previous token) is the only one that crosses block boundaries."""
+
+from __future__ import annotations
+
+from .base import Block, Stage
+
+
+class FastWeightStage(Stage):
+    crosses_blocks = True
+
+    def __init__(self, transition, memory):
+        super().__init__("fast_weight_memory", transition, fast_weight_memory=memory)
+
+    def init_state(self, batch, like):
+        return self.fast_weight_memory.init_state(batch, like)
+
+    def forward(self, block: Block, part, state, keep):
+        block.z, state = self.fast_weight_memory(block.z, self.transition.read(block.z), block.tokens, state)
+        return state
+
+    def step(self, block: Block, part, state):
+        block.z, state = self.fast_weight_memory(block.z, self.transition.read(block.z), block.tokens, state)
+        return state

@@ -1,0 +1,21 @@
+"""The token residual stage (``docs/drm.md`` section 8): z <- B(z + eta_tok W_tok e_t). No state."""
+
+from __future__ import annotations
+
+from .base import Block, Stage
+
+
+class TokenResidualStage(Stage):
+    def __init__(self, transition, token_residual):
+        super().__init__("token_residual", transition, token_residual=token_residual)
+
+    def token_part(self, e):
+        return self.token_residual(e)
+
+    def forward(self, block: Block, part, state, keep):
+        block.z = self.transition.bound(block.z + part)
+        return None
+
+    def step(self, block: Block, part, state):
+        block.z = self.transition.bound(block.z + part)
+        return None
