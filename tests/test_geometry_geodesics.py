@@ -76,3 +76,14 @@ def test_a_path_against_the_geodesic_has_ratio_at_least_one():
     out = path_versus_geodesic(poincare(), line, rule="midpoint", method="newton")
     assert out["action_ratio"] is not None and out["action_ratio"] > 1.05
     assert out["path_action"] == pytest.approx(float(discrete_action(poincare(), line, "midpoint")))
+
+
+def test_newton_with_conjugate_gradients_matches_the_dense_hessian(monkeypatch):
+    import drmlab.geometry.geodesics as geodesics
+
+    a, b = torch.tensor([0.0, 0.5], dtype=F64), torch.tensor([2.0, 2.0], dtype=F64)
+    dense = solve_geodesic(poincare(), a, b, 24, tol=1e-11)
+    monkeypatch.setattr(geodesics, "DENSE_NEWTON_MAX", 0)
+    cg = solve_geodesic(poincare(), a, b, 24, tol=1e-11)
+    assert dense.converged and cg.converged
+    assert (dense.points - cg.points).abs().max() < 1e-9

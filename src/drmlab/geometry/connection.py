@@ -108,8 +108,11 @@ def _gamma_frame(metric, z, velocity, frame, full):
     """Gamma(z)[velocity, A] for each column A of frame [d, m]: [d, m]."""
     if full is not None:
         return torch.einsum("lij,i,jm->lm", full(z), velocity, frame)
-    cols = [christoffel_contract(metric, z, velocity, frame[:, m]) for m in range(frame.shape[1])]
-    return torch.stack(cols, dim=1)
+    if frame.shape[1] == 1:
+        return christoffel_contract(metric, z, velocity, frame[:, 0]).unsqueeze(1)
+    from torch.func import vmap
+
+    return vmap(lambda a: christoffel_contract(metric, z, velocity, a), in_dims=1, out_dims=1)(frame)
 
 
 def transport(metric: Metric, path: Callable[[float], tuple[torch.Tensor, torch.Tensor]], frame: torch.Tensor,

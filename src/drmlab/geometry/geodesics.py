@@ -7,8 +7,8 @@ Given endpoints a, b and K segments, minimise the discrete action over the inter
 with c_k = z_k (``rule="left"``, the form of the issue; first order in 1/K) or the segment midpoint
 (``rule="midpoint"``; second order). Its stationarity condition dS/dz_k = 0 is the discrete
 Euler-Lagrange (geodesic) equation, and a minimiser has constant speed, so K S = L^2 (L the length).
-Solved by L-BFGS (any size) or Newton's method with the exact Hessian (small problems), in the
-metric's dtype. The result always carries its residual; a solve that does not converge returns no
+Solved by Newton's method (exact Hessian, or conjugate gradients on exact Hessian-vector products
+for large problems) or L-BFGS, in the metric's dtype. The result always carries its residual; a solve that does not converge returns no
 action or length, only the residual.
 
 :func:`path_versus_geodesic` compares a given discrete path (e.g. the model's states between two
@@ -78,14 +78,15 @@ def segment_lengths(metric: Metric, points: torch.Tensor, rule: str = "left") ->
 
 
 def solve_geodesic(metric: Metric, a: torch.Tensor, b: torch.Tensor, segments: int, rule: str = "midpoint",
-                   method: str = "lbfgs", tol: float = 1e-7, max_iter: int = 500, init: torch.Tensor | None = None,
+                   method: str = "newton", tol: float = 1e-7, max_iter: int = 500, init: torch.Tensor | None = None,
                    equation_residual: bool = True) -> GeodesicResult:
     """The discrete geodesic from a to b [d] with ``segments`` segments (start: the straight line, or
     ``init`` [K + 1, d]). Converged when |dS/dz| <= tol x its value at the start (or <= 1e-14).
 
-    L-BFGS's line search compares action values, which limits it to a relative gradient of about
-    sqrt(machine epsilon) (1e-8 in float64): hence the default tol 1e-7. Newton steps use the
-    gradient only and reach 1e-12."""
+    ``method``: "newton" (the default: the exact Hessian up to 2,000 unknowns, conjugate gradients on
+    Hessian-vector products above) or "lbfgs". L-BFGS's line search compares action values, which
+    limits it to a relative gradient of about sqrt(machine epsilon) (1e-8 in float64, often worse on
+    a learned metric); Newton's steps are judged on the gradient too and reach 1e-12."""
     if segments < 2:
         raise ValueError(f"a geodesic needs at least 2 segments, got {segments}")
     if method not in ("lbfgs", "newton"):
@@ -108,21 +109,7 @@ def solve_geodesic(metric: Metric, a: torch.Tensor, b: torch.Tensor, segments: i
     scale = g0 if g0 > 0 else 1.0
     iterations = 0
     if method == "newton":
-        x = interior.detach()
-        n = x.numel()
-        for iterations in range(1, max_iter + 1):
-            flat = x.reshape(-1).clone()
-            grad = torch.func.grad(lambda f: action(f.view_as(x)))(flat)
-            if float(grad.norm()) <= max(tol * scale, 1e-14):
-                iterations -= 1
-                break
-            hess = torch.func.hessian(lambda f: action(f.view_as(x)))(flat)
-            step = torch.linalg.solve(hess + 1e-14 * torch.eye(n, dtype=x.dtype, device=x.device), grad)
-            t, base = 1.0, float(action(x))
-            while t > 1e-8 and float(action((flat - t * step).view_as(x))) > base:
-                t *= 0.5
-            x = (flat - t * step).view_as(x)
-        interior = x
+        interior, iterations = _newton(action, interior.detach(), tol * scale, max_iter)
     else:
         for _restart in range(LBFGS_RESTARTS):  # a stalled line search restarts from a fresh history
             optimizer = torch.optim.LBFGS([interior], lr=1.0, max_iter=max_iter, history_size=50,
@@ -154,6 +141,65 @@ def solve_geodesic(metric: Metric, a: torch.Tensor, b: torch.Tensor, segments: i
             equation = None
     return GeodesicResult(points, converged, iterations, residual, residual_abs,
                           value if converged else None, length if converged else None, equation)
+
+
+DENSE_NEWTON_MAX = 2000  # unknowns up to which Newton forms the Hessian; above, conjugate gradients on Hessian-vector products
+
+
+def _newton(action, x: torch.Tensor, gtol: float, max_iter: int) -> tuple[torch.Tensor, int]:
+    """Newton's method on the interior points x: the exact Hessian when small, else conjugate
+    gradients on exact Hessian-vector products (forward over reverse). A step is accepted when it
+    lowers the action or the gradient norm (near the minimiser the action's rounding hides progress
+    that the gradient still shows), halving it otherwise."""
+    from torch.func import grad, hessian, jvp
+
+    n = x.numel()
+
+    def f(flat):
+        return action(flat.view_as(x))
+
+    g = grad(f)
+    flat = x.reshape(-1).clone()
+    for it in range(1, max_iter + 1):
+        gk = g(flat)
+        gnorm = float(gk.norm())
+        if gnorm <= max(gtol, 1e-14):
+            return flat.view_as(x), it - 1
+        if n <= DENSE_NEWTON_MAX:
+            h = hessian(f)(flat)
+            step = torch.linalg.solve(h + 1e-14 * torch.eye(n, dtype=x.dtype, device=x.device), gk)
+        else:
+            step = _conjugate_gradients(lambda v: jvp(g, (flat,), (v,))[1], gk, tol=min(0.5, gnorm ** 0.5) * gnorm)
+        base, t = float(f(flat)), 1.0
+        while t > 1e-10:
+            trial = flat - t * step
+            if float(f(trial)) <= base or float(g(trial).norm()) < gnorm:
+                break
+            t *= 0.5
+        flat = flat - t * step
+    return flat.view_as(x), max_iter
+
+
+def _conjugate_gradients(hvp, b: torch.Tensor, tol: float, max_iter: int = 200) -> torch.Tensor:
+    """Solve H p = b by conjugate gradients (stopping at |r| <= tol or on negative curvature)."""
+    p = torch.zeros_like(b)
+    r = b.clone()
+    d = r.clone()
+    rr = float(r @ r)
+    for _ in range(max_iter):
+        if rr ** 0.5 <= tol:
+            break
+        hd = hvp(d)
+        curvature = float(d @ hd)
+        if curvature <= 0:
+            return p if float(p.norm()) > 0 else b
+        alpha = rr / curvature
+        p = p + alpha * d
+        r = r - alpha * hd
+        rr_new = float(r @ r)
+        d = r + (rr_new / rr) * d
+        rr = rr_new
+    return p
 
 
 def path_versus_geodesic(metric: Metric, path: torch.Tensor, rule: str = "left", **solver) -> dict:
