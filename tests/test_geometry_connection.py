@@ -7,8 +7,17 @@ import math
 import pytest
 import torch
 
-from drmlab.geometry.connection import (DenseMetric, LowRankMetric, christoffel, christoffel_contract,
-                                        holonomy_angle, polyline, schild_transport, sectional_curvature, transport)
+from drmlab.geometry.connection import (
+    DenseMetric,
+    LowRankMetric,
+    christoffel,
+    christoffel_contract,
+    holonomy_angle,
+    polyline,
+    schild_transport,
+    sectional_curvature,
+    transport,
+)
 
 F64 = torch.float64
 
@@ -80,7 +89,7 @@ def test_a_wrong_christoffel_sign_fails_the_sphere_test():
             x, xdot = path(t)
             return torch.einsum("lij,i,jm->lm", christoffel(metric, x), xdot, a)
         t = k * h
-        k1 = rhs(t, a); k2 = rhs(t + h / 2, a + h / 2 * k1); k3 = rhs(t + h / 2, a + h / 2 * k2); k4 = rhs(t + h, a + h * k3)  # noqa: E702
+        k1 = rhs(t, a); k2 = rhs(t + h / 2, a + h / 2 * k1); k3 = rhs(t + h / 2, a + h / 2 * k2); k4 = rhs(t + h, a + h * k3)
         a = a + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
     wrong = math.atan2(float(a[1, 0]) * math.sin(theta0), float(a[0, 0]))
     assert abs(_wrap(wrong + area)) < 1e-8 and abs(_wrap(wrong - area)) > 0.1

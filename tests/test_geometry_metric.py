@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from drmlab.geometry.metric import (damped_pinv_apply, dense, exact_rank, kernel_basis, kernel_split,
-                                    naturalize_degenerate, numerical_rank)
+from drmlab.geometry.metric import (
+    damped_pinv_apply,
+    dense,
+    exact_rank,
+    kernel_basis,
+    kernel_split,
+    naturalize_degenerate,
+    numerical_rank,
+)
 from drmlab.ops import woodbury_solve
 
 

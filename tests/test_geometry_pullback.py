@@ -6,8 +6,15 @@ import math
 
 import torch
 
-from drmlab.geometry.pullback import (fisher_matrix, metric_agreement, principal_angles, pullback_auto,
-                                      pullback_energy, pullback_estimate, pullback_metric)
+from drmlab.geometry.pullback import (
+    fisher_matrix,
+    metric_agreement,
+    principal_angles,
+    pullback_auto,
+    pullback_energy,
+    pullback_estimate,
+    pullback_metric,
+)
 
 D, V = 5, 11
 

@@ -7,8 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from drmlab.geometry.topology import (betti_at, bootstrap_persistence, have_gudhi, landmarks, long_bars,
-                                      persistence)
+from drmlab.geometry.topology import (
+    betti_at,
+    bootstrap_persistence,
+    have_gudhi,
+    landmarks,
+    long_bars,
+    persistence,
+)
 
 pytestmark = pytest.mark.skipif(not have_gudhi(), reason="gudhi is not installed (pip install 'drmlab[geometry]')")
 

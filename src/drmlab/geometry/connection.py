@@ -22,13 +22,24 @@ sectional curvature of that plane (:func:`sectional_curvature`).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-__all__ = ["Metric", "DenseMetric", "LowRankMetric", "christoffel", "christoffel_contract", "transport",
-           "polyline", "schild_transport", "holonomy_angle", "parallelogram", "sectional_curvature",
-           "geodesic_residual"]
+__all__ = [
+    "DenseMetric",
+    "LowRankMetric",
+    "Metric",
+    "christoffel",
+    "christoffel_contract",
+    "geodesic_residual",
+    "holonomy_angle",
+    "parallelogram",
+    "polyline",
+    "schild_transport",
+    "sectional_curvature",
+    "transport",
+]
 
 
 class Metric:
@@ -148,7 +159,7 @@ def polyline(points: torch.Tensor) -> Callable[[float], tuple[torch.Tensor, torc
     last = points.shape[0] - 2
 
     def path(t: float, anchor: float | None = None):
-        k = min(max(int(math.floor(t if anchor is None else anchor)), 0), last)
+        k = min(max(math.floor(t if anchor is None else anchor), 0), last)
         step = points[k + 1] - points[k]
         return points[k] + (t - k) * step, step
 

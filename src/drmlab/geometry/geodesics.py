@@ -4,8 +4,9 @@ Given endpoints a, b and K segments, minimise the discrete action over the inter
 
     S(z_1..z_{K-1}) = sum_k (z_{k+1} - z_k)^T G(c_k) (z_{k+1} - z_k),   z_0 = a, z_K = b,
 
-with c_k = z_k (``rule="left"``, the form of the issue; first order in 1/K) or the segment midpoint
-(``rule="midpoint"``; second order). Its stationarity condition dS/dz_k = 0 is the discrete
+with c_k = z_k (``rule="left"``, the form of the issue) or the segment midpoint (``rule="midpoint"``).
+Both give the length to second order in 1/K; the continuous geodesic equation is met to first
+order by the left rule and to second order by the midpoint rule. Its stationarity condition dS/dz_k = 0 is the discrete
 Euler-Lagrange (geodesic) equation, and a minimiser has constant speed, so K S = L^2 (L the length).
 Solved by Newton's method (exact Hessian, or conjugate gradients on exact Hessian-vector products
 for large problems) or L-BFGS, in the metric's dtype. The result always carries its residual; a solve that does not converge returns no
@@ -28,7 +29,7 @@ from .connection import Metric, geodesic_residual
 
 LBFGS_RESTARTS = 5
 
-__all__ = ["GeodesicResult", "discrete_action", "segment_lengths", "solve_geodesic", "path_versus_geodesic"]
+__all__ = ["GeodesicResult", "discrete_action", "path_versus_geodesic", "segment_lengths", "solve_geodesic"]
 
 
 @dataclass
@@ -116,7 +117,7 @@ def solve_geodesic(metric: Metric, a: torch.Tensor, b: torch.Tensor, segments: i
                                           tolerance_grad=max(tol * scale / math.sqrt(interior.numel()), 1e-16),
                                           tolerance_change=0.0, line_search_fn="strong_wolfe")
 
-            def closure():
+            def closure(optimizer=optimizer):
                 optimizer.zero_grad()
                 value = action(interior)
                 value.backward()
@@ -169,7 +170,7 @@ def _newton(action, x: torch.Tensor, gtol: float, max_iter: int) -> tuple[torch.
             h = hessian(f)(flat)
             step = torch.linalg.solve(h + 1e-14 * torch.eye(n, dtype=x.dtype, device=x.device), gk)
         else:
-            step = _conjugate_gradients(lambda v: jvp(g, (flat,), (v,))[1], gk, tol=min(0.5, gnorm ** 0.5) * gnorm)
+            step = _conjugate_gradients(lambda v, at=flat: jvp(g, (at,), (v,))[1], gk, tol=min(0.5, gnorm ** 0.5) * gnorm)
         base, t = float(f(flat)), 1.0
         while t > 1e-10:
             trial = flat - t * step

@@ -35,8 +35,15 @@ import torch
 from drmlab.ops import metric_dense
 
 __all__ = [
-    "KernelSplit", "kernel_split", "kernel_basis", "kernel_project", "exact_rank", "damped_pinv_apply",
-    "naturalize_degenerate", "numerical_rank", "RANK_TOLERANCES",
+    "RANK_TOLERANCES",
+    "KernelSplit",
+    "damped_pinv_apply",
+    "exact_rank",
+    "kernel_basis",
+    "kernel_project",
+    "kernel_split",
+    "naturalize_degenerate",
+    "numerical_rank",
 ]
 
 # Relative tolerances at which numerical ranks are reported (each labelled approximate).

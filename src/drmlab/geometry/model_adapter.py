@@ -14,8 +14,8 @@ topology. A model outside the DRM family has no latent state for the instruments
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -71,7 +71,7 @@ def model_view(model, tokens: torch.Tensor) -> ModelView:
     from drmlab.models.drm import DRMModel
 
     if not isinstance(model, DRMModel):
-        raise ValueError(unsupported_line(model))
+        raise ValueError(unsupported_line(model))  # noqa: TRY004 -- the CLI reports a ValueError in one line
     c = model.config
     states, record = model.states(tokens)
     batch, length, d = states.shape

@@ -21,13 +21,22 @@ per eps^2. F 1 = 0, so rank G_pb <= min(d, V - 1) exactly.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-__all__ = ["MAX_EXACT_VOCAB", "PullbackEstimate", "fisher_matrix", "pullback_metric", "pullback_energy",
-           "pullback_estimate", "pullback_auto", "principal_angles", "metric_agreement"]
+__all__ = [
+    "MAX_EXACT_VOCAB",
+    "PullbackEstimate",
+    "fisher_matrix",
+    "metric_agreement",
+    "principal_angles",
+    "pullback_auto",
+    "pullback_energy",
+    "pullback_estimate",
+    "pullback_metric",
+]
 
 # Above this vocabulary the automatic choice (:func:`pullback_auto`) uses the estimator.
 MAX_EXACT_VOCAB = 4096

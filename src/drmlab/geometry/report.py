@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["write_tables", "write_plots"]
+__all__ = ["write_plots", "write_tables"]
 
 
 def _fmt(x) -> str:
@@ -19,8 +19,8 @@ def write_tables(record: dict) -> str:
     """Markdown: one table of costs, then one per instrument."""
     ins = record["instruments"]
     lines = [f"# Geometry of {record['model']} ({record.get('run', 'in memory')})", "",
-             f"{record['windows']} windows, {record['tokens']} tokens, d_state {record['d_state']}, "
-             f"vocabulary {record['vocab_size']}; float64.", ""]
+             (f"{record['windows']} windows, {record['tokens']} tokens, d_state {record['d_state']}, "
+              f"vocabulary {record['vocab_size']}; float64."), ""]
     lines += [f"- {note}" for note in record["notes"]] + ([""] if record["notes"] else [])
     lines += ["| instrument | seconds |", "|---|---:|"]
     lines += [f"| {name} | {_fmt(r['seconds'])} |" for name, r in ins.items()] + [""]
@@ -74,8 +74,8 @@ def write_tables(record: dict) -> str:
     if "topology" in ins:
         t = ins["topology"]
         lines += ["## Persistent homology of the visited states", "",
-                  f"{t['landmarks']} landmarks, diameter {_fmt(t['diameter'])}, threshold {_fmt(t['threshold'])}: "
-                  f"bars longer than the threshold {t['betti_at_threshold']}; longest H1 {_fmt(t['longest_h1'])}.", ""]
+                  (f"{t['landmarks']} landmarks, diameter {_fmt(t['diameter'])}, threshold {_fmt(t['threshold'])}: "
+                   f"bars longer than the threshold {t['betti_at_threshold']}; longest H1 {_fmt(t['longest_h1'])}."), ""]
     return "\n".join(lines) + "\n"
 
 

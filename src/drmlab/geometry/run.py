@@ -23,8 +23,18 @@ import torch
 
 from .model_adapter import INSTRUMENTS, ModelView, model_view
 
-__all__ = ["GeometryBudget", "geometry_of_model", "run_geometry", "measure_metric", "measure_strata",
-           "measure_pullback", "measure_agreement", "measure_connection", "measure_geodesics", "measure_topology"]
+__all__ = [
+    "GeometryBudget",
+    "geometry_of_model",
+    "measure_agreement",
+    "measure_connection",
+    "measure_geodesics",
+    "measure_metric",
+    "measure_pullback",
+    "measure_strata",
+    "measure_topology",
+    "run_geometry",
+]
 
 
 @dataclass
@@ -280,7 +290,7 @@ def measure_topology(view: ModelView, budget: GeometryBudget) -> dict:
     diagrams = persistence(cloud, max_dim=1, max_edge=diameter)
     threshold = budget.topology_threshold * diameter
     spread = bootstrap_persistence(cloud, resamples=budget.topology_resamples, max_dim=1, max_edge=diameter)
-    return {"landmarks": int(len(idx)), "diameter": diameter, "threshold": threshold,
+    return {"landmarks": len(idx), "diameter": diameter, "threshold": threshold,
             "betti_at_threshold": betti_at(diagrams, threshold),
             "longest_h1": float(max((d - b for b, d in diagrams[1]), default=0.0)),
             "bootstrap_top_persistence": spread,

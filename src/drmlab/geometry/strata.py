@@ -11,6 +11,7 @@ number of changes and the mean dwell (run length).
 from __future__ import annotations
 
 from collections import Counter
+from itertools import pairwise
 
 import torch
 
@@ -43,7 +44,7 @@ def stratify(labels: torch.Tensor) -> dict:
     runs = 0
     for row in labels.tolist():
         runs += 1
-        for a, b in zip(row[:-1], row[1:]):
+        for a, b in pairwise(row):
             if a != b:
                 transitions[f"{a}->{b}"] += 1
                 runs += 1

@@ -19,8 +19,15 @@ import math
 
 import numpy as np
 
-__all__ = ["require_gudhi", "have_gudhi", "landmarks", "persistence", "long_bars", "betti_at",
-           "bootstrap_persistence"]
+__all__ = [
+    "betti_at",
+    "bootstrap_persistence",
+    "have_gudhi",
+    "landmarks",
+    "long_bars",
+    "persistence",
+    "require_gudhi",
+]
 
 
 def have_gudhi() -> bool:
@@ -86,7 +93,7 @@ def long_bars(diagram: np.ndarray, threshold: float) -> np.ndarray:
 
 def betti_at(diagrams: dict[int, np.ndarray], threshold: float) -> dict[int, int]:
     """{dimension: number of bars longer than threshold}."""
-    return {dim: int(len(long_bars(d, threshold))) for dim, d in diagrams.items()}
+    return {dim: len(long_bars(d, threshold)) for dim, d in diagrams.items()}
 
 
 def bootstrap_persistence(points: np.ndarray, resamples: int = 10, fraction: float = 0.8, max_dim: int = 1,
