@@ -20,7 +20,8 @@ instruments: the learned metric's exact kernel and ranks, rank strata, the decod
 J^T (diag p - p p^T) J and its agreement with the learned metric, connection (holonomy, transport of
 the directions between block starts), the model's block paths against geodesics, persistent
 homology of the visited states (needs: pip install 'drmlab[geometry]'). A model without a metric
-gets those that apply, and one line naming the others.
+gets those that apply, and one line naming the others. Runs on one CPU thread unless --threads says
+otherwise: the instruments are many small operations, where more threads only add overhead.
 """
 
 
@@ -49,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     tokens = parse_tokens(args.tokens)
     if tokens < 2:
         raise ValueError(f"--tokens must be at least 2, got {args.tokens}")
+    if args.threads is None:  # many small operations: more threads only add overhead (docs/geometry.md section 7)
+        args.threads = 1
     apply_threads(args)
     record, files = run_geometry(args.ckpt, tokens=tokens, out=args.out, device=args.device, data=args.data,
                                  tokenizer=args.tokenizer, cache_dir=args.cache_dir)

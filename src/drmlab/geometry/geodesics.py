@@ -110,7 +110,12 @@ def solve_geodesic(metric: Metric, a: torch.Tensor, b: torch.Tensor, segments: i
     scale = g0 if g0 > 0 else 1.0
     iterations = 0
     if method == "newton":
-        interior, iterations = _newton(action, interior.detach(), tol * scale, max_iter)
+        # the Hessian of the action under the constant metric c I (c: the start's mean energy per squared step)
+        # is 2 c times the path Laplacian: the conjugate gradients' preconditioner
+        start_delta = start[1:] - start[:-1]
+        c = float(discrete_action(metric, start, rule)) / max(float(start_delta.square().sum()), 1e-300)
+        interior, iterations = _newton(action, interior.detach(), tol * scale, max_iter,
+                                       precondition=_laplacian_preconditioner(segments - 1, 2 * c, a.dtype))
     else:
         for _restart in range(LBFGS_RESTARTS):  # a stalled line search restarts from a fresh history
             optimizer = torch.optim.LBFGS([interior], lr=1.0, max_iter=max_iter, history_size=50,
@@ -147,11 +152,23 @@ def solve_geodesic(metric: Metric, a: torch.Tensor, b: torch.Tensor, segments: i
 DENSE_NEWTON_MAX = 2000  # unknowns up to which Newton forms the Hessian; above, conjugate gradients on Hessian-vector products
 
 
-def _newton(action, x: torch.Tensor, gtol: float, max_iter: int) -> tuple[torch.Tensor, int]:
-    """Newton's method on the interior points x: the exact Hessian when small, else conjugate
-    gradients on exact Hessian-vector products (forward over reverse). A step is accepted when it
-    lowers the action or the gradient norm (near the minimiser the action's rounding hides progress
-    that the gradient still shows), halving it otherwise."""
+def _laplacian_preconditioner(points: int, scale: float, dtype):
+    """r [points * d] -> (scale T)^-1 r, T the tridiagonal path Laplacian (2 on the diagonal, -1 beside)."""
+    lap = 2 * torch.eye(points, dtype=dtype) - torch.diag(torch.ones(points - 1, dtype=dtype), 1) \
+        - torch.diag(torch.ones(points - 1, dtype=dtype), -1)
+    inverse = torch.linalg.inv(lap) / max(scale, 1e-300)
+
+    def apply(r: torch.Tensor) -> torch.Tensor:
+        return (inverse.to(r.device) @ r.view(points, -1)).reshape(-1)
+
+    return apply
+
+
+def _newton(action, x: torch.Tensor, gtol: float, max_iter: int, precondition=None) -> tuple[torch.Tensor, int]:
+    """Newton's method on the interior points x: the exact Hessian when small, else preconditioned
+    conjugate gradients on exact Hessian-vector products (forward over reverse). A step is accepted
+    when it lowers the action or the gradient norm (near the minimiser the action's rounding hides
+    progress that the gradient still shows), halving it otherwise."""
     from torch.func import grad, hessian, jvp
 
     n = x.numel()
@@ -170,7 +187,8 @@ def _newton(action, x: torch.Tensor, gtol: float, max_iter: int) -> tuple[torch.
             h = hessian(f)(flat)
             step = torch.linalg.solve(h + 1e-14 * torch.eye(n, dtype=x.dtype, device=x.device), gk)
         else:
-            step = _conjugate_gradients(lambda v, at=flat: jvp(g, (at,), (v,))[1], gk, tol=min(0.5, gnorm ** 0.5) * gnorm)
+            step = _conjugate_gradients(lambda v, at=flat: jvp(g, (at,), (v,))[1], gk,
+                                        tol=min(0.5, gnorm ** 0.5) * gnorm, precondition=precondition)
         base, t = float(f(flat)), 1.0
         while t > 1e-10:
             trial = flat - t * step
@@ -181,25 +199,28 @@ def _newton(action, x: torch.Tensor, gtol: float, max_iter: int) -> tuple[torch.
     return flat.view_as(x), max_iter
 
 
-def _conjugate_gradients(hvp, b: torch.Tensor, tol: float, max_iter: int = 200) -> torch.Tensor:
-    """Solve H p = b by conjugate gradients (stopping at |r| <= tol or on negative curvature)."""
+def _conjugate_gradients(hvp, b: torch.Tensor, tol: float, max_iter: int = 200, precondition=None) -> torch.Tensor:
+    """Solve H p = b by (preconditioned) conjugate gradients, stopping at |r| <= tol or on negative curvature."""
+    precondition = precondition or (lambda r: r)
     p = torch.zeros_like(b)
     r = b.clone()
-    d = r.clone()
-    rr = float(r @ r)
+    y = precondition(r)
+    d = y.clone()
+    ry = float(r @ y)
     for _ in range(max_iter):
-        if rr ** 0.5 <= tol:
+        if float(r.norm()) <= tol:
             break
         hd = hvp(d)
         curvature = float(d @ hd)
         if curvature <= 0:
             return p if float(p.norm()) > 0 else b
-        alpha = rr / curvature
+        alpha = ry / curvature
         p = p + alpha * d
         r = r - alpha * hd
-        rr_new = float(r @ r)
-        d = r + (rr_new / rr) * d
-        rr = rr_new
+        y = precondition(r)
+        ry_new = float(r @ y)
+        d = y + (ry_new / ry) * d
+        ry = ry_new
     return p
 
 

@@ -41,7 +41,8 @@ __all__ = [
 class GeometryBudget:
     """How much of each instrument to run (the defaults fit a tiny model in well under 5 minutes on 2 cores)."""
 
-    pullback_states: int = 64  # states (block starts first, then evenly spaced) for the dense pullback
+    pullback_states: int = 64  # block starts (the first of each window) for the pullback and the agreement angles
+    strata_states: int = 64  # evenly spaced visited states per window for the strata
     max_exact_vocab: int = 4096  # above: the estimator
     estimator_samples: int = 64
     holonomy_points: int = 2  # block starts at which a small-loop holonomy is measured
@@ -134,24 +135,32 @@ def measure_pullback(view: ModelView, budget: GeometryBudget, cache: dict) -> di
     }
 
 
-def measure_strata(view: ModelView, cache: dict, rtol: float = 1e-4) -> dict:
-    """Section 2: stratify the block starts by the rank of G (exact, and numerical at ``rtol``) and
-    by the numerical rank of the pullback; occupancy and transitions along each window."""
+def _visited(view: ModelView, per_window: int) -> torch.Tensor:
+    """Up to ``per_window`` evenly spaced visited states of each window, in order: [B, k, d]."""
+    length = view.states.shape[1]
+    index = torch.linspace(0, length - 1, min(per_window, length)).round().long().unique()
+    return view.states[:, index]
+
+
+def measure_strata(view: ModelView, budget: GeometryBudget, rtol: float = 1e-4) -> dict:
+    """Section 2: stratify the states each window visits (``strata_states`` evenly spaced per window)
+    by the exact rank of G, its numerical rank at ``rtol``, and the numerical rank of the pullback
+    (the exact one is only bounded, by min(d, V - 1)); occupancy and transitions along each window."""
+    from .pullback import pullback_auto
     from .strata import exact_ranks, numerical_ranks, stratify
 
-    out = {"rtol": rtol}
+    visited = _visited(view, budget.strata_states)
+    layout, z = visited.shape[:2], visited.reshape(-1, view.d_state)
+    out = {"rtol": rtol, "states_per_window": int(layout[1]), "windows": int(layout[0])}
     if view.metric_fn is not None:
-        z = _flat_starts(view)
         gamma, u = _metric_tensors(view, z)
-        layout = view.block_starts.shape[:2]
         out["metric_exact"] = stratify(exact_ranks(gamma, u).view(layout))
         sigma = torch.linalg.eigvalsh(_dense_metric(view, z))
         out["metric_numerical_approx"] = stratify(numerical_ranks(sigma, rtol).view(layout))
-    if "pullback" in cache:
-        sigma = torch.linalg.eigvalsh(cache["pullback"])
-        labels = numerical_ranks(sigma, rtol).view(*cache["pullback_layout"])
-        out["pullback_numerical_approx"] = stratify(labels)
-        cache["pullback_labels"] = labels
+    g_pb, how = pullback_auto(view.logits_fn, z, view.vocab_size, budget.max_exact_vocab, budget.estimator_samples,
+                              torch.Generator().manual_seed(1))
+    out["pullback_how"] = how
+    out["pullback_numerical_approx"] = stratify(numerical_ranks(torch.linalg.eigvalsh(g_pb), rtol).view(layout))
     return out
 
 
@@ -163,6 +172,8 @@ def measure_agreement(view: ModelView, cache: dict) -> dict:
 
     from .pullback import _pearson, _ranks, metric_agreement, pullback_energy
 
+    if "pullback" not in cache:
+        measure_pullback(view, GeometryBudget(), cache)
     block, (b, nb) = view.block_size, view.block_starts.shape[:2]
     length = view.states.shape[1]
     z_rows, v_rows = [], []
@@ -207,10 +218,23 @@ def _random_angle(d: int, k: int, samples: int = 32) -> float:
     return float(principal_angles(a, b)[..., -1].mean())
 
 
-def _model_metric(view: ModelView):
+def _model_metric(view: ModelView) -> tuple:
+    """(the learned metric as a :class:`~.connection.LowRankMetric`, a note or None). The Levi-Civita
+    connection needs G non-degenerate: where the floor vanishes at a block start (a degenerate
+    metric), the instruments run on G + lambda I (lambda = the model's damping) and say so."""
     from .connection import LowRankMetric
 
-    return LowRankMetric(view.metric_fn)
+    gamma, _ = _metric_tensors(view, _flat_starts(view))
+    if bool((gamma > 0).all()):
+        return LowRankMetric(view.metric_fn), None
+    lam = float(view.metric_config.get("metric_damping") or 0.0) or 1e-3
+
+    def damped(z):
+        g, u = view.metric_fn(z)
+        return g + lam, u
+
+    return LowRankMetric(damped), (f"the metric's floor vanishes (a degenerate metric): connection and geodesics "
+                                   f"are measured on G + {lam:g} I")
 
 
 def _g_angle(metric, z, a, b) -> float:
@@ -226,9 +250,11 @@ def measure_connection(view: ModelView, budget: GeometryBudget) -> dict:
     without transport."""
     from .connection import polyline, schild_transport, sectional_curvature, transport
 
-    metric = _model_metric(view)
+    metric, note = _model_metric(view)
     starts = view.block_starts[0]
     out: dict = {"holonomy": [], "transport": []}
+    if note:
+        out["note"] = note
     for k in range(min(budget.holonomy_points, starts.shape[0])):
         z = starts[k]
         if view.directions_fn is not None:
@@ -266,13 +292,14 @@ def measure_geodesics(view: ModelView, budget: GeometryBudget) -> dict:
     solve found the minimiser; a diagnostic) or, unconverged, the residual alone."""
     from .geodesics import path_versus_geodesic
 
-    metric = _model_metric(view)
+    metric, note = _model_metric(view)
     rows = []
     for k in range(min(budget.geodesic_blocks, view.block_starts.shape[1] - 1)):
         path = view.block_path(0, k)
         result = path_versus_geodesic(metric, path, rule="left", max_iter=budget.geodesic_max_iter)
         rows.append({"block": k, **result})
-    return {"blocks": rows, "note": "the action ratio is a diagnostic, not evidence of geodesic emergence"}
+    return {"blocks": rows, "note": "the action ratio is a diagnostic, not evidence of geodesic emergence"
+            + (f"; {note}" if note else "")}
 
 
 def measure_topology(view: ModelView, budget: GeometryBudget) -> dict:
@@ -317,7 +344,7 @@ def geometry_of_model(model, tokens: torch.Tensor, budget: GeometryBudget | None
     cache: dict = {}
     plan = [("metric", lambda: measure_metric(view)),
             ("pullback", lambda: measure_pullback(view, budget, cache)),
-            ("strata", lambda: measure_strata(view, cache)),
+            ("strata", lambda: measure_strata(view, budget)),
             ("agreement", lambda: measure_agreement(view, cache)),
             ("connection", lambda: measure_connection(view, budget)),
             ("geodesics", lambda: measure_geodesics(view, budget)),
