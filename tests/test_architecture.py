@@ -24,7 +24,7 @@ LAYERS = {
     "models": 3,
     "data": 3,
     "runs": 4,
-    "training": 5, "evaluation": 5, "generation": 5,
+    "training": 5, "evaluation": 5, "generation": 5, "geometry": 5,
     "integrations": 6, "hf": 6,
     "experiments": 7,
     "cli": 8,

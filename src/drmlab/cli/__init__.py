@@ -30,6 +30,7 @@ VERBS = {
     "report": "drmlab.cli.report",
     "proofs": "drmlab.cli.proofs",
     "residual-probe": "drmlab.cli.residual_probe",
+    "geometry": "drmlab.cli.geometry",
     "readme": "drmlab.cli.readme",
 }
 

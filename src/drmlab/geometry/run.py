@@ -1,0 +1,423 @@
+"""Every geometry instrument on a model and a token stream (``docs/geometry.md`` section 7).
+
+:func:`geometry_of_model` measures a built model on token windows and returns a JSON-able record
+(one entry per instrument, each with its cost in seconds); :func:`run_geometry` does it for a run
+directory -- the checkpoint's model in float64 on the first N tokens of the run's validation stream
+(the data and tokenizer :mod:`drmlab.cli.eval` uses) -- and writes ``geometry.json``,
+``tables.md`` and plots into the run's ``geometry/`` folder. One function per instrument
+(``measure_*``) takes a :class:`~.model_adapter.ModelView`.
+
+Each measurement says what it is: numerical ranks name their tolerance, an estimated pullback says
+so, a solver that did not converge gives its residual and no number, and the action ratio is a
+diagnostic, not evidence that the model's paths are geodesics.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .model_adapter import INSTRUMENTS, ModelView, model_view
+
+__all__ = [
+    "GeometryBudget",
+    "geometry_of_model",
+    "measure_agreement",
+    "measure_connection",
+    "measure_geodesics",
+    "measure_metric",
+    "measure_pullback",
+    "measure_strata",
+    "measure_topology",
+    "run_geometry",
+]
+
+
+@dataclass
+class GeometryBudget:
+    """How much of each instrument to run (the defaults fit a tiny model in well under 5 minutes on 2 cores)."""
+
+    pullback_states: int = 64  # block starts (the first of each window) for the pullback and the agreement angles
+    strata_states: int = 64  # evenly spaced visited states per window for the strata
+    max_exact_vocab: int = 4096  # above: the estimator
+    estimator_samples: int = 64
+    holonomy_points: int = 2  # block starts at which a small-loop holonomy is measured
+    holonomy_size: float = 1e-2  # loop side, relative to the state's norm (or absolute if the norm is 0)
+    holonomy_steps: int = 4  # RK4 steps per side of the loop
+    transport_blocks: int = 2  # block-to-block transports of the directions
+    geodesic_blocks: int = 1  # model paths compared with the geodesic between their endpoints
+    geodesic_max_iter: int = 200
+    topology_landmarks: int = 120
+    topology_resamples: int = 5
+    topology_threshold: float = 0.1  # long bars: persistence > threshold x the landmark cloud's diameter
+
+
+def _metric_tensors(view: ModelView, z: torch.Tensor):
+    """gamma [N, d], U [N, d, r] at states z [N, d]."""
+    from torch.func import vmap
+
+    return vmap(view.metric_fn)(z)
+
+
+def _dense_metric(view, z):
+    from drmlab.ops import metric_dense
+
+    gamma, u = _metric_tensors(view, z)
+    return metric_dense(gamma, u)
+
+
+def _flat_starts(view: ModelView) -> torch.Tensor:
+    return view.block_starts.reshape(-1, view.d_state)
+
+
+def measure_metric(view: ModelView) -> dict:
+    """Section 1 on the learned metric at every block start: exact rank (through the exact kernel),
+    numerical ranks at stated tolerances, condition number, and the damped pseudo-inverse checked
+    against the model's Woodbury solve (equal where the floor is positive)."""
+    from drmlab.ops import woodbury_solve
+
+    from .metric import RANK_TOLERANCES, damped_pinv_apply, kernel_split, numerical_rank
+
+    z = _flat_starts(view)
+    gamma, u = _metric_tensors(view, z)
+    sigma = torch.linalg.eigvalsh(_dense_metric(view, z))
+    splits = [kernel_split(g, w) for g, w in zip(gamma, u)]
+    lam = float(view.metric_config.get("metric_damping", 0.3))
+    probe = torch.randn(z.shape[0], 1, view.d_state, dtype=z.dtype, generator=torch.Generator().manual_seed(0))
+    pinv = torch.stack([damped_pinv_apply(g, w, p, lam, s) for g, w, p, s in zip(gamma, u, probe, splits)])
+    wood = woodbury_solve(gamma, u, probe, damping=lam)
+    ranks = numerical_rank(sigma, RANK_TOLERANCES)
+    return {
+        "states": int(z.shape[0]),
+        "exact_rank": sorted({s.rank for s in splits}),
+        "kernel_dim": sorted({s.kernel_dim for s in splits}),
+        "floor_zero_coordinates_max": int(max(int(s.zero.sum()) for s in splits)),
+        "numerical_rank_approx": {k: float(v.double().mean()) for k, v in ranks.items()},
+        "eigenvalue_min": float(sigma[:, 0].min()), "eigenvalue_max": float(sigma[:, -1].max()),
+        "condition_number_mean": float((sigma[:, -1] / sigma[:, 0]).mean()),
+        "pinv_vs_woodbury_max_rel": float((pinv - wood).abs().max() / wood.abs().max()),
+        "damping": lam,
+        "note": "exact rank from the exact kernel; rtol ranks are numerical approximations",
+        "_spectrum_first": sigma[0].tolist(),
+    }
+
+
+def _pullback_states(view: ModelView, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(states [N, d], their labels [B, k] layout index): every window's first blocks' starts."""
+    starts = view.block_starts
+    per = max(1, min(starts.shape[1], count // max(starts.shape[0], 1)))
+    chosen = starts[:, :per]
+    return chosen.reshape(-1, view.d_state), chosen
+
+
+def measure_pullback(view: ModelView, budget: GeometryBudget, cache: dict) -> dict:
+    """Section 3: G_pb = J^T (diag p - p p^T) J at block starts (exact by autodiff, or the estimator
+    above ``max_exact_vocab``), its exact rank bound and numerical ranks."""
+    from .metric import RANK_TOLERANCES, numerical_rank
+    from .pullback import pullback_auto
+
+    z, chosen = _pullback_states(view, budget.pullback_states)
+    g_pb, how = pullback_auto(view.logits_fn, z, view.vocab_size, budget.max_exact_vocab, budget.estimator_samples,
+                              torch.Generator().manual_seed(0))
+    cache["pullback"], cache["pullback_states"], cache["pullback_layout"] = g_pb, z, chosen.shape[:2]
+    sigma = torch.linalg.eigvalsh(g_pb)
+    ranks = numerical_rank(sigma, RANK_TOLERANCES)
+    return {
+        "states": int(z.shape[0]), "how": how,
+        "exact_rank_bound": min(view.d_state, view.vocab_size - 1),
+        "numerical_rank_approx": {k: float(v.double().mean()) for k, v in ranks.items()},
+        "trace_mean": float(sigma.sum(-1).mean()), "eigenvalue_max": float(sigma[:, -1].max()),
+        "_spectrum_first": sigma[0].tolist(),
+    }
+
+
+def _visited(view: ModelView, per_window: int) -> torch.Tensor:
+    """Up to ``per_window`` evenly spaced visited states of each window, in order: [B, k, d]."""
+    length = view.states.shape[1]
+    index = torch.linspace(0, length - 1, min(per_window, length)).round().long().unique()
+    return view.states[:, index]
+
+
+def measure_strata(view: ModelView, budget: GeometryBudget, rtol: float = 1e-4) -> dict:
+    """Section 2: stratify the states each window visits (``strata_states`` evenly spaced per window)
+    by the exact rank of G, its numerical rank at ``rtol``, and the numerical rank of the pullback
+    (the exact one is only bounded, by min(d, V - 1)); occupancy and transitions along each window."""
+    from .pullback import pullback_auto
+    from .strata import exact_ranks, numerical_ranks, stratify
+
+    visited = _visited(view, budget.strata_states)
+    layout, z = visited.shape[:2], visited.reshape(-1, view.d_state)
+    out = {"rtol": rtol, "states_per_window": int(layout[1]), "windows": int(layout[0])}
+    if view.metric_fn is not None:
+        gamma, u = _metric_tensors(view, z)
+        out["metric_exact"] = stratify(exact_ranks(gamma, u).view(layout))
+        sigma = torch.linalg.eigvalsh(_dense_metric(view, z))
+        out["metric_numerical_approx"] = stratify(numerical_ranks(sigma, rtol).view(layout))
+    g_pb, how = pullback_auto(view.logits_fn, z, view.vocab_size, budget.max_exact_vocab, budget.estimator_samples,
+                              torch.Generator().manual_seed(1))
+    out["pullback_how"] = how
+    out["pullback_numerical_approx"] = stratify(numerical_ranks(torch.linalg.eigvalsh(g_pb), rtol).view(layout))
+    return out
+
+
+def measure_agreement(view: ModelView, cache: dict) -> dict:
+    """Section 3's diagnostic: learned G against G_pb along the trajectories. Energies of every step's
+    velocity under the block-start metrics (the pullback energy exactly, by one JVP per step), their
+    log-Pearson and Spearman correlations, and principal angles between the top-r eigen-subspaces."""
+    from drmlab.ops import metric_energy
+
+    from .pullback import _pearson, _ranks, metric_agreement, pullback_energy
+
+    if "pullback" not in cache:
+        measure_pullback(view, GeometryBudget(), cache)
+    block, (b, nb) = view.block_size, view.block_starts.shape[:2]
+    length = view.states.shape[1]
+    z_rows, v_rows = [], []
+    for k in range(nb):
+        lo, hi = k * block, min((k + 1) * block, length)
+        v_rows.append(view.velocities[:, lo:hi])
+        z_rows.append(view.block_starts[:, k].unsqueeze(1).expand(-1, hi - lo, -1))
+    z = torch.cat(z_rows, 1).reshape(-1, view.d_state)
+    v = torch.cat(v_rows, 1).reshape(-1, view.d_state)
+    gamma, u = _metric_tensors(view, view.block_starts.reshape(-1, view.d_state))
+    starts_index = torch.cat([torch.full((min((k + 1) * block, length) - k * block,), k) for k in range(nb)])
+    index = (torch.arange(b).unsqueeze(1) * nb + starts_index.unsqueeze(0)).reshape(-1)
+    e_learned = metric_energy(gamma[index], u[index], v.unsqueeze(1))[:, 0]
+    e_pb = pullback_energy(view.logits_fn, z, v)
+    tiny = torch.finfo(z.dtype).tiny
+    out = {
+        "steps": int(v.shape[0]),
+        "energy_log_pearson": _pearson(e_learned.clamp_min(tiny).log(), e_pb.clamp_min(tiny).log()),
+        "energy_spearman": _pearson(_ranks(e_learned), _ranks(e_pb)),
+        "energy_learned_mean": float(e_learned.mean()), "energy_pullback_mean": float(e_pb.mean()),
+    }
+    cache["energies"] = (e_learned, e_pb)
+    g_pb, zs = cache["pullback"], cache["pullback_states"]
+    g = _dense_metric(view, zs)
+    k = max(1, min(int(view.metric_config.get("metric_rank") or 1), view.d_state - 1))
+    first_velocity = view.velocities[:, ::block][:, : cache["pullback_layout"][1]].reshape(-1, view.d_state)
+    at_starts = metric_agreement(g, g_pb, first_velocity, k)
+    out["subspace_k"] = k
+    out["principal_angles_mean_rad"] = at_starts["principal_angles_mean_rad"]
+    out["principal_angle_largest_mean_rad"] = at_starts["principal_angle_largest_mean_rad"]
+    out["random_subspace_largest_angle_rad"] = _random_angle(view.d_state, k)
+    return out
+
+
+def _random_angle(d: int, k: int, samples: int = 32) -> float:
+    """The mean largest principal angle between two random k-subspaces of R^d (the no-agreement baseline)."""
+    from .pullback import principal_angles
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(samples, d, k, generator=g, dtype=torch.float64)
+    b = torch.randn(samples, d, k, generator=g, dtype=torch.float64)
+    return float(principal_angles(a, b)[..., -1].mean())
+
+
+def _model_metric(view: ModelView) -> tuple:
+    """(the learned metric as a :class:`~.connection.LowRankMetric`, a note or None). The Levi-Civita
+    connection needs G non-degenerate: where the floor vanishes at a block start (a degenerate
+    metric), the instruments run on G + lambda I (lambda = the model's damping) and say so."""
+    from .connection import LowRankMetric
+
+    gamma, _ = _metric_tensors(view, _flat_starts(view))
+    if bool((gamma > 0).all()):
+        return LowRankMetric(view.metric_fn), None
+    lam = float(view.metric_config.get("metric_damping") or 0.0) or 1e-3
+
+    def damped(z):
+        g, u = view.metric_fn(z)
+        return g + lam, u
+
+    return LowRankMetric(damped), (f"the metric's floor vanishes (a degenerate metric): connection and geodesics "
+                                   f"are measured on G + {lam:g} I")
+
+
+def _g_angle(metric, z, a, b) -> float:
+    cos = float(metric.inner(z, a, b)) / math.sqrt(max(float(metric.inner(z, a, a)) * float(metric.inner(z, b, b)), 1e-300))
+    return math.acos(max(-1.0, min(1.0, abs(cos))))
+
+
+def measure_connection(view: ModelView, budget: GeometryBudget) -> dict:
+    """Section 4 on the learned metric: small-loop holonomy (sectional-curvature estimate) in the
+    plane of the first two directions (or the two leading eigenvectors of G) at a few block starts,
+    and the transport of the directions along each block's own path to the next block start
+    (anchor maps): the G-angle between the transported V_i(z_b) and V_i(z_{b+1}), beside the angle
+    without transport."""
+    from .connection import polyline, schild_transport, sectional_curvature, transport
+
+    metric, note = _model_metric(view)
+    starts = view.block_starts[0]
+    out: dict = {"holonomy": [], "transport": []}
+    if note:
+        out["note"] = note
+    for k in range(min(budget.holonomy_points, starts.shape[0])):
+        z = starts[k]
+        if view.directions_fn is not None:
+            dirs = view.directions_fn(z)[0]
+            u, w = dirs[0], dirs[1]
+        else:
+            vecs = torch.linalg.eigh(metric.dense(z))[1]
+            u, w = vecs[:, -1], vecs[:, -2]
+        size = budget.holonomy_size * max(float(z.norm()), 1.0) / max(float(u.norm()), 1e-300)
+        est = sectional_curvature(metric, z, u, w, size, steps_per_side=budget.holonomy_steps)
+        out["holonomy"].append({"block": k, **est, "size": size})
+    if view.directions_fn is None:
+        out["transport_note"] = "no learned directions: nothing to transport"
+        return out
+    for k in range(min(budget.transport_blocks, starts.shape[0] - 1)):
+        path = view.block_path(0, k)
+        v_start, _ = view.directions_fn(path[0])
+        v_end, _ = view.directions_fn(path[-1])
+        moved = transport(metric, polyline(path), v_start.mT, steps=path.shape[0] - 1, t1=float(path.shape[0] - 1))
+        z1 = path[-1]
+        angles = [_g_angle(metric, z1, moved[:, i], v_end[i]) for i in range(v_end.shape[0])]
+        raw = [_g_angle(metric, z1, v_start[i], v_end[i]) for i in range(v_end.shape[0])]
+        row = {"block": k, "segments": int(path.shape[0] - 1), "angle_transported_mean_rad": sum(angles) / len(angles),
+               "angle_untransported_mean_rad": sum(raw) / len(raw), "angle_transported_rad": angles}
+        if k == 0:
+            ladder = schild_transport(metric, path, v_start[0])
+            row["schild_vs_ode_angle_rad"] = _g_angle(metric, z1, ladder, moved[:, 0])
+        out["transport"].append(row)
+    return out
+
+
+def measure_geodesics(view: ModelView, budget: GeometryBudget) -> dict:
+    """Section 5: each of the first blocks' own paths against the discrete geodesic (issue's left
+    rule, L-BFGS) between its endpoints under the learned metric: the action ratio (>= 1 when the
+    solve found the minimiser; a diagnostic) or, unconverged, the residual alone."""
+    from .geodesics import path_versus_geodesic
+
+    metric, note = _model_metric(view)
+    rows = []
+    for k in range(min(budget.geodesic_blocks, view.block_starts.shape[1] - 1)):
+        path = view.block_path(0, k)
+        result = path_versus_geodesic(metric, path, rule="left", max_iter=budget.geodesic_max_iter)
+        rows.append({"block": k, **result})
+    return {"blocks": rows, "note": "the action ratio is a diagnostic, not evidence of geodesic emergence"
+            + (f"; {note}" if note else "")}
+
+
+def measure_topology(view: ModelView, budget: GeometryBudget) -> dict:
+    """Section 6: persistent homology (Rips, H0 and H1) of the visited states through farthest-point
+    landmarks, the bars longer than ``topology_threshold`` x the landmarks' diameter, and the
+    bootstrap spread of the longest bars."""
+    import numpy as np
+
+    from .topology import betti_at, bootstrap_persistence, landmarks, persistence
+
+    points = view.states.reshape(-1, view.d_state).double().numpy()
+    idx = landmarks(points, budget.topology_landmarks)
+    cloud = points[idx]
+    diameter = float(np.max(np.linalg.norm(cloud[:, None] - cloud[None], axis=-1)))
+    diagrams = persistence(cloud, max_dim=1, max_edge=diameter)
+    threshold = budget.topology_threshold * diameter
+    spread = bootstrap_persistence(cloud, resamples=budget.topology_resamples, max_dim=1, max_edge=diameter)
+    return {"landmarks": len(idx), "diameter": diameter, "threshold": threshold,
+            "betti_at_threshold": betti_at(diagrams, threshold),
+            "longest_h1": float(max((d - b for b, d in diagrams[1]), default=0.0)),
+            "bootstrap_top_persistence": spread,
+            "_diagrams": {k: v.tolist() for k, v in diagrams.items()}}
+
+
+def geometry_of_model(model, tokens: torch.Tensor, budget: GeometryBudget | None = None,
+                      only: tuple[str, ...] | None = None) -> dict:
+    """Every applicable instrument on ``model`` and tokens [B, T]; the model should be in float64.
+
+    Returns {'model', 'windows', 'tokens', 'instruments': {name: result with 'seconds'},
+    'not_applicable': {name: reason}, 'notes': [...]}."""
+    from .topology import have_gudhi
+
+    budget = budget or GeometryBudget()
+    t0 = time.perf_counter()
+    view = model_view(model, tokens)
+    record: dict = {"model": view.name, "windows": int(tokens.shape[0]), "tokens": int(tokens.numel()),
+                    "d_state": view.d_state, "vocab_size": view.vocab_size, "budget": asdict(budget),
+                    "instruments": {}, "not_applicable": dict(view.not_applicable), "notes": [],
+                    "view_seconds": time.perf_counter() - t0}
+    if not have_gudhi():
+        record["not_applicable"]["topology"] = "gudhi is not installed (pip install 'drmlab[geometry]')"
+    cache: dict = {}
+    plan = [("metric", lambda: measure_metric(view)),
+            ("pullback", lambda: measure_pullback(view, budget, cache)),
+            ("strata", lambda: measure_strata(view, budget)),
+            ("agreement", lambda: measure_agreement(view, cache)),
+            ("connection", lambda: measure_connection(view, budget)),
+            ("geodesics", lambda: measure_geodesics(view, budget)),
+            ("topology", lambda: measure_topology(view, budget))]
+    for name, measure in plan:
+        if name in record["not_applicable"] or (only is not None and name not in only):
+            continue
+        start = time.perf_counter()
+        result = measure()
+        result["seconds"] = time.perf_counter() - start
+        record["instruments"][name] = result
+    if record["not_applicable"]:
+        record["notes"].append("not applicable: " + "; ".join(f"{k} ({v})" for k, v in record["not_applicable"].items()))
+    if "pullback" in record["instruments"] and record["instruments"]["pullback"]["how"].startswith("estimated"):
+        record["notes"].append(record["instruments"]["pullback"]["how"])
+    record["seconds"] = time.perf_counter() - t0
+    record["_cache"] = cache
+    return record
+
+
+def _validation_windows(config: dict, tokens: int, data=None, tokenizer=None, cache_dir=None) -> torch.Tensor:
+    """The first ``tokens`` tokens of the run's validation stream as windows [B, seq_len] (the last
+    window as long as the others: a shorter remainder is dropped, unless it is all there is)."""
+    import numpy as np
+
+    from drmlab.data import load_corpus
+
+    source = data if data is not None else config.get("data_source")
+    tok = tokenizer or config.get("tokenizer") or "bytes"
+    if tok != config.get("tokenizer", tok):
+        raise ValueError(f"the run was trained with the {config.get('tokenizer')} tokenizer, not {tok}")
+    corpus = load_corpus(source=source, tokenizer=tok, cache_dir=cache_dir)
+    if corpus.vocab_size != config.get("vocab_size", corpus.vocab_size):
+        raise ValueError(f"the corpus vocabulary ({corpus.vocab_size}) differs from the run's ({config.get('vocab_size')})")
+    seq_len = int(config["train"]["seq_len"])
+    stream = torch.from_numpy(np.array(corpus.val[: max(tokens, 1)], dtype=np.int64))
+    if len(stream) < 2:
+        raise ValueError(f"the validation stream of {source!r} has {len(stream)} tokens: nothing to measure")
+    seq_len = min(seq_len, len(stream))
+    count = max(1, len(stream) // seq_len)
+    return stream[: count * seq_len].view(count, seq_len)
+
+
+def run_geometry(run_dir, tokens: int = 512, out=None, device: str = "cpu", data=None, tokenizer=None,
+                 cache_dir=None, budget: GeometryBudget | None = None) -> tuple[dict, list[Path]]:
+    """Load the run's checkpoint, measure it on its validation stream, write the outputs.
+
+    Returns (the record, the files written). The model runs in float64 on ``device``."""
+    from drmlab.runs import RunDir, jsonable, write_json_atomic
+
+    from .report import write_plots, write_tables
+
+    run = RunDir(run_dir)
+    model, config, state = run.load_model(device)
+    model = model.to(torch.float64).requires_grad_(False)
+    windows = _validation_windows(config, tokens, data, tokenizer, cache_dir).to(next(model.parameters()).device)
+    record = geometry_of_model(model, windows, budget)
+    cache = record.pop("_cache")
+    record.update({"run": str(run_dir), "step": int(state.get("step", 0)), "preset": config.get("preset"),
+                   "instruments_known": list(INSTRUMENTS)})
+    folder = Path(out) if out is not None else Path(run_dir) / "geometry"
+    folder.mkdir(parents=True, exist_ok=True)
+    files = [folder / "geometry.json", folder / "tables.md"]
+    write_json_atomic(files[0], jsonable(_public(record)))
+    files[1].write_text(write_tables(record))
+    files += write_plots(record, cache, folder)
+    return record, files
+
+
+def _public(record: dict) -> dict:
+    """The record without the bulky underscore entries (spectra, diagrams), which go to the plots."""
+    if isinstance(record, dict):
+        return {k: _public(v) for k, v in record.items() if not str(k).startswith("_")}
+    if isinstance(record, list):
+        return [_public(v) for v in record]
+    return record

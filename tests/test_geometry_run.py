@@ -1,0 +1,60 @@
+"""The instruments pointed at a model (docs/geometry.md section 7), including a degenerate metric."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from drmlab.geometry.model_adapter import model_view
+from drmlab.geometry.run import (
+    GeometryBudget,
+    measure_connection,
+    measure_geodesics,
+    measure_metric,
+    measure_strata,
+)
+from drmlab.models import build_model
+
+BUDGET = GeometryBudget(strata_states=8, holonomy_points=1, transport_blocks=1, geodesic_max_iter=50)
+
+
+def _view(mask_floor: bool):
+    model = build_model("J", preset="micro").to(torch.float64).requires_grad_(False).eval()
+    tokens = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
+    view = model_view(model, tokens)
+    if not mask_floor:
+        return view
+    zero = torch.arange(view.d_state) < 8  # a degenerate metric: the floor vanishes on 8 of 16 coordinates
+
+    def degenerate(z):
+        gamma, u = view.metric_fn(z)
+        return torch.where(zero, torch.zeros_like(gamma), gamma), u
+
+    return dataclasses.replace(view, metric_fn=degenerate)
+
+
+def test_the_learned_metric_is_full_rank_by_construction():
+    result = measure_metric(_view(False))
+    assert result["exact_rank"] == [16] and result["kernel_dim"] == [0]
+    assert result["pinv_vs_woodbury_max_rel"] < 1e-12
+
+
+def test_a_degenerate_metric_has_its_exact_kernel_and_strata():
+    view = _view(True)
+    result = measure_metric(view)
+    r = view.metric_config["metric_rank"]  # 4 columns of U: rank = 16 - 8 + 4, kernel 8 - 4
+    assert result["exact_rank"] == [16 - 8 + r] and result["kernel_dim"] == [8 - r]
+    assert result["numerical_rank_approx"]["rank_rtol_1e-06"] == 16 - 8 + r
+    strata = measure_strata(view, BUDGET)
+    assert strata["metric_exact"]["strata"] == [12] and strata["metric_exact"]["occupancy"] == {12: 1.0}
+    assert sum(strata["pullback_numerical_approx"]["occupancy"].values()) == 1.0
+
+
+def test_connection_and_geodesics_on_a_degenerate_metric_say_they_use_the_damped_one():
+    view = _view(True)
+    connection = measure_connection(view, BUDGET)
+    assert connection["note"].startswith("the metric's floor vanishes")
+    assert all(abs(h["angle"]) < 1 for h in connection["holonomy"])
+    geodesics = measure_geodesics(view, BUDGET)
+    assert "G + 0.3 I" in geodesics["note"]
