@@ -485,3 +485,44 @@ def test_an_edited_config_is_refused_with_its_fields_unless_accepted(tmp_path):
     assert run.read_config()["train"]["seed"] == 1  # sealed again
     assert run.read_metrics()[-1] == {"kind": "config_edited", "changed": ["train.seed: 0 -> 1", "train.lr: 0.01 -> 0.5"]}
     assert run.accept_config_edits() == []
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real tmpfs of 480 KB (needs root and mount; skipped otherwise)."""
+    where = tmp_path / "small"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=480k", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root and mount(8)")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+class WideLM(SmallLM):
+    """SmallLM with a 1 MB buffer-free weight: its checkpoint cannot fit the small tmpfs."""
+
+    def __init__(self, seed=0):
+        super().__init__(seed)
+        self.wide = nn.Parameter(torch.zeros(256, 1024))
+
+
+def test_a_full_real_disk_is_one_line_naming_the_path(small_tmpfs, capsys):
+    """Issue 23 item 3: safetensors' SafetensorError on ENOSPC was a 24-line traceback."""
+    with pytest.raises(OSError) as caught:
+        train(WideLM(), _stream(), None, _cfg(), small_tmpfs / "run", quiet=True, stop_after_step=2)
+    message = str(caught.value)
+    assert message.startswith("no space left on the device while writing ") and "/run/checkpoints/step-0000000" in message
+    assert "\n" not in message and "intact" in message
+    assert not [p for p in (small_tmpfs / "run").iterdir() if p.name.startswith(".checkpoint-")]
+
+
+def test_a_full_disk_on_metrics_names_the_file(small_tmpfs):
+    log_path = small_tmpfs / "metrics.jsonl"
+    (small_tmpfs / "filler").write_bytes(b"\0" * (480 * 1024 - 4096))
+    from drmlab.runs import MetricsLog
+
+    log = MetricsLog(log_path)
+    with pytest.raises(OSError, match=rf"no space left on the device while writing {log_path}"):
+        for _ in range(1000):
+            log.log({"kind": "train", "loss": 1.0, "pad": "x" * 200})

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from .jsonio import disk_error, fsync_path, jsonable, make_dir, read_json, write_json_atomic
+from .jsonio import disk_error, fsync_path, is_disk_error, jsonable, make_dir, read_json, write_json_atomic
 from .layout import (
     CHECKPOINTS_DIR,
     MANIFEST_FILE,
@@ -204,6 +204,10 @@ def save_checkpoint(
         write_json_atomic(run / POINTER_FILE, manifest)  # the commit
         fsync_path(run)
     except OSError as exc:
+        raise disk_error(exc, final) from None
+    except Exception as exc:  # safetensors' own error type for a failed write
+        if not is_disk_error(exc):
+            raise
         raise disk_error(exc, final) from None
     finally:
         if tmp is not None:

@@ -24,17 +24,33 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def disk_error(exc: OSError, path: Path) -> OSError:
-    """A one-line error for a failed write (a full disk says so and names the path)."""
-    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-        error = OSError(
-            f"no space left on the device while writing {path}; free some space, "
-            "the last committed checkpoint is intact"
-        )
+DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+# how safetensors (Rust) words the same errors: "... (os error 28)"
+_OS_ERROR_IN_TEXT = {f"os error {code}": code for code in (*DISK_FULL, errno.EROFS, errno.EACCES)}
+
+
+def disk_error(exc: BaseException, path: Path) -> OSError:
+    """A one-line error for a failed write of ``path``: a full disk, a quota, a read-only file system say
+    so, name the path and what is intact. ``exc`` may be an ``OSError`` or a library's error that words
+    one (safetensors' ``SafetensorError: ... (os error 28)``)."""
+    code = getattr(exc, "errno", None)
+    if code is None:
+        code = next((c for text, c in _OS_ERROR_IN_TEXT.items() if text in str(exc)), None)
+    intact = "the last committed checkpoint and every file written before are intact"
+    if code in DISK_FULL:
+        error = OSError(f"no space left on the device while writing {path}; free some space and resume: {intact}")
+    elif code == errno.EROFS:
+        error = OSError(f"the file system of {path} is read-only; nothing could be written there: {intact}")
     else:
-        error = OSError(f"could not write {path}: {exc.strerror or exc}")
-    error.errno = exc.errno
+        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+        error = OSError(f"could not write {path}: {reason}")
+    error.errno = code
     return error
+
+
+def is_disk_error(exc: BaseException) -> bool:
+    """Whether a non-OSError exception (a library's) reports a failed write to the disk."""
+    return any(text in str(exc) for text in _OS_ERROR_IN_TEXT)
 
 
 def make_dir(path: Path) -> None:

@@ -13,6 +13,8 @@ import socket
 import time
 from pathlib import Path
 
+from .jsonio import disk_error
+
 
 class RunLockedError(OSError):
     """Another live process holds the run directory's lock; the message names it."""
@@ -30,6 +32,14 @@ class RunLock:
         self.handle = None
 
     def acquire(self) -> "RunLock":
+        try:
+            return self._acquire()
+        except OSError as exc:
+            if isinstance(exc, RunLockedError):
+                raise
+            raise disk_error(exc, self.path) from None
+
+    def _acquire(self) -> "RunLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(self.path, "a+")
         try:

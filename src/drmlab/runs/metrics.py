@@ -65,14 +65,21 @@ class MetricsLog:
     (:class:`drmlab.training.tensorboard.TensorBoardSink`)."""
 
     def __init__(self, path: Path | None, sinks=()):
-        self.handle = open(path, "a", buffering=1) if path is not None else None
+        self.path = path
+        try:
+            self.handle = open(path, "a", buffering=1) if path is not None else None
+        except OSError as exc:
+            raise disk_error(exc, path) from None
         self.rows: list[dict] = []
         self.sinks = list(sinks)
 
     def log(self, row: dict) -> None:
         self.rows.append(row)
         if self.handle is not None:
-            self.handle.write(json.dumps(row) + "\n")
+            try:
+                self.handle.write(json.dumps(row) + "\n")
+            except OSError as exc:
+                raise disk_error(exc, self.path) from None
         for sink in self.sinks:
             sink.write(row)
 
