@@ -218,3 +218,29 @@ def test_foreign_directories_are_refused_in_one_line(tmp_path, capsys):
     (export / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="differs from what this drmlab builds"):
         dhf.load_pretrained(export)
+
+
+class _Payload:
+    """A pickle that would write a marker file when loaded."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_weights_load_only_from_safetensors_never_from_a_pickle(tmp_path):
+    """Issue 23 item 7: a plain pickled state dict was accepted by the Hugging Face loading path."""
+    model = _perturbed("J")
+    dhf.DrmlabForCausalLM.from_drmlab(model, "J", "micro", seed=3).save_pretrained(tmp_path)
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    (tmp_path / "model.safetensors").unlink()
+    marker = tmp_path / "payload-ran"
+    torch.save({"state": state, "payload": _Payload(marker)}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(FileNotFoundError, match=r"holds no model.safetensors \(pytorch_model.bin is a pickle, "
+                                                r"never loaded\): drmlab loads weights only from safetensors"):
+        dhf.load_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match="only from safetensors"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert not marker.exists()

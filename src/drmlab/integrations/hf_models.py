@@ -225,6 +225,14 @@ class DrmlabForCausalLM(PreTrainedModel, GenerationMixin):
             check_model_type(path, cls.config_class.model_type if cls.config_class is not DrmlabConfig else None)
             if cls.config_class is DrmlabConfig:  # the base class: dispatch on the directory's model_type
                 cls = MODEL_CLASSES[_family_of_type(read_model_type(path))]
+            if not (path / "model.safetensors").is_file() and not (path / "model.safetensors.index.json").is_file():
+                pickles = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
+                found = f" ({', '.join(pickles[:3])} is a pickle, never loaded)" if pickles else ""
+                raise FileNotFoundError(f"{path} holds no model.safetensors{found}: drmlab loads weights only "
+                                        "from safetensors")
+        if kwargs.get("use_safetensors") is False:
+            raise ValueError("use_safetensors=False: drmlab loads weights only from safetensors (a pickle can run code)")
+        kwargs["use_safetensors"] = True
         want_info = kwargs.pop("output_loading_info", False)
         model, info = super(DrmlabForCausalLM, cls).from_pretrained(
             pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs)
