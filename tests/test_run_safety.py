@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -526,3 +527,29 @@ def test_a_full_disk_on_metrics_names_the_file(small_tmpfs):
     with pytest.raises(OSError, match=rf"no space left on the device while writing {log_path}"):
         for _ in range(1000):
             log.log({"kind": "train", "loss": 1.0, "pad": "x" * 200})
+
+
+@pytest.mark.parametrize("line, words", [("[1]", "line 2 is not a JSON object (list)"),
+                                         ('{"kind": "train", "step": null}', "line 2 has step None, not an integer"),
+                                         ("{oops", "line 2 is not valid JSON")])
+def test_a_damaged_metrics_line_is_named_by_its_number(tmp_path, line, words):
+    train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, stop_after_step=3)
+    run = RunDir(tmp_path)
+    lines = run.metrics_path.read_text().splitlines()
+    run.metrics_path.write_text("\n".join([lines[0], line, *lines[1:]]) + "\n")
+    with pytest.raises(ValueError, match=re.escape(words)):
+        run.read_metrics()
+    with pytest.raises(ValueError, match=re.escape(words)):
+        train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, resume=True)
+
+
+def test_lost_metrics_rows_are_reported_on_resume(tmp_path):
+    train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, stop_after_step=3)
+    run = RunDir(tmp_path)
+    assert run.truncate_metrics(3) is None
+    rows = run.metrics_path.read_text().splitlines()
+    run.metrics_path.write_text("\n".join(r for r in rows if '"step": 2,' not in r) + "\n")
+    assert run.truncate_metrics(3) == (f"{run.metrics_path} lacks the train rows of 1 of the 3 steps before the "
+                                       "checkpoint (first missing step 2): those rows are lost")
+    run.metrics_path.unlink()
+    assert "metrics.jsonl is missing before the checkpoint (first missing step 1)" in run.truncate_metrics(3)

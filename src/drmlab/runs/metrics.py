@@ -16,35 +16,51 @@ from .jsonio import disk_error
 from .layout import METRICS_FILE
 
 
-def read_rows(path: Path) -> list[dict]:
-    """The rows of the metrics file ``path`` (a half-written last line is skipped)."""
-    rows = []
+def _parse(path: Path) -> list[tuple[str, dict]]:
+    """(line, row) of every row of ``path``. A half-written last line is skipped (a kill mid-write); any other
+    line that is not a JSON object with an integer ``step`` (when it has one) is refused by its number."""
+    parsed = []
     lines = path.read_text().splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             if number < len(lines):
                 raise ValueError(f"{path} line {number} is not valid JSON; the file is damaged") from None
-    return rows
+            continue
+        if not isinstance(row, dict):
+            raise ValueError(f"{path} line {number} is not a JSON object ({type(row).__name__}); the file is damaged")
+        step = row.get("step", 0)
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ValueError(f"{path} line {number} has step {step!r}, not an integer; the file is damaged")
+        parsed.append((line, row))
+    return parsed
 
 
-def truncate(path: Path, step: int) -> None:
-    """Drop the rows of ``path`` logged after ``step`` (work lost with an interrupted run) before resuming."""
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a half-written last line
-            continue
-        if int(row.get("step", 0)) <= step:
-            kept.append(line)
+def read_rows(path: Path) -> list[dict]:
+    """The rows of the metrics file ``path`` (a half-written last line is skipped; damage names its line)."""
+    return [row for _, row in _parse(path)]
+
+
+def truncate(path: Path, step: int) -> str | None:
+    """Drop the rows of ``path`` logged after ``step`` (work lost with an interrupted run) before resuming.
+    Returns what is missing of the rows up to ``step`` (one ``train`` row per optimizer step: a file deleted,
+    truncated or edited since), or None when they are all there."""
+    parsed = _parse(path) if path.is_file() else []
+    kept = [line for line, row in parsed if row.get("step", 0) <= step]
+    have = {row["step"] for _, row in parsed if row.get("kind") == "train" and 0 < row.get("step", 0) <= step}
+    missing = [s for s in range(1, step + 1) if s not in have]
+    if path.is_file() or kept:
+        _rewrite(path, kept)
+    if not missing:
+        return None
+    where = "is missing" if not path.is_file() else f"lacks the train rows of {len(missing)} of the {step} steps"
+    return f"{path} {where} before the checkpoint (first missing step {missing[0]}): those rows are lost"
+
+
+def _rewrite(path: Path, kept: list[str]) -> None:
     tmp = path.with_name(path.name + ".tmp")  # layout.TEMP_METRICS_FILE for metrics.jsonl
     try:
         with open(tmp, "w") as handle:

@@ -179,9 +179,10 @@ class RunDir:
         """The rows of ``metrics.jsonl`` (a half-written last line is skipped)."""
         return read_rows(self.metrics_path)
 
-    def truncate_metrics(self, step: int) -> None:
-        """Drop rows logged after ``step`` (work lost with an interrupted run) before resuming."""
-        truncate(self.metrics_path, step)
+    def truncate_metrics(self, step: int) -> str | None:
+        """Drop rows logged after ``step`` (work lost with an interrupted run) before resuming; returns what is
+        missing of the rows up to ``step`` (:func:`drmlab.runs.metrics.truncate`), or None."""
+        return truncate(self.metrics_path, step)
 
     def metrics_log(self) -> MetricsLog:
         return MetricsLog(self.metrics_path)
