@@ -553,3 +553,21 @@ def test_lost_metrics_rows_are_reported_on_resume(tmp_path):
                                        "checkpoint (first missing step 2): those rows are lost")
     run.metrics_path.unlink()
     assert "metrics.jsonl is missing before the checkpoint (first missing step 1)" in run.truncate_metrics(3)
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated", "a flipped sum"])
+def test_a_damaged_manifest_is_refused_in_one_line(tmp_path, damage):
+    train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, stop_after_step=3)
+    run = RunDir(tmp_path)
+    manifest = run.checkpoint_dir() / "manifest.json"
+    text = manifest.read_text()
+    if damage == "deleted":
+        manifest.unlink()
+    elif damage == "truncated":
+        manifest.write_text(text[: len(text) // 2])
+    else:
+        digit = text.index('"sha256": "') + 11
+        manifest.write_text(text[:digit] + ("0" if text[digit] != "0" else "1") + text[digit + 1:])
+    with pytest.raises(CorruptCheckpointError) as caught:
+        run.load_checkpoint(SmallLM())
+    assert "manifest.json" in str(caught.value) and "\n" not in str(caught.value)

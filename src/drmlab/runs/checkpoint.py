@@ -357,8 +357,14 @@ def _resolve_once(run: Path) -> tuple[Path, dict, str | None]:
         folder = run / pointer["dir"]
         manifest = own_manifest(folder)
         problem = _files_problem(folder, pointer["files"])
-        if problem is None and (manifest is None or manifest == pointer):  # the pointer is the manifest's copy
+        if problem is None and manifest == pointer:  # the pointer is the manifest's copy
             return folder, pointer, None
+        if problem is None and manifest is None and pointer.get("format") != CHECKPOINT_FORMAT:
+            return folder, pointer, None  # an older format's folder: its pointer alone vouches for it
+        if problem is None and manifest is None:
+            raise CorruptCheckpointError(
+                f"{folder / MANIFEST_FILE} is missing or damaged although the files match {path}; the two are "
+                f"the same record: copy {path} over it to use this checkpoint")
         if manifest is not None and _files_problem(folder, manifest["files"]) is None:
             return folder, manifest, f"{POINTER_FILE} is damaged; {manifest['dir']}'s manifest verifies"
         problem = problem or f"{path} differs from {folder / MANIFEST_FILE}, which does not verify"
