@@ -571,3 +571,14 @@ def test_a_damaged_manifest_is_refused_in_one_line(tmp_path, damage):
     with pytest.raises(CorruptCheckpointError) as caught:
         run.load_checkpoint(SmallLM())
     assert "manifest.json" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_weights_readers_need_only_the_files_they_read(tmp_path):
+    """Issue 23 item 7: a damaged optimizer file blocked eval, generate and export, which read only the weights."""
+    train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, stop_after_step=3)
+    run = RunDir(tmp_path)
+    optimizer_file = run.checkpoint_dir() / "optimizer.safetensors"
+    optimizer_file.write_bytes(optimizer_file.read_bytes()[:-4])
+    run.load_checkpoint(SmallLM())  # the weights and the trainer state verify
+    with pytest.raises(CorruptCheckpointError, match=r"optimizer\.safetensors has .* bytes"):
+        train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, resume=True)

@@ -293,9 +293,12 @@ def _shape_problem(record) -> str | None:
     return None
 
 
-def _files_problem(folder: Path, files: dict) -> str | None:
-    """The first file of ``folder`` that is missing, of another size or another sha256 than ``files`` says."""
+def _files_problem(folder: Path, files: dict, only: tuple[str, ...] | None = None) -> str | None:
+    """The first file of ``folder`` that is missing, of another size or another sha256 than ``files`` says
+    (of the names in ``only`` when given: a reader checks the files it reads)."""
     for name, expected in files.items():
+        if only is not None and name not in only:
+            continue
         path = folder / name
         if not path.is_file():
             return f"{path} is missing; the checkpoint in {folder.parent.parent} is incomplete"
@@ -308,19 +311,19 @@ def _files_problem(folder: Path, files: dict) -> str | None:
     return None
 
 
-def _newest_verified(run: Path) -> tuple[Path, dict] | None:
+def _newest_verified(run: Path, only: tuple[str, ...] | None = None) -> tuple[Path, dict] | None:
     """The checkpoint folder of the highest step whose own manifest verifies, with that manifest."""
     folder = run / CHECKPOINTS_DIR
     if not folder.is_dir():
         return None
     found = [(m["step"], entry, m) for entry in folder.iterdir() if (m := own_manifest(entry)) is not None]
     for _, entry, manifest in sorted(found, key=lambda item: item[0], reverse=True):
-        if _files_problem(entry, manifest["files"]) is None:
+        if _files_problem(entry, manifest["files"], only) is None:
             return entry, manifest
     return None
 
 
-def resolve_checkpoint(run: Path) -> tuple[Path, dict, str | None]:
+def resolve_checkpoint(run: Path, only: tuple[str, ...] | None = None) -> tuple[Path, dict, str | None]:
     """(folder, pointer, note) of the run's checkpoint after verifying every file's size and sha256.
 
     The pointer ``checkpoint.json`` names it. When the pointer is lost, unreadable or damaged (its files do
@@ -328,23 +331,24 @@ def resolve_checkpoint(run: Path) -> tuple[Path, dict, str | None]:
     checkpoint whose manifest verifies is returned instead, with ``note`` saying so (readers use it as it
     is; the writer commits it: :func:`clean_orphans`). Raises ``FileNotFoundError`` when the run has no
     checkpoint and :class:`CorruptCheckpointError` (one line naming the file) when none verifies. A
-    reader racing a writer's commit retries while the pointer changes under it."""
+    reader racing a writer's commit retries while the pointer changes under it. ``only``: verify just these
+    files (a reader of the weights needs no optimizer state); None: every file."""
     path = run / POINTER_FILE
     for _ in range(5):
         before = path.read_bytes() if path.is_file() else None
         try:
-            return _resolve_once(run)
+            return _resolve_once(run, only)
         except (FileNotFoundError, CorruptCheckpointError):
             after = path.read_bytes() if path.is_file() else None
             if after == before:
                 raise
-    return _resolve_once(run)
+    return _resolve_once(run, only)
 
 
-def _resolve_once(run: Path) -> tuple[Path, dict, str | None]:
+def _resolve_once(run: Path, only: tuple[str, ...] | None) -> tuple[Path, dict, str | None]:
     path = run / POINTER_FILE
     if not path.is_file():
-        recovered = _newest_verified(run)
+        recovered = _newest_verified(run, only)
         if recovered is None:
             raise FileNotFoundError(f"no checkpoint in {run} (missing {POINTER_FILE})")
         return recovered[0], recovered[1], f"{POINTER_FILE} is missing; {recovered[1]['dir']} verifies"
@@ -356,7 +360,7 @@ def _resolve_once(run: Path) -> tuple[Path, dict, str | None]:
     if problem is None:
         folder = run / pointer["dir"]
         manifest = own_manifest(folder)
-        problem = _files_problem(folder, pointer["files"])
+        problem = _files_problem(folder, pointer["files"], only)
         if problem is None and manifest == pointer:  # the pointer is the manifest's copy
             return folder, pointer, None
         if problem is None and manifest is None and pointer.get("format") != CHECKPOINT_FORMAT:
@@ -365,14 +369,14 @@ def _resolve_once(run: Path) -> tuple[Path, dict, str | None]:
             raise CorruptCheckpointError(
                 f"{folder / MANIFEST_FILE} is missing or damaged although the files match {path}; the two are "
                 f"the same record: copy {path} over it to use this checkpoint")
-        if manifest is not None and _files_problem(folder, manifest["files"]) is None:
+        if manifest is not None and _files_problem(folder, manifest["files"], only) is None:
             return folder, manifest, f"{POINTER_FILE} is damaged; {manifest['dir']}'s manifest verifies"
         problem = problem or f"{path} differs from {folder / MANIFEST_FILE}, which does not verify"
         if folder.exists():
             raise CorruptCheckpointError(problem)  # the checkpoint itself is damaged: never an older one silently
     else:
         problem = f"{path} {problem}; the file is damaged"
-    recovered = _newest_verified(run)
+    recovered = _newest_verified(run, only)
     if recovered is None:
         raise CorruptCheckpointError(f"{problem}; and no checkpoint folder of {run} verifies")
     return recovered[0], recovered[1], f"{POINTER_FILE} is damaged; {recovered[1]['dir']} verifies"
@@ -384,28 +388,30 @@ def _resolve_once(run: Path) -> tuple[Path, dict, str | None]:
 def read_pointer(run: Path) -> dict:
     """``checkpoint.json`` (or, when it is lost or damaged, the manifest of the newest checkpoint that
     verifies: :func:`resolve_checkpoint`): the committed checkpoint's folder, step and file sums."""
-    return resolve_checkpoint(run)[1]
+    return resolve_checkpoint(run, only=(STATE_FILE,))[1]
 
 
 def checkpoint_dir(run: Path) -> Path:
     """The committed checkpoint's folder."""
-    return resolve_checkpoint(run)[0]
+    return resolve_checkpoint(run, only=(STATE_FILE,))[0]
 
 
 def read_state(run: Path) -> dict:
     """The committed checkpoint's trainer state, verified."""
-    return read_json(resolve_checkpoint(run)[0] / STATE_FILE)
+    return read_json(resolve_checkpoint(run, only=(STATE_FILE,))[0] / STATE_FILE)
 
 
-def verify_checkpoint(run: Path) -> tuple[Path, dict]:
-    """(folder, pointer) after checking every file's size and sha256; one-line errors name the file."""
-    folder, pointer, _ = resolve_checkpoint(run)
+def verify_checkpoint(run: Path, only: tuple[str, ...] | None = None) -> tuple[Path, dict]:
+    """(folder, pointer) after checking every file's size and sha256 (of ``only``'s names when given);
+    one-line errors name the file."""
+    folder, pointer, _ = resolve_checkpoint(run, only)
     return folder, pointer
 
 
-def _verified_state(run: Path) -> tuple[Path, dict, dict]:
-    """(folder, pointer, trainer state) of the committed checkpoint after checking every file."""
-    folder, pointer = verify_checkpoint(run)
+def _verified_state(run: Path, optimizer: bool = True) -> tuple[Path, dict, dict]:
+    """(folder, pointer, trainer state) of the committed checkpoint after checking every file it reads (the
+    optimizer's only when ``optimizer``)."""
+    folder, pointer = verify_checkpoint(run, None if optimizer else (MODEL_FILE, STATE_FILE))
     state = read_json(folder / STATE_FILE)
     step = state.get("step") if isinstance(state, dict) else None
     if not isinstance(step, int) or step != pointer["step"]:
@@ -437,7 +443,7 @@ def read_checkpoint(
     ``optimizer.state_dict()`` form or None) of the committed checkpoint, after verifying the
     checksums; for loading into a sharded ``model``, whose tied weights are filled in from the
     one stored copy and whose names and shapes are checked here (on every process alike)."""
-    folder, pointer, state = _verified_state(run)
+    folder, pointer, state = _verified_state(run, optimizer)
     model_path = folder / MODEL_FILE
     try:
         tensors = load_file(str(model_path))
@@ -464,7 +470,7 @@ def load_checkpoint(
 ) -> dict:
     """Load weights (and optimizer state, RNG) into ``model`` after verifying the checksums; return
     the trainer state."""
-    folder, pointer, state = _verified_state(run)
+    folder, pointer, state = _verified_state(run, optimizer is not None)
     model_path = folder / MODEL_FILE
     device = next(iter(model.parameters())).device
     try:
