@@ -381,7 +381,7 @@ class Trainer:
             grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params if p.grad is not None])))
         if not math.isfinite(grad_norm):
             raise NonFiniteLossError(f"non-finite gradient norm ({grad_norm}) at {self._where(step)} "
-                                     f"(loss {loss_value:.4f}); stopped, {self._kept()}.")
+                                     f"(loss {loss_value:.4f}); stopped, {self._kept()}. {self.advice}")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._check_divergence(step, loss_value)
