@@ -1,4 +1,4 @@
-"""What a study may swap in the training loop (README "Training"; docs/architecture.md, training): the
+"""What a study may swap in the training loop (docs/architecture.md, "One trainer"): the
 loss, the optimizer, evaluation hooks at given steps and the summary of a finished run. Every piece
 left out keeps the language-model default, so ``train(model, stream, val, cfg)`` is unchanged.
 

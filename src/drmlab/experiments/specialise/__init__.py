@@ -10,13 +10,43 @@ and ``recipe`` (student and teacher, the two learning-rate groups, the hooks, ve
 
 from drmlab.experiments.specialise.batches import MixedBatches, language_batch, mqar_batch, uses_language
 from drmlab.experiments.specialise.curriculum import (
-    BACKBONE_LR, CE_REGRESSION_LIMIT, DEFAULT_CHECKPOINT_EVERY, DEFAULT_CURRICULUM, EVAL_BATCHES,
-    EVAL_TOKENS_PER_FORWARD, GRAD_CLIP, KD_WEIGHT, LANGUAGE_PROBABILITY, LANGUAGE_WINDOW, MEMORY_LR, PASS_THRESHOLD,
-    TEMPERATURE, WEIGHT_DECAY, Settings, check_curriculum, mqar_batch_size, parse_curriculum, scale_curriculum)
+    BACKBONE_LR,
+    CE_REGRESSION_LIMIT,
+    DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_CURRICULUM,
+    EVAL_BATCHES,
+    EVAL_TOKENS_PER_FORWARD,
+    GRAD_CLIP,
+    KD_WEIGHT,
+    LANGUAGE_PROBABILITY,
+    LANGUAGE_WINDOW,
+    MEMORY_LR,
+    PASS_THRESHOLD,
+    TEMPERATURE,
+    WEIGHT_DECAY,
+    Settings,
+    check_curriculum,
+    mqar_batch_size,
+    parse_curriculum,
+    scale_curriculum,
+)
 from drmlab.experiments.specialise.losses import SpecialiseLoss, distillation_kl, language_loss, mqar_loss
 from drmlab.experiments.specialise.recipe import (
-    ADVICE, BASE_MODELS, FIXES_AFTER_NON_FINITE, MEMORY_PREFIX, PROGRESS_SECONDS, RESULT_FILE, STUDENT_MODEL,
-    Specialisation, build_optimizer, build_student, check_base, load_base, memory_parameter_names, specialise)
+    ADVICE,
+    BASE_MODELS,
+    FIXES_AFTER_NON_FINITE,
+    MEMORY_PREFIX,
+    PROGRESS_SECONDS,
+    RESULT_FILE,
+    STUDENT_MODEL,
+    Specialisation,
+    build_optimizer,
+    build_student,
+    check_base,
+    load_base,
+    memory_parameter_names,
+    specialise,
+)
 
 __all__ = [
     "ADVICE", "BACKBONE_LR", "BASE_MODELS", "CE_REGRESSION_LIMIT", "DEFAULT_CHECKPOINT_EVERY", "DEFAULT_CURRICULUM",

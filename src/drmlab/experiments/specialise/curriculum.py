@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -50,7 +51,7 @@ def check_curriculum(stages) -> list[tuple[int, int]]:
         if steps <= 0:
             raise ValueError(f"curriculum stage {length}:{steps} needs a positive number of steps")
     lengths = [length for length, _ in stages]
-    if any(b <= a for a, b in zip(lengths, lengths[1:])):
+    if any(b <= a for a, b in itertools.pairwise(lengths)):
         raise ValueError(f"curriculum lengths must increase from stage to stage, got {lengths}")
     return stages
 
@@ -59,7 +60,7 @@ def scale_curriculum(stages, scale: float) -> list[tuple[int, int]]:
     """Every stage's steps times ``scale``, rounded, at least 1."""
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"--steps-scale must be a positive number, got {scale!r}")
-    return [(length, max(1, int(round(steps * scale)))) for length, steps in check_curriculum(stages)]
+    return [(length, max(1, round(steps * scale))) for length, steps in check_curriculum(stages)]
 
 
 def mqar_batch_size(length: int) -> int:

@@ -6,8 +6,8 @@ loss piece (:data:`drmlab.training.pieces.LossFn`) choosing between them by the 
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from drmlab.experiments import mqar_distance
 from drmlab.experiments.specialise.batches import MixedBatches

@@ -11,13 +11,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from drmlab.experiments import mqar_distance
 from drmlab.experiments.specialise.batches import MixedBatches
 from drmlab.experiments.specialise.curriculum import (
-    BACKBONE_LR, CE_REGRESSION_LIMIT, DEFAULT_CHECKPOINT_EVERY, DEFAULT_CURRICULUM, EVAL_TOKENS_PER_FORWARD, MEMORY_LR,
-    PASS_THRESHOLD, WEIGHT_DECAY, Settings, scale_curriculum)
+    BACKBONE_LR,
+    CE_REGRESSION_LIMIT,
+    DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_CURRICULUM,
+    EVAL_TOKENS_PER_FORWARD,
+    MEMORY_LR,
+    PASS_THRESHOLD,
+    WEIGHT_DECAY,
+    Settings,
+    scale_curriculum,
+)
 from drmlab.experiments.specialise.losses import SpecialiseLoss
 from drmlab.runs import RunDir, jsonable, read_json, write_json_atomic
 from drmlab.training.config import TrainConfig
