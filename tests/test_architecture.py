@@ -110,3 +110,64 @@ def test_the_checker_sees_imports_inside_functions_and_relative_ones():
             "from ..runs import RunDir\nfrom . import batches\nfrom drmlab import data\n")
     found = sorted(t for _, t in _imports(text, "drmlab.training.trainer"))
     assert found == ["drmlab.cli", "drmlab.data", "drmlab.runs", "drmlab.training", "drmlab.training.trainer"]
+
+
+# -- one trainer: the optimizer step, the gradient and the signal handlers live in drmlab/training/ (and runs)
+TRAINING_HOMES = ("drmlab/training/", "drmlab/runs")
+
+
+def _training_calls(text: str) -> list[tuple[int, str]]:
+    """Calls that make a training loop or take over signals: ``x.zero_grad(...)``, ``x.step()`` without
+    arguments (an optimizer's or a scheduler's step), ``x.backward()`` with at most one positional
+    argument (a tensor's; the scan operators' own ``backward(f, m, ...)`` functions take many),
+    ``torch.autograd.backward(...)`` and ``signal.signal(...)`` (also imported under another name)."""
+    tree = ast.parse(text)
+    signal_modules, signal_functions = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            signal_modules |= {a.asname or a.name for a in node.names if a.name == "signal"}
+        elif isinstance(node, ast.ImportFrom) and node.module == "signal":
+            signal_functions |= {a.asname or a.name for a in node.names if a.name == "signal"}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in signal_functions:
+            found.append((node.lineno, "signal.signal"))
+        if not isinstance(func, ast.Attribute):
+            continue
+        owner = ast.unparse(func.value)
+        if func.attr == "zero_grad":
+            found.append((node.lineno, f"{owner}.zero_grad"))
+        elif func.attr == "step" and not node.args and all(k.arg == "closure" for k in node.keywords):
+            found.append((node.lineno, f"{owner}.step()"))
+        elif func.attr == "backward" and (owner in ("torch.autograd", "autograd") or len(node.args) <= 1):
+            found.append((node.lineno, f"{owner}.backward"))
+        elif func.attr == "signal" and owner in signal_modules:
+            found.append((node.lineno, "signal.signal"))
+    return found
+
+
+def test_no_training_loop_or_signal_handler_outside_training():
+    outside = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC.parent).as_posix()
+        if rel.startswith(TRAINING_HOMES):
+            continue
+        outside += [f"{rel}:{line} calls {what}" for line, what in _training_calls(path.read_text())]
+    assert not outside, ("an optimizer step, a gradient or a signal handler outside drmlab/training/ (a study "
+                         "brings a loss, an optimizer builder, a batch source and hooks to train() instead):\n"
+                         + "\n".join(outside))
+
+
+def test_the_training_rule_sees_a_planted_loop_and_spares_the_operators():
+    planted = ("import signal as sg\nfrom signal import signal as on\n"
+               "def fit(model, opt, batches):\n    for x in batches:\n        loss = model(x).sum()\n"
+               "        loss.backward()\n        opt.step()\n        opt.zero_grad(set_to_none=True)\n"
+               "    torch.autograd.backward([loss], [g])\n    sg.signal(sg.SIGINT, print)\n    on(2, print)\n")
+    assert sorted(what for _, what in _training_calls(planted)) == [
+        "loss.backward", "opt.step()", "opt.zero_grad", "signal.signal", "signal.signal", "torch.autograd.backward"]
+    spared = ("du, df, _ = impl.backward(f, m, init, dm, need_f, False)\nout = model(x, step=3)\n"
+              "schedule.step(4)\ng = torch.autograd.grad(y.sum(), x)\n")
+    assert _training_calls(spared) == []

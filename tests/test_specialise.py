@@ -1,6 +1,7 @@
 """The specialisation recipe (drmlab.experiments.specialise, ``drmlab specialise``): the student equals
 its base at step 0, the two learning-rate groups, the frozen teacher, the distillation and MQAR losses,
-the output run directory, exact continuation after an interruption, and refused bases."""
+the output run directory, exact continuation after an interruption (a stage read lost with it is read
+again), and refused bases. The steps are the trainer's (drmlab.training.train with the recipe's pieces)."""
 
 from __future__ import annotations
 
@@ -217,8 +218,17 @@ def test_specialised_run_is_an_ordinary_run(finished, base_run):
     assert saved["language"]["regression"] == pytest.approx(saved["after"]["ce"] - saved["before"]["ce"])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["finished"] and summary["val_ce"] == saved["after"]["ce"]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    all_rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in all_rows if r["kind"] == "train"]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and [r["stage"] for r in rows] == [40, 40, 40, 72, 72]
+    # the trainer's rows carry the recipe's entries: both batch kinds, each group's own constant rate
+    assert {r["batch"] for r in rows} == {"language", "mqar"}
+    assert all((r["kd"] is None) == (r["batch"] == "mqar") for r in rows)
+    assert all(r["lr_backbone"] == 1e-5 and r["lr_memory"] == 1e-4 for r in rows)
+    assert [r["batch_tokens"] for r in rows if r["batch"] == "language"] == [128] * sum(r["batch"] == "language" for r in rows)
+    # the hooks' rows: the CE before at step 0, each stage's reads after its last step (as in specialise.json)
+    assert [(r["kind"], r["step"]) for r in all_rows if r["kind"] != "train"] == [("rescore", 0), ("stage", 3), ("stage", 5)]
+    assert [r["lengths"] for r in all_rows if r["kind"] == "stage"] == [st["lengths"] for st in saved["stages"]]
     # an ASM_CM base is copied whole
     teacher, config, _ = recipe.load_base(out, "cpu")
     student = recipe.build_student(config, teacher, seed=9)
@@ -233,18 +243,18 @@ def test_a_killed_run_continues_to_the_same_weights(finished, base_run, corpus, 
 
     reference, _, reference_result, _ = finished
     out = tmp_path / "killed"
-    real_step = recipe.Specialisation.train_step
+    real_batch = recipe.MixedBatches.global_batch
 
-    def dies_at_five(self, step):
+    def dies_at_five(self, seed, step, micro):
         if step == 5:
             raise KeyboardInterrupt  # a kill: the last checkpoint is the end of stage 40 (step 3)
-        return real_step(self, step)
+        return real_batch(self, seed, step, micro)
 
-    monkeypatch.setattr(recipe.Specialisation, "train_step", dies_at_five)
+    monkeypatch.setattr(recipe.MixedBatches, "global_batch", dies_at_five)
     with pytest.raises(KeyboardInterrupt):
         job(base_run, corpus, out).run()
     assert json.loads((out / "checkpoint.json").read_text())["step"] == 3
-    monkeypatch.setattr(recipe.Specialisation, "train_step", real_step)
+    monkeypatch.setattr(recipe.MixedBatches, "global_batch", real_batch)
     argv = ["specialise", "--base", str(base_run), "--out", str(out), "--curriculum", "40:3,72:2", "--seed", "0",
             "--eval-sequences", str(EVAL_SEQUENCES), "--eval-tokens", str(EVAL_TOKENS), "--checkpoint-every", "0",
             "--device", "cpu", "--cache-dir", str(cache_dir), "--data", str(corpus_file)]
@@ -257,7 +267,9 @@ def test_a_killed_run_continues_to_the_same_weights(finished, base_run, corpus, 
     result = json.loads((out / recipe.RESULT_FILE).read_text())
     for a, b in zip(result["stages"], reference_result["stages"]):
         assert {L: r["correct"] for L, r in a["lengths"].items()} == {L: r["correct"] for L, r in b["lengths"].items()}
-    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in rows if r["kind"] == "stage"] == [3, 5]
     # finished: refused without --overwrite, in one line
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -283,13 +295,40 @@ def test_a_non_finite_gradient_stops_before_the_update(base_run, corpus, tmp_pat
     from drmlab.training.trainer import NonFiniteLossError
 
     run = job(base_run, corpus, tmp_path / "nan")
+    trainer = run.trainer()
     try:
-        run.start()
+        trainer.start(resume=False)
         weights = {k: v.clone() for k, v in run.student.state_dict().items()}
         run.student.embedding.weight.register_hook(lambda g: g * float("nan"))
-        with pytest.raises(NonFiniteLossError, match="non-finite gradient norm .* at step 1"):
-            run.train_step(1)
+        with pytest.raises(NonFiniteLossError, match="non-finite gradient norm .* at step 1 .*--memory-lr"):
+            trainer.train_step(1)
         for name, tensor in run.student.state_dict().items():
             assert torch.equal(tensor, weights[name]), name
     finally:
-        run.close()
+        trainer.close()
+
+
+def test_a_stage_read_lost_to_a_kill_is_read_again(finished, base_run, corpus, tmp_path, monkeypatch):
+    """Killed while reading stage 40 (its checkpoint committed): continuing reads it again first, once."""
+    _, _, reference_result, _ = finished
+    out = tmp_path / "lost-read"
+    real_evaluate = recipe.Specialisation.evaluate_stage
+
+    def dies_reading(self, length, first, last, model=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recipe.Specialisation, "evaluate_stage", dies_reading)
+    with pytest.raises(KeyboardInterrupt):
+        job(base_run, corpus, out).run()
+    assert json.loads((out / "checkpoint.json").read_text())["step"] == 3
+    assert json.loads((out / recipe.RESULT_FILE).read_text())["stages"] == []
+    monkeypatch.setattr(recipe.Specialisation, "evaluate_stage", real_evaluate)
+    result = job(base_run, corpus, out).run()
+    assert [st["length"] for st in result["stages"]] == [40, 72]
+    def reads(stages):
+        return [{L: (r["correct"], r["by_query"]) for L, r in st["lengths"].items()} for st in stages]
+
+    assert reads(result["stages"]) == reads(reference_result["stages"])
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in rows if r["kind"] in ("stage", "resume")] == [
+        ("resume", 3), ("stage", 3), ("stage", 5)]

@@ -322,3 +322,94 @@ def test_run_info_records_config_json_entries_in_their_order_and_refuses_a_clash
     assert list(RunInfo().record()) == ["overrides"]  # the trainer then names the model by its class
     with pytest.raises(ValueError, match=r"repeats the run's own entries: \['tokenizer'\]"):
         RunInfo("J", data=data, study={"tokenizer": "gpt2"}).record()
+
+
+# ---------------------------------------------------------------- the swappable pieces
+
+
+def test_the_default_pieces_are_the_language_model_loop(tmp_path):
+    """TrainPieces() spelled out (the lm loss, build_optimizer) trains exactly as no pieces at all."""
+    from drmlab.training.optim import build_optimizer
+    from drmlab.training.pieces import TrainPieces
+    from drmlab.training.trainer import lm_loss_fn
+
+    tr, va = _data()
+    cfg = _cfg(schedule="cosine", grad_accum=2, batch_size=4)
+    plain = TinyLM(seed=4)
+    spelled = TinyLM(seed=4)
+    a = train(plain, tr, va, cfg, quiet=True)
+    b = train(spelled, tr, va, cfg, quiet=True,
+              pieces=TrainPieces(loss_fn=lm_loss_fn(), optimizer_builder=build_optimizer))
+    assert [r for r in a["rows"] if r["kind"] == "train"][0].keys() == {
+        "kind", "step", "tokens", "loss", "ce", "lr", "grad_norm", "tok_s", "elapsed"}
+    strip = lambda s: [{k: v for k, v in r.items() if k not in ("tok_s", "elapsed")} for r in s["rows"]]
+    assert strip(a) == strip(b)
+    for (n, p), (_, q) in zip(plain.state_dict().items(), spelled.state_dict().items()):
+        assert torch.equal(p, q), n
+
+
+def test_parameter_groups_keep_their_own_rates_under_the_schedule(tmp_path):
+    """Two groups at their own base rates: each follows the warm-up + cosine from its own rate (the
+    optimizer steps with it), the rows name both, and a resume from the checkpoint keeps them."""
+    from drmlab.training.pieces import TrainPieces
+
+    seen = []
+
+    class Recording(torch.optim.AdamW):
+        def step(self, closure=None):
+            seen.append([g["lr"] for g in self.param_groups])
+            return super().step(closure)
+
+    def two_rates(model, cfg):
+        head = [p for n, p in model.named_parameters() if n.startswith("out.")]
+        rest = [p for n, p in model.named_parameters() if not n.startswith("out.")]
+        return Recording([{"params": rest, "lr": 1e-3, "name": "body"}, {"params": head, "lr": 4e-2, "name": "head"}],
+                         lr=cfg.lr)
+
+    tr, va = _data()
+    cfg = _cfg(tokens=8 * 16 * 8, schedule="cosine", warmup_fraction=0.25)
+    summary = train(TinyLM(), tr, va, cfg, tmp_path / "run", quiet=True, stop_after_step=5,
+                    pieces=TrainPieces(optimizer_builder=two_rates))
+    expected = [[lr_at(k, cfg, 1e-3), lr_at(k, cfg, 4e-2)] for k in range(1, 9)]
+    assert seen == expected[:5] and expected[0][1] == 4e-2 * 1 / 2 and expected[-1][1] == pytest.approx(4e-3)
+    rows = [r for r in summary["rows"] if r["kind"] == "train"]
+    assert [[r["lr_body"], r["lr_head"]] for r in rows] == expected[:5]
+    assert [r["lr"] for r in rows] == [lr_at(k, cfg) for k in range(1, 6)]
+    train(TinyLM(), tr, va, cfg, tmp_path / "run", resume=True, quiet=True, pieces=TrainPieces(optimizer_builder=two_rates))
+    assert seen == expected
+
+
+def test_a_loss_piece_and_evaluation_hooks(tmp_path):
+    """A custom loss's entries reach the rows (tensors averaged over micro-batches, other values kept);
+    hooks run at their steps (0: before training) on a committed checkpoint, their rows in
+    metrics.jsonl; a hook killed after its checkpoint runs again first on resume, once."""
+    from drmlab.training.pieces import EvalHook, TrainPieces
+    from drmlab.training.trainer import targets_loss
+
+    def loss_fn(model, batch, step):
+        loss, ce = targets_loss(model, batch[0], batch[1], step)
+        return 2 * loss, {"ce": ce, "half": ce / 2, "parity": step % 2, "rows": int(batch[0].shape[0])}
+
+    calls = []
+
+    def hook(model, step):
+        calls.append(step)
+        if step == 4 and calls.count(4) == 1:
+            raise KeyboardInterrupt  # killed during its evaluation
+        return {"checkpoint": RunDir(tmp_path / "run").read_state()["step"] if step else None}
+
+    tr, va = _data()
+    cfg = _cfg(grad_accum=2, batch_size=4)
+    pieces = TrainPieces(loss_fn=loss_fn, hooks=(EvalHook("probe", {0, 2, 4}, hook),))
+    with pytest.raises(KeyboardInterrupt):
+        train(TinyLM(), tr, va, cfg, tmp_path / "run", quiet=True, pieces=pieces)
+    assert calls == [0, 2, 4] and RunDir(tmp_path / "run").read_state()["step"] == 4
+    train(TinyLM(), tr, va, cfg, tmp_path / "run", resume=True, quiet=True, pieces=pieces)
+    assert calls == [0, 2, 4, 4]
+    rows = read_metrics(tmp_path / "run")
+    probes = [r for r in rows if r["kind"] == "probe"]
+    assert [(r["step"], r["checkpoint"]) for r in probes] == [(0, None), (2, 2), (4, 4)]
+    steps = [r for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    assert all(r["half"] == pytest.approx(r["ce"] / 2) and r["parity"] == r["step"] % 2 and r["rows"] == 4 for r in steps)
+    assert all(r["loss"] > 2 * r["ce"] for r in steps)  # twice (CE + the model's aux)

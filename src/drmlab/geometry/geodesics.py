@@ -122,10 +122,9 @@ def solve_geodesic(metric: Metric, a: torch.Tensor, b: torch.Tensor, segments: i
                                           tolerance_grad=max(tol * scale / math.sqrt(interior.numel()), 1e-16),
                                           tolerance_change=0.0, line_search_fn="strong_wolfe")
 
-            def closure(optimizer=optimizer):
-                optimizer.zero_grad()
+            def closure():  # the gradient set directly: no training-style backward outside training/
                 value = action(interior)
-                value.backward()
+                interior.grad = torch.autograd.grad(value, interior)[0]
                 return value
 
             optimizer.step(closure)

@@ -8,6 +8,12 @@ the run's :class:`~drmlab.training.batches.BatchSource` at (seed, k, m) -- by de
 ``aux["loss_aux"]`` when the model gives one. The loss is divided by ``grad_accum``, gradients
 are clipped to a global norm, AdamW steps at ``optim.lr_at(k)``.
 
+A study swaps pieces of this (:class:`~drmlab.training.pieces.TrainPieces`): the loss
+(``loss_fn``), the optimizer (``optimizer_builder``: parameter groups at their own base rates, each
+scheduled from its own), evaluation hooks at given steps (rows of metrics.jsonl, a checkpoint
+committed before each) and entries of the finished summary; the step, the guards, checkpoints,
+resume and the signal handling stay here.
+
 The pieces: :meth:`Trainer.start` (fresh or resumed), :meth:`Trainer.train_step` (micro-batches,
 clipping, the non-finite guard), :meth:`Trainer.after_step` (metrics, sampled evaluation,
 checkpoint) and :meth:`Trainer.finish` (summary and the final evaluation). The files of the run
@@ -68,6 +74,7 @@ from drmlab.training.compiling import compile_errors, compile_model
 from drmlab.training.config import TRAIN_DEFAULTS, TrainConfig
 from drmlab.training.diagnostics import WINDOWS as DIAGNOSTIC_WINDOWS, evaluation_diagnostics
 from drmlab.training.optim import build_optimizer, lr_at
+from drmlab.training.pieces import LossFn, TrainPieces
 from drmlab.training.run_info import RunInfo
 from drmlab.training.tensorboard import open_sink, require_tensorboard
 
@@ -125,6 +132,15 @@ def targets_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Te
     aux = out.aux.get("loss_aux") if out.aux else None
     loss = ce + aux.float() if aux is not None else ce
     return loss, ce
+
+
+def lm_loss_fn(bf16: bool = False) -> LossFn:
+    """The default loss piece: :func:`targets_loss` of the batch (inputs, targets), its CE as the row's ``ce``."""
+    def loss_fn(model: torch.nn.Module, batch: tuple, step: int) -> tuple[torch.Tensor, dict]:
+        loss, ce = targets_loss(model, batch[0], batch[1], step, bf16=bf16)
+        return loss, {"ce": ce}
+
+    return loss_fn
 
 
 @torch.no_grad()
@@ -229,9 +245,12 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, batches: BatchSource, cfg: TrainConfig, run: RunDir | None, *,
                  val_tokens: np.ndarray | None, evaluate: Evaluate | None, run_info: RunInfo | None,
                  device, quiet: bool, progress_seconds: float = PROGRESS_SECONDS, fsdp: bool = False,
-                 tensorboard: bool = False):
+                 tensorboard: bool = False, pieces: TrainPieces | None = None):
         cfg.validate()
         self.cfg, self.batches, self.run, self.evaluate = cfg, batches, run, evaluate
+        self.pieces = pieces = pieces if pieces is not None else TrainPieces()
+        self.loss_fn = pieces.loss_fn if pieces.loss_fn is not None else lm_loss_fn(cfg.bf16)
+        self.hook_steps, self.advice, self.kept_rows = pieces.hook_steps, pieces.advice, set()
         self.info, self.device = dist_utils.setup(str(device) if isinstance(device, torch.device) else device)
         self.main = self.info.is_main
         self.model = model.to(self.device)
@@ -240,7 +259,10 @@ class Trainer:
         self.config["runtime"]["data_parallel"] = "fsdp" if self.sharded else "ddp" if self.info.enabled else None
         if self.sharded:
             self.model = dist_utils.shard_model(self.model, self.info, self.device)
-        self.optimizer = build_optimizer(self.model, cfg)
+        self.optimizer = (pieces.optimizer_builder or build_optimizer)(self.model, cfg)
+        # each group's own base rate, as built (a resumed optimizer's saved rates do not replace it)
+        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        self.group_names = [group.get("name") for group in self.optimizer.param_groups]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.eval_windows = (eval_sample(val_tokens, cfg.eval_windows, cfg.seq_len)
                              if val_tokens is not None and cfg.eval_windows else None)
@@ -290,6 +312,8 @@ class Trainer:
         if run is not None and main:
             run.write_config(self.config)
         dist_utils.barrier(self.info)
+        if resume and self.pieces.hooks and run.metrics_path.is_file():  # which hook rows the kept metrics hold
+            self.kept_rows = {(row.get("kind"), row.get("step")) for row in run.read_metrics()}
         probe = self.batches.batch(self.cfg.seed, 1, 0)[0][:1, : min(self.cfg.seq_len, 16)]
         self.net = dist_utils.wrap_model(self.model, self.info, self.device, probe=probe)
         if self.cfg.compile:  # the training forward only: evaluation and checkpoints use self.model
@@ -316,30 +340,39 @@ class Trainer:
         cfg, dev, info = self.cfg, self.device, self.info
         t0 = time.perf_counter()
         lr = lr_at(step, cfg)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        rates = {}
+        for group, base, name in zip(self.optimizer.param_groups, self.base_lrs, self.group_names):
+            group["lr"] = lr_at(step, cfg, base)  # equals lr for a group at cfg.lr
+            if name is not None:
+                rates[f"lr_{name}"] = group["lr"]
         self.net.train()
         total = torch.zeros((), device=dev)
-        total_ce = torch.zeros((), device=dev)
+        sums: dict = {}  # the loss piece's tensor entries, averaged over the micro-batches
+        entries: dict = {}
         for micro in range(cfg.grad_accum):
             inputs, targets = self.batches.batch(cfg.seed, step, micro, info.rank, info.world_size)
             sync = info.enabled and not self.sharded and micro < cfg.grad_accum - 1  # FSDP reduce-scatters each micro-batch
             try:
                 with self.net.no_sync() if sync else contextlib.nullcontext(), self._compile_errors():
-                    loss, ce = targets_loss(self.net, inputs.to(dev), targets.to(dev), step, bf16=cfg.bf16)
+                    loss, aux = self.loss_fn(self.net, (inputs.to(dev), targets.to(dev)), step)
                     (loss / cfg.grad_accum).backward()
             except torch.linalg.LinAlgError as exc:  # e.g. a Cholesky of a metric the weights broke
                 self.optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteLossError(f"a linear-algebra failure inside the model at {self._where(step)} "
-                                         f"({str(exc).splitlines()[0]}); stopped, {self._kept()}. "
-                                         "Try a lower lr or a warm-up (warmup_fraction=0.05).") from None
+                                         f"({str(exc).splitlines()[0]}); stopped, {self._kept()}. {self.advice}") from None
             total += loss.detach() / cfg.grad_accum
-            total_ce += ce.detach() / cfg.grad_accum
+            for key, value in aux.items():
+                if isinstance(value, torch.Tensor):
+                    if key not in sums:
+                        sums[key] = torch.zeros((), device=dev)
+                    sums[key] += value.detach() / cfg.grad_accum
+                entries[key] = value
         loss_value = float(dist_utils.all_reduce_mean(total, info))
-        ce_value = float(dist_utils.all_reduce_mean(total_ce, info))
+        for key, value in sums.items():
+            entries[key] = float(dist_utils.all_reduce_mean(value, info))
         if not math.isfinite(loss_value):
             raise NonFiniteLossError(f"non-finite training loss ({loss_value}) at {self._where(step)}; stopped, {self._kept()}. "
-                                     "Try a lower lr or a warm-up (warmup_fraction=0.05).")
+                                     f"{self.advice}")
         if self.sharded:
             grad_norm = dist_utils.sharded_grad_norm(self.params, cfg.grad_clip)
         elif cfg.grad_clip > 0:
@@ -348,7 +381,7 @@ class Trainer:
             grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params if p.grad is not None])))
         if not math.isfinite(grad_norm):
             raise NonFiniteLossError(f"non-finite gradient norm ({grad_norm}) at {self._where(step)} "
-                                     f"(loss {loss_value:.4f}); stopped, {self._kept()}.")
+                                     f"(loss {loss_value:.4f}); stopped, {self._kept()}. {self.advice}")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._check_divergence(step, loss_value)
@@ -356,8 +389,8 @@ class Trainer:
             torch.cuda.synchronize(dev)
         dt = time.perf_counter() - t0
         self.train_seconds += dt
-        return {"kind": "train", "step": step, "tokens": step * cfg.tokens_per_step, "loss": loss_value, "ce": ce_value,
-                "lr": lr, "grad_norm": grad_norm, "tok_s": cfg.tokens_per_step / dt, "elapsed": self.elapsed()}
+        return {"kind": "train", "step": step, "tokens": step * cfg.tokens_per_step, "loss": loss_value, **entries,
+                "lr": lr, **rates, "grad_norm": grad_norm, "tok_s": cfg.tokens_per_step / dt, "elapsed": self.elapsed()}
 
     def _compile_errors(self):
         """Under ``compile``: a model that cannot compile raises CompileError naming the operation."""
@@ -371,7 +404,7 @@ class Trainer:
         if self.diverging_steps >= cfg.divergence_steps:
             raise DivergenceError(f"the loss diverged: {loss:.4f} at {self._where(step)}, above the uniform guess "
                                   f"{self.uniform_ce:.4f} + {cfg.divergence_nats:g} nats for {self.diverging_steps} steps "
-                                  f"in a row; stopped, {self._kept()}. Try a lower lr or a warm-up (warmup_fraction=0.05).")
+                                  f"in a row; stopped, {self._kept()}. {self.advice}")
 
     def _where(self, step: int) -> str:
         return f"step {step} ({(step - 1) * self.cfg.tokens_per_step:,} tokens trained)"
@@ -402,7 +435,7 @@ class Trainer:
         if self.info.enabled:  # every process stops after the same step (a signal may reach only some of them)
             signum = dist_utils.all_reduce_max(float(self.stop_signal or 0), self.info, self.device)
             self.stop_signal = int(signum) or None
-        if self.stop_signal is not None or step == last_step or (
+        if self.stop_signal is not None or step == last_step or step in self.hook_steps or (
                 cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0):
             self.save(step)
         if self.stop_signal is not None:
@@ -410,6 +443,19 @@ class Trainer:
             where = f"in {self.run.path}" if self.run is not None else "nowhere (no run directory)"
             raise TrainingInterrupted(f"{name} received: stopped after step {step} of {cfg.total_steps}, checkpoint "
                                       f"committed {where}", self.stop_signal, step)
+        self.run_hooks(step)
+
+    def run_hooks(self, step: int, missing_only: bool = False) -> None:
+        """The evaluation hooks of ``step``, each row to metrics.jsonl; ``missing_only``: those whose row
+        the resumed run's kept metrics lack (a hook killed after the checkpoint of its step)."""
+        for hook in self.pieces.hooks:
+            if step not in hook.steps or (missing_only and (hook.kind, step) in self.kept_rows):
+                continue
+            if self.main or self.sharded:  # a sharded forward needs every process; process 0 logs
+                entries = hook.run(self.model, step)
+                if self.main:
+                    self.log.log({"kind": hook.kind, "step": step, **entries})
+            dist_utils.barrier(self.info)
 
     def milestone_evaluation(self, step: int) -> None:
         """The final evaluation (the whole rescoring) at a milestone, as a ``milestone`` metrics row."""
@@ -439,14 +485,14 @@ class Trainer:
                 self.bar.set_postfix_str(f"{self.bar.postfix or ''} val {val_ce:.3f}".strip())
         if (self.main or self.sharded) and not math.isfinite(val_ce):
             raise NonFiniteLossError(f"non-finite sampled validation CE ({val_ce}) after {self._where(step)}; "
-                                     f"stopped, {self._kept()}. Try a lower lr or a warm-up (warmup_fraction=0.05).")
+                                     f"stopped, {self._kept()}. {self.advice}")
         dist_utils.barrier(self.info)
 
     def save(self, step: int) -> None:
         bad = dist_utils.non_finite_parameters(self.model, self.info) if self.sharded else non_finite_parameters(self.model)
         if bad:  # never commit weights that cannot be used; the previous checkpoint stays
             raise NonFiniteLossError(f"non-finite weights ({', '.join(bad[:3])}) after {self._where(step)}; stopped, "
-                                     f"{self._kept()}. Try a lower lr or a warm-up (warmup_fraction=0.05).")
+                                     f"{self._kept()}. {self.advice}")
         full_state = None
         if self.run is not None and self.sharded:  # collective: gathered on process 0
             full_state = dist_utils.gather_full_state(self.model, self.optimizer, self.info)
@@ -504,9 +550,10 @@ class Trainer:
                 if summary.get("val_ce") is not None and not math.isfinite(summary["val_ce"]):
                     raise NonFiniteLossError(
                         f"the final evaluation gave a non-finite CE ({summary['val_ce']}) after {self._where(last_step)}: "
-                        f"the weights are finite but the model's outputs are not; stopped, {self._kept()}. "
-                        "Try a lower lr or a warm-up (warmup_fraction=0.05).")
+                        f"the weights are finite but the model's outputs are not; stopped, {self._kept()}. {self.advice}")
             dist_utils.barrier(self.info)
+        if self.pieces.summary_extras is not None and summary["finished"] and main:
+            summary.update(self.pieces.summary_extras(summary))
         if self.run is not None and main:
             summary["out_dir"] = str(self.run.path)
             self.run.write_summary(summary)
@@ -534,6 +581,7 @@ def train(
     progress_seconds: float = PROGRESS_SECONDS,
     fsdp: bool = False,
     tensorboard: bool = False,
+    pieces: TrainPieces | None = None,
 ) -> dict:
     """Train ``model`` under ``cfg``; return the summary (also ``out_dir/summary.json``).
 
@@ -548,6 +596,8 @@ def train(
     ``progress_seconds`` unless ``quiet``. ``fsdp`` shards the model with FSDP2 under torchrun
     (ignored in one process). ``tensorboard`` also writes every metrics row as TensorBoard scalars
     into ``out_dir/tensorboard`` (:mod:`drmlab.training.tensorboard`; needs the tensorboard package).
+    ``pieces`` swaps the loss, the optimizer, evaluation hooks and summary entries
+    (:class:`~drmlab.training.pieces.TrainPieces`; None: the language-model defaults).
     The returned dict also holds ``"rows"``: every metrics row written in this call.
     """
     if not isinstance(batches, BatchSource):
@@ -562,7 +612,8 @@ def train(
         require_tensorboard()
     run = out_dir if isinstance(out_dir, RunDir) or out_dir is None else RunDir(out_dir)
     trainer = Trainer(model, batches, cfg, run, val_tokens=val_tokens, evaluate=evaluate, run_info=run_info,
-                      device=device, quiet=quiet, progress_seconds=progress_seconds, fsdp=fsdp, tensorboard=tensorboard)
+                      device=device, quiet=quiet, progress_seconds=progress_seconds, fsdp=fsdp, tensorboard=tensorboard,
+                      pieces=pieces)
     last_step = cfg.total_steps if stop_after_step is None else min(cfg.total_steps, stop_after_step)
     final_loss = None
     try:
@@ -570,6 +621,7 @@ def train(
         with _stop_on_signals(trainer):
             if trainer.start_step == 0 and cfg.eval_every_steps:
                 trainer.sampled_evaluation(0)
+            trainer.run_hooks(trainer.start_step, missing_only=trainer.start_step > 0)
             for step in range(trainer.start_step + 1, last_step + 1):
                 row = trainer.train_step(step)
                 final_loss = row["loss"]

@@ -1,0 +1,73 @@
+"""The specialisation's losses (docs/mqar.md section 9): on a language batch the student's CE plus
+``kd_weight T^2 KL(softmax(teacher / T) || softmax(student / T))`` per position against the frozen
+teacher, on an MQAR batch the CE on the 8 query positions; :class:`SpecialiseLoss` is the trainer's
+loss piece (:data:`drmlab.training.pieces.LossFn`) choosing between them by the step's coin."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from drmlab.experiments.mqar import distance as mqar_distance
+from drmlab.experiments.specialise.batches import MixedBatches
+from drmlab.experiments.specialise.curriculum import KD_WEIGHT, TEMPERATURE, Settings
+
+
+def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = TEMPERATURE) -> torch.Tensor:
+    """KL(softmax(teacher / T) || softmax(student / T)) summed over the vocabulary, averaged over the
+    positions [..., vocab]; computed in float32 or wider."""
+    dtype = torch.promote_types(student_logits.dtype, torch.float32)
+    log_student = F.log_softmax(student_logits.to(dtype) / temperature, dim=-1)
+    log_teacher = F.log_softmax(teacher_logits.to(dtype) / temperature, dim=-1)
+    positions = log_student.numel() // log_student.shape[-1]
+    return F.kl_div(log_student, log_teacher, log_target=True, reduction="sum") / positions
+
+
+def language_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor, *,
+                  temperature: float = TEMPERATURE, kd_weight: float = KD_WEIGHT
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(CE + kd_weight T^2 KL, CE, KL) of a language batch: CE of the student against the next tokens."""
+    dtype = torch.promote_types(student_logits.dtype, torch.float32)
+    logits = student_logits.to(dtype)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    kl = distillation_kl(logits, teacher_logits, temperature)
+    return ce + kd_weight * temperature ** 2 * kl, ce, kl
+
+
+def mqar_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """CE on the scored positions only (targets other than the ignore index: the 8 queries per example)."""
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    logits = logits.to(dtype)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                           ignore_index=mqar_distance.IGNORE)
+
+
+class SpecialiseLoss:
+    """``(student, (inputs, targets), step) -> (loss, row entries)``: the language loss against the
+    frozen ``teacher`` or the MQAR loss, by the coin of ``step`` (the batch source's); both models at
+    ``step=None``; plus the student's ``loss_aux`` when it gives one. The row gets ``ce``, ``kd``
+    (None on an MQAR batch), ``stage``, ``batch`` (language or mqar) and ``batch_tokens``."""
+
+    def __init__(self, teacher: nn.Module, batches: MixedBatches, settings: Settings):
+        self.teacher, self.batches, self.settings = teacher, batches, settings
+
+    def __call__(self, model: nn.Module, batch: tuple, step: int) -> tuple[torch.Tensor, dict]:
+        s = self.settings
+        inputs, targets = batch
+        language = self.batches.is_language(s.seed, step)
+        if language:
+            with torch.no_grad():
+                teacher_logits = self.teacher(inputs, step=None).logits
+            out = model(inputs, step=None)
+            loss, ce, kl = language_loss(out.logits, teacher_logits, targets, temperature=s.temperature,
+                                         kd_weight=s.kd_weight)
+        else:
+            out = model(inputs, step=None)
+            loss = ce = mqar_loss(out.logits, targets)
+            kl = None
+        aux = out.aux.get("loss_aux") if out.aux else None
+        if aux is not None:
+            loss = loss + aux.float()
+        return loss, {"ce": ce, "kd": kl, "stage": s.stage_of(step), "batch": "language" if language else "mqar",
+                      "batch_tokens": int(inputs.numel())}
