@@ -30,7 +30,6 @@ VERBS = {
     "report": "drmlab.cli.report",
     "proofs": "drmlab.cli.proofs",
     "residual-probe": "drmlab.cli.residual_probe",
-    "readme": "drmlab.cli.readme",
 }
 
 
