@@ -31,7 +31,6 @@ VERBS = {
     "proofs": "drmlab.cli.proofs",
     "residual-probe": "drmlab.cli.residual_probe",
     "geometry": "drmlab.cli.geometry",
-    "readme": "drmlab.cli.readme",
 }
 
 

@@ -409,7 +409,9 @@ def run_study(models=DEFAULT_MODELS, seeds=DEFAULT_SEEDS, *, out: str | Path, pr
 
 
 def collect_runs(out: str | Path, study: dict) -> list[dict]:
-    """Every finished run of the recorded ``study`` under ``out/runs``, with its sampled validation curve."""
+    """Every finished run of the recorded ``study`` under ``out/runs``, with its curves (training loss and
+    sampled validation CE, downsampled: :func:`drmlab.experiments.results.curves`)."""
+    from drmlab.experiments.results import curves
     from drmlab.runs import RunDir
 
     runs = []
@@ -420,12 +422,11 @@ def collect_runs(out: str | Path, study: dict) -> list[dict]:
             if summary is None:
                 continue
             rows = run.read_metrics()
-            curve = [(r["tokens"], r["val_ce"]) for r in rows if r.get("kind") == "eval"]
             milestones = [(r["tokens"], r["val_ce"], r["val_bpb"]) for r in rows if r.get("kind") == "milestone"]
             runs.append({"model": model, "seed": seed, "params": summary["params"], "val_ce": summary["val_ce"],
                          "val_bpb": summary["val_bpb"], "tokens": summary["tokens"],
                          "tokens_per_s": summary["tokens_per_s"], "train_seconds": summary["train_seconds"],
-                         "curve": curve, "milestones": milestones})
+                         "curves": curves(rows), "milestones": milestones})
     return runs
 
 
@@ -470,7 +471,9 @@ def summarize(runs: list[dict], models: list[str]) -> tuple[dict, list[dict]]:
 
 
 def collect_results(out: str | Path) -> dict:
-    """The study under ``out`` as numbers: its record, per-model statistics, runs, gates, completeness."""
+    """The study under ``out`` as numbers: its record, per-model statistics, runs, gates, completeness, and
+    the provenance of this collection (:func:`drmlab.experiments.results.provenance`)."""
+    from drmlab.experiments.results import provenance
     from drmlab.runs import read_json
 
     study = read_json(Path(out) / STUDY_FILE)
@@ -479,7 +482,7 @@ def collect_results(out: str | Path) -> dict:
     sweeps = sweep_results(out, study)
     for model, stats in per_model.items():
         stats["lr"] = sweeps[model]["lr"] if sweeps else study["train"]["lr"]
-    results = {"study": study, "models": per_model, "runs": runs, "gate": gates, "gate_rule": dict(GATE_RULE),
+    results = {"provenance": provenance(study), "study": study, "models": per_model, "runs": runs, "gate": gates, "gate_rule": dict(GATE_RULE),
                "complete": len(runs) == len(study["models"]) * len(study["seeds"])}
     if sweeps:
         results["lr_sweep"] = sweeps

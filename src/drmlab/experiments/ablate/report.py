@@ -1,7 +1,8 @@
 """The ablation study's report (docs/drm.md section A.7), written from the numbers of
 :func:`drmlab.experiments.ablate.protocol.collect_results`:
 
-* ``results.json`` -- everything: the study record, per-model statistics, every run, every gate;
+* ``results.json`` -- everything: the provenance, the study record, per-model statistics, every run
+  with its downsampled curves, every gate (:mod:`drmlab.experiments.results` writes it);
 * ``results.md`` -- models by mean validation CE (mean +- population std, min-max, bits per byte,
   tokens/s), the per-seed table and the promotion gate of every ordered pair;
 * ``results.csv`` -- one row per run;
@@ -28,10 +29,10 @@ CSV_COLUMNS = ["model", "seed", "params", "val_ce", "val_bpb", "tokens", "tokens
 
 def write_report(results: dict, out: str | Path, log: Callable[[str], None] | None = None) -> None:
     """Write results.json, results.csv, results.md and the two plots of ``results`` into ``out``."""
-    from drmlab.runs import write_json_atomic
+    from drmlab.experiments.results import write
 
     out = Path(out)
-    write_json_atomic(out / "results.json", results)
+    write(out / "results.json", results)
     (out / "results.csv").write_text(csv_table(results["runs"]))
     (out / "results.md").write_text(markdown(results))
     draw_or_log(lambda: plot(results, out), log, "plots")
@@ -137,12 +138,12 @@ def plot(results: dict, out: Path) -> None:
     colors = {m: f"C{i}" for i, m in enumerate(per_model)}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for model in per_model:
-        curves = [r["curve"] for r in runs if r["model"] == model and r["curve"]]
+        curves = [r["curves"]["eval"] for r in runs if r["model"] == model and r["curves"]["eval"]["tokens"]]
         for curve in curves:
-            ax.plot([t for t, _ in curve], [v for _, v in curve], color=colors[model], alpha=0.3, lw=0.8)
-        if curves and all(len(c) == len(curves[0]) for c in curves):
-            mean = [sum(c[i][1] for c in curves) / len(curves) for i in range(len(curves[0]))]
-            ax.plot([t for t, _ in curves[0]], mean, color=colors[model], lw=2, label=model)
+            ax.plot(curve["tokens"], curve["val_ce"], color=colors[model], alpha=0.3, lw=0.8)
+        if curves and all(c["tokens"] == curves[0]["tokens"] for c in curves):
+            mean = [sum(values) / len(curves) for values in zip(*(c["val_ce"] for c in curves))]
+            ax.plot(curves[0]["tokens"], mean, color=colors[model], lw=2, label=model)
     ax.set_xlabel("training tokens")
     ax.set_ylabel("sampled validation CE (nats/token)")
     finals = [m["ce_min"] for m in per_model.values()]

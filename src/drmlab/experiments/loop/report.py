@@ -38,10 +38,10 @@ def write_report(results: dict, settings: dict[str, dict], out: str | Path,
 def add_to_results(results: dict, out: str | Path) -> None:
     """Put ``results["eval_loops"]`` into the ablation's results.json and append its table to results.md
     (both were just rewritten by :func:`drmlab.experiments.ablate.protocol.write_results`)."""
-    from drmlab.runs import write_json_atomic
+    from drmlab.experiments.results import write
 
     out = Path(out)
-    write_json_atomic(out / "results.json", results)
+    write(out / "results.json", results)
     markdown = (out / "results.md").read_text() if (out / "results.md").is_file() else ""
     (out / "results.md").write_text(markdown.rstrip("\n") + "\n\n" + eval_loops_markdown(results["eval_loops"]))
 

@@ -592,8 +592,10 @@ def evaluate_ckpt(study: DistanceStudy, ckpt: str | Path, out: Path, *, device="
 
 
 def summarize(study: DistanceStudy, results: list[dict]) -> dict:
-    """The study's numbers: the protocol, then per trained run or evaluated checkpoint its milestones,
-    per-length records and gate verdicts."""
+    """The study's numbers: their provenance (:func:`drmlab.experiments.results.provenance`), the protocol,
+    then per trained run or evaluated checkpoint its milestones, per-length records and gate verdicts."""
+    from drmlab.experiments.results import provenance
+
     entries = []
     for r in results:
         lengths = {k: {key: v for key, v in rec.items() if key != "spec"} for k, rec in r["lengths"].items()}
@@ -606,7 +608,7 @@ def summarize(study: DistanceStudy, results: list[dict]) -> dict:
         "control_length": CONTROL_LENGTH, "chance": CHANCE, "context_guess": CONTEXT_GUESS,
         "elimination_guess": ELIMINATION_GUESS, "gate_threshold": GATE_THRESHOLD,
         "state_growth_limit": STATE_GROWTH_LIMIT}
-    return {"protocol": protocol, "entries": entries}
+    return {"provenance": provenance(protocol), "protocol": protocol, "entries": entries}
 
 
 def run_planned(study: DistanceStudy, out: str | Path, *, device="auto", quiet: bool = True,

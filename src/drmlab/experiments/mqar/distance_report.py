@@ -5,14 +5,13 @@
   interval, "n/a (context N)" or "not read"; the gate verdicts; the control accuracy at each training
   milestone; how each length was read (parallel or prefill + steps), the decoding state's bytes per
   sequence, tokens/s;
-* ``results.json`` -- the whole summary;
+* ``results.json`` -- the whole summary, with each trained run's downsampled curves;
 * ``results.png`` -- accuracy against length (log axis) with the intervals, chance and the 80% gate,
   drawn when matplotlib can (:mod:`drmlab.experiments.plotting`).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -20,11 +19,31 @@ from drmlab.experiments.plotting import draw_or_log, pyplot
 
 
 def write_report(summary: dict, out: str | Path, log: Callable[[str], None] | None = None) -> None:
-    """Write results.json, results.md and results.png of ``summary`` into ``out``."""
+    """Write results.json, results.md and results.png of ``summary`` into ``out``; each trained entry
+    gains the downsampled curves of its run's metrics.jsonl (:func:`add_curves`)."""
+    from drmlab.experiments.results import write
+
     out = Path(out)
-    (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+    add_curves(summary, out)
+    write(out / "results.json", summary)
     (out / "results.md").write_text(markdown(summary))
     draw_or_log(lambda: plot(summary, out / "results.png"), log, "results.png")
+
+
+def add_curves(summary: dict, out: Path) -> None:
+    """Set ``curves`` (:func:`drmlab.experiments.results.curves`) of every trained entry whose run
+    directory under ``out/runs`` still has its metrics.jsonl; an entry read from a results file keeps
+    the curves it has."""
+    from drmlab.experiments.results import curves
+    from drmlab.models.registry import spec_path_name
+    from drmlab.runs import RunDir
+
+    for entry in summary["entries"]:
+        if entry.get("kind") != "trained":
+            continue
+        run = RunDir(out / "runs" / f"{spec_path_name(entry['model'])}_s{entry['seed']}")
+        if run.metrics_path.is_file():
+            entry["curves"] = curves(run.read_metrics())
 
 
 def cell(record: dict | None) -> str:

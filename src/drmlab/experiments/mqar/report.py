@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -19,14 +18,31 @@ from drmlab.experiments.plotting import draw_or_log, pyplot
 
 
 def write_report(summary: dict, out: str | Path, log: Callable[[str], None] | None = None) -> None:
-    """Write mqar.json, mqar.md and mqar.png of ``summary`` into ``out``."""
+    """Write mqar.json, mqar.md and mqar.png of ``summary`` into ``out``; each run gains the downsampled
+    curves of its metrics.jsonl (:func:`add_curves`)."""
+    from drmlab.experiments.results import write
+
     out = Path(out)
-    (out / "mqar.json").write_text(json.dumps(summary, indent=2) + "\n")
+    add_curves(summary, out)
+    write(out / "mqar.json", summary)
     (out / "mqar.md").write_text(markdown(summary))
     draw_or_log(lambda: plot(summary, out / "mqar.png"), log, "mqar.png")
     if summary.get("lr_sweep"):
         draw_or_log(lambda: lr_sweep.plot(summary["lr_sweep"], out / "lr_sweep.png", "held-out accuracy"),
                     log, "lr_sweep.png")
+
+
+def add_curves(summary: dict, out: Path) -> None:
+    """Set ``curves`` (:func:`drmlab.experiments.results.curves`) of every run whose directory under
+    ``out/runs`` still has its metrics.jsonl; a run read from a results file keeps the curves it has."""
+    from drmlab.experiments.results import curves
+    from drmlab.models.registry import spec_path_name
+    from drmlab.runs import RunDir
+
+    for r in summary.get("runs", []):
+        run = RunDir(out / "runs" / f"{spec_path_name(r['model'])}_kv{r['kv']}_s{r['seed']}")
+        if run.metrics_path.is_file():
+            r["curves"] = curves(run.read_metrics())
 
 
 def percent(value) -> str:

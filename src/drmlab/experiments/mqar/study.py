@@ -223,7 +223,8 @@ def anchor_comparable(study: MQARStudy) -> bool:
 
 def summarize(study: MQARStudy, results: list[dict]) -> dict:
     """The study's numbers: per model and kv the test accuracy mean +- population std over seeds,
-    first-query and per-query means, train accuracy, chance and the anchor value; the levels; the runs."""
+    first-query and per-query means, train accuracy, chance and the anchor value; the levels; the runs;
+    the provenance (:func:`drmlab.experiments.results.provenance`)."""
     comparable = anchor_comparable(study)
     models: dict[str, dict] = {}
     for name in study.models:
@@ -247,7 +248,10 @@ def summarize(study: MQARStudy, results: list[dict]) -> dict:
         models[name] = {"cells": cells}
     levels = {str(kv): {"chance": study.task(kv).chance, "context_guess": study.task(kv).context_guess,
                         "elimination_guess": study.task(kv).elimination_guess} for kv in study.kvs}
-    return {"study": jsonable(dataclasses.asdict(study)), "chance": 1.0 / study.vocab_kv, "levels": levels,
+    from drmlab.experiments.results import provenance
+
+    settings = jsonable(dataclasses.asdict(study))
+    return {"provenance": provenance(settings), "study": settings, "chance": 1.0 / study.vocab_kv, "levels": levels,
             "models": models, "runs": [{k: v for k, v in r.items() if k != "spec"} for r in results]}
 
 

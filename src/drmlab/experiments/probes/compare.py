@@ -123,8 +123,9 @@ def markdown(rows: list[dict], ablates: list[dict], mqar: dict | None, kv: int |
     return "\n".join(out)
 
 
-def plot(rows: list[dict], path: Path, kv: int | None, levels: dict | None) -> bool:
-    """MQAR accuracy against bits per byte, one point per model with both, and the no-binding levels."""
+def plot(rows: list[dict], path: Path, kv: int | None, levels: dict | None, metadata: dict | None = None) -> bool:
+    """MQAR accuracy against bits per byte, one point per model with both, and the no-binding levels;
+    ``metadata`` goes into the PNG's text chunks (matplotlib's ``savefig(metadata=...)``)."""
     both = [r for r in rows if "bpb_mean" in r and "acc_mean" in r]
     if not both:
         return False
@@ -146,7 +147,7 @@ def plot(rows: list[dict], path: Path, kv: int | None, levels: dict | None) -> b
     ax.set_title("Language modelling vs associative recall")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata=metadata)
     plt.close(fig)
     return True
 

@@ -7,7 +7,8 @@ What a directory is decides the page (:func:`directory_kind`):
   learning rate, gradient norm, tokens/s, and the DRM geometry diagnostics of each evaluation when
   the rows hold them; resumes marked), the evaluations and resumes as tables, the committed
   checkpoint with its sha256 sums, the configuration, the data provenance and the runtime;
-* an **ablation** (``study.json``; :mod:`drmlab.experiments.ablate.protocol`) or a **loop study** (the same,
+* an **ablation** (``study.json``, or a results.json holding its study record: a committed copy in
+  docs/studies; :mod:`drmlab.experiments.ablate.protocol`) or a **loop study** (the same,
   its models being LOOPED arms; :mod:`drmlab.experiments.loop.study`): the study's own report --
   results.md and its figures, redrawn by :mod:`~drmlab.experiments.ablate.report` (and
   :mod:`~drmlab.experiments.loop.report`) from the finished runs -- the promotion-gate verdicts
@@ -68,12 +69,12 @@ def directory_kind(path: str | Path) -> str:
         raise NotAReportDirectory(f"{path} is a file; give a run directory or a study directory")
     if (path / CONFIG_FILE).is_file():
         return "run"
-    if (path / STUDY_FILE).is_file():
-        study = read_json(path / STUDY_FILE)
+    study = read_json(path / STUDY_FILE) if (path / STUDY_FILE).is_file() else _committed_study(path)
+    if study is not None:
         overrides = study.get("model_overrides", {}) if isinstance(study, dict) else {}
         models = study.get("models") if isinstance(study, dict) else None
         if not isinstance(models, list) or not models:
-            raise NotAReportDirectory(f"{path / STUDY_FILE} names no models; it is not a drmlab study record")
+            raise NotAReportDirectory(f"{path}: its study record names no models; it is not a drmlab study")
         if all((overrides.get(m) or {}).get("arm") == m for m in models):  # the loop study's labels are arms
             return "loop-study"
         return "ablate"
@@ -82,6 +83,20 @@ def directory_kind(path: str | Path) -> str:
     raise NotAReportDirectory(
         f"{path} is neither a run directory (no {CONFIG_FILE}) nor a study directory (no {STUDY_FILE} of "
         "drmlab ablate or loop-study, no mqar.json of drmlab mqar); nothing to report")
+
+
+def _committed_study(path: Path) -> dict | None:
+    """The study record inside ``path/results.json`` when the folder holds an ablation's or loop study's
+    results without its runs (a committed copy, docs/studies/NAME); None otherwise."""
+    from drmlab.runs import read_json
+
+    if not (path / "results.json").is_file():
+        return None
+    try:
+        saved = read_json(path / "results.json")
+    except ValueError:
+        return None
+    return saved["study"] if isinstance(saved, dict) and isinstance(saved.get("study"), dict) else None
 
 
 def write_report(path: str | Path, out: str | Path | None = None) -> Path:

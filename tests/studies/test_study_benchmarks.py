@@ -1,0 +1,61 @@
+"""The README's benchmark figures and the first training run (docs/studies/bench-*, first-train-run):
+each ratio the prose quotes, computed from the committed measurements."""
+
+from study_results import fmt, load
+
+
+def test_the_first_run_takes_about_a_minute():
+    run = load("first-train-run")
+    assert f"{round(run['wall_seconds'], -1):.0f}" == "70"
+    assert (f"{run['train_seconds']:.0f}", f"{run['eval_seconds']:.0f}") == ("36", "27")
+    assert run["val_targets"] == 1_027_413 and run["python"] == "3.11.7"
+
+
+def test_linear_scan_ratios():
+    scan = load("bench-linear-scan")
+    ms, ops = scan["fwd_bwd_ms"], scan["ops_fwd_bwd"]
+    x = {k: v / ms["addcmul"] for k, v in ms.items()}
+    assert [fmt(x[k], 2) for k in ("c_kernel", "torch_log_depth", "time_loop_old")] == ["0.91", "1.74", "1.98"]
+    assert f"{x['naive_autograd_loop']:.0f}" == "364"
+    assert fmt(ms["c_kernel"] / scan["fwd_bwd_floor_ms"], 2) == "2.34" and scan["copy_bandwidth_GBs"] == 10.5
+    growth = {k: v["T4096"] / v["T256"] for k, v in ops.items()}
+    assert (fmt(growth["torch_log_depth"], 2), fmt(growth["time_loop_old"], 1)) == ("1.47", "15.5")
+
+
+def test_resolvent_operator_ratios():
+    res = load("bench-resolvent")
+    assert res["operator_ratio_to_sdpa"] == {
+        "softmax_corner": "1.00",
+        "phase_free_blockwise": "1.2-1.6",
+        "phased": "2.0",
+        "path_product_scan": "0.19",
+        "dense": "15.8",
+    }
+    assert res["peak_memory"] == {"phase_free_blockwise": "135 MB", "dense": "1.1 GB"}
+    assert res["lm_tokens_per_s_ratio_to_softmax_twin"] == "0.84"
+
+
+def test_mamba_fused_kernel_and_the_ceiling():
+    mamba = load("bench-mamba")
+    tps, early = mamba["tokens_per_s"], mamba["earlier_run"]
+    assert (tps["fused_kernel"], tps["chunked_linear_scan"], tps["zero_cost_scan"]) == (600, 381, 848)
+    assert fmt(tps["fused_kernel"] / tps["chunked_linear_scan"], 2) == "1.57"
+    assert (early["x_hf_default"], early["x_hf_pscan"]) == (73, [4, 5])
+    # the ceiling: even a free scan would not reach the target over pscan
+    ceiling = tps["zero_cost_scan"] / tps["chunked_linear_scan"] * max(early["x_hf_pscan"])
+    assert ceiling < mamba["target_over_pscan"] == 20
+
+
+def test_the_selective_scan_kernel():
+    sel = load("bench-selective-scan")
+    assert sel["time_ratio"] == {"forward": "0.26", "forward_backward": "0.22"}
+    assert sel["saved_for_backward"] == {"fused_kernel": "32 MB", "chunked_linear_scan": "659 MB"}
+
+
+def test_the_fast_weight_memory_is_within_its_cost_target():
+    s = load("bench-fast-weight")
+    step, op = s["step_ms"], s["delta_rule_ms"]
+    cpu = step["ASM_CM"]["cpu"] / step["J_NO_DIRECTION"]["cpu"]
+    wall = step["ASM_CM"]["wall"] / step["J_NO_DIRECTION"]["wall"]
+    assert cpu <= 1.5 and (fmt(cpu, 2), fmt(wall, 2)) == ("1.31", "1.34")
+    assert fmt(op["sequential"] / op["chunked"], 1) == "10.1"

@@ -1,0 +1,580 @@
+"""Repository tooling: the README's generated tables and its figure, rendered from the committed results.
+
+Run from anywhere: ``python tools/readme.py --check`` (the default; exit 1 naming every stale table or
+figure and every committed record without its provenance) or ``python tools/readme.py --write``
+(rewrite them). Not part of the installed package; it imports drmlab as a library.
+
+Every study or benchmark figure in the README comes from ``docs/studies/NAME/results.json``
+(docs/studies/README.md describes the files). This module computes what the README's tables print
+from those values -- means and population standard deviations from per-seed values, bits per byte
+from nats (divided by ln 2), ratios of two measurements -- and renders:
+
+* the tables, each between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``
+  (:func:`render_blocks`; :func:`replace_blocks` writes them into the README text);
+* ``docs/figures/compare-tiny.png``, MQAR accuracy against bits per byte, drawn by
+  :func:`drmlab.experiments.probes.compare.plot` with the SHA-256 of the values it was drawn from in
+  its PNG metadata (``drmlab-source``), so a check needs no particular matplotlib version.
+
+The claims the README's prose makes about these results are tests over the same files
+(``tests/studies/``), not phrases matched here: the wording is free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import hashlib
+import json
+import math
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from drmlab.experiments.stats import mean_std
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDIES_DIR = Path("docs") / "studies"
+FIGURE_PATH = Path("docs") / "figures" / "compare-tiny.png"
+README_PATH = Path("README.md")
+REQUIRED_PROVENANCE = ("command", "commit", "date")
+BLOCK = re.compile(r"<!-- generated: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- end generated -->", re.DOTALL)
+FIGURE_KEY = "drmlab-source"
+LN2 = math.log(2)
+
+
+# ------------------------------------------------------------------------------- loading
+
+
+def load_studies(root: str | Path = ROOT) -> dict[str, dict]:
+    """Every ``docs/studies/NAME/results.json`` under the repository ``root``, by NAME."""
+    folder = Path(root) / STUDIES_DIR
+    files = sorted(folder.glob("*/results.json"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no study results")
+    return {f.parent.name: json.loads(f.read_text()) for f in files}
+
+
+def missing_fields(study: dict) -> list[str]:
+    """The provenance fields (command, commit, date) a committed record lacks or leaves empty."""
+    prov = study.get("provenance")
+    if not isinstance(prov, dict):
+        return ["provenance"]
+    return [f"provenance.{k}" for k in REQUIRED_PROVENANCE if prov.get(k) in (None, "", {})]
+
+
+# ------------------------------------------------------------------------------- arithmetic
+
+
+def _seed_values(per_seed: dict[str, float]) -> list[float]:
+    return [per_seed[s] for s in sorted(per_seed, key=int)]
+
+
+def _bpb_cells(record: dict) -> tuple[str, str]:
+    """("mean +- std", "s1 / s2 / s3") of a record's bits per byte over its seeds (``per_seed``: the
+    collect step's CE per seed; ``ce_per_seed`` in a transcribed record)."""
+    bpb = [v / LN2 for v in _seed_values(record["per_seed"] if "per_seed" in record else record["ce_per_seed"])]
+    mean, std = mean_std(bpb)
+    return f"{mean:.4f} +- {std:.4f}", " / ".join(f"{v:.4f}" for v in bpb)
+
+
+def _two_places_below_ten(x: float) -> str:
+    """Two decimals below 10, one from 10 up: how the benchmark tables print times and ratios."""
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
+def _sci(x: float) -> str:
+    """A learning rate as the README writes it: 4e-3, 2.5e-4."""
+    mantissa, exponent = f"{x:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def _table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------- the joined tiny studies
+
+
+def lm_bits_per_byte(ablate: dict) -> dict[str, dict]:
+    """Per model of the tiny ablation: params, its table label (None: the name), bits per byte (mean,
+    std) and, where per-seed CE was kept, the CE mean and std in nats per byte."""
+    out = {}
+    for name, m in ablate["models"].items():
+        row = {"params": m["params"], "label": m.get("label")}
+        if "ce_per_seed" in m:
+            ce = _seed_values(m["ce_per_seed"])
+            row["ce_mean"], row["ce_std"] = mean_std(ce)
+            row["bpb_mean"], row["bpb_std"] = row["ce_mean"] / LN2, row["ce_std"] / LN2
+        else:
+            row["bpb_mean"], row["bpb_std"] = m["bpb_mean"], m["bpb_std"]
+        out[name] = row
+    return out
+
+
+def mqar_accuracy(mqar: dict) -> dict[str, dict]:
+    """Per MQAR model: test accuracy mean and std in percent (computed where per-seed values were
+    kept), first-query accuracy, train accuracy, params and label."""
+    out = {}
+    for name, m in mqar["models"].items():
+        row = dict(m)
+        if "acc_per_seed" in m:
+            row["acc_mean"], row["acc_std"] = mean_std(_seed_values(m["acc_per_seed"]))
+        out[name] = row
+    return out
+
+
+def cross_family_rows(studies: dict[str, dict]) -> list[dict]:
+    """The rows of the cross-family table: models with bits per byte first, best first, then the
+    MQAR-only models in the MQAR study's order (as ``drmlab compare`` orders them)."""
+    lm = lm_bits_per_byte(studies["ablate-tiny"])
+    recall = mqar_accuracy(studies["mqar-tiny"])
+    rows = []
+    for name in list(lm) + [n for n in recall if n not in lm]:
+        row = {"model": name, **recall.get(name, {}), **lm.get(name, {})}
+        row["label"] = lm.get(name, {}).get("label") or recall.get(name, {}).get("label") or name
+        row["has_mqar"] = name in recall
+        rows.append(row)
+    with_lm = sorted((r for r in rows if "bpb_mean" in r), key=lambda r: r["bpb_mean"])
+    return with_lm + [r for r in rows if "bpb_mean" not in r]
+
+
+# ------------------------------------------------------------------------------- tables
+
+
+def _ablate_drm_table(studies: dict[str, dict]) -> str:
+    ablate = studies["ablate-tiny"]
+    lm = lm_bits_per_byte(ablate)
+    seeds = " / ".join(str(s) for s in ablate["protocol"]["seeds"])
+    rows = []
+    for name in sorted((n for n in lm if "ce_mean" in lm[n]), key=lambda n: lm[n]["ce_mean"]):
+        r = lm[name]
+        per_seed = " / ".join(f"{v:.4f}" for v in _seed_values(ablate["models"][name]["ce_per_seed"]))
+        rows.append(
+            [name, f"{r['params']:,}", f"{r['ce_mean']:.4f} +- {r['ce_std']:.4f}", per_seed, f"{r['bpb_mean']:.3f}"]
+        )
+    return _table(
+        ["model", "params", "val CE", f"seeds {seeds}", "bits/byte"], ["---", "---:", "---", "---", "---:"], rows
+    )
+
+
+def _loop_study_table(studies: dict[str, dict]) -> str:
+    study = studies["loop-study-tiny"]
+    rows = []
+    for a in study["arms"]:
+        shape = f"{a['stored_blocks']} x {a['loops']}" + (f" ({a['note']})" if a.get("note") else "")
+        rows.append([a["arm"], shape, a["eps"], f"{a['params']:,}", f"{a['ce_mean']:.4f} +- {a['ce_std']:.4f}"])
+    n = len(study["protocol"]["seeds"])
+    return _table(
+        ["arm", "stored L x loops N", "eps", "params", f"val CE (nats/token), {n} seeds"],
+        ["---", "---", "---", "---:", "---"],
+        rows,
+    )
+
+
+def _percent_pm(mean: float, std: float) -> str:
+    return f"{mean:.1f}% +- {std:.1f}"
+
+
+def _cross_family_table(studies: dict[str, dict]) -> str:
+    kv = studies["mqar-tiny"]["protocol"]["kv"]
+    rows = []
+    for r in cross_family_rows(studies):
+        bpb = f"{r['bpb_mean']:.4f} +- {r['bpb_std']:.4f}" if "bpb_mean" in r else "--"
+        if r["has_mqar"]:
+            acc = _percent_pm(r["acc_mean"], r["acc_std"])
+            if "acc_per_seed" in r:
+                acc += " (" + " / ".join(f"{v:.1f}" for v in _seed_values(r["acc_per_seed"])) + ")"
+            first = _percent_pm(r["first_query_mean"], r["first_query_std"])
+            train = f"{r['train_acc']:.1f}%"
+        else:
+            acc = first = train = "--"
+        rows.append([r["label"], f"{r['params']:,}", bpb, acc, first, train])
+    return _table(
+        ["model", "params", "val bits/byte", f"MQAR kv={kv}", "first query", "MQAR train acc"],
+        ["---", "---:", "---", "---", "---:", "---:"],
+        rows,
+    )
+
+
+def _bench_models_table(studies: dict[str, dict]) -> str:
+    rows = []
+    for p in studies["bench-models"]["presets"]:
+        t = p["tokens_per_s"]
+        cells = ["-" if t[m] is None else f"{t[m]:,}" for m in ("J", "J_NO_DIRECTION", "SSM_CONTROL")]
+        rows.append([p["label"], *cells, f"{t['J'] / t['SSM_CONTROL']:.2f}"])
+    return _table(
+        ["preset", "J", "J_NO_DIRECTION", "SSM_CONTROL", "J / SSM_CONTROL"],
+        ["---", "---:", "---:", "---:", "---:"],
+        rows,
+    )
+
+
+def _bench_decode_table(studies: dict[str, dict]) -> str:
+    study = studies["bench-decode"]
+    contexts = study["contexts"]
+    header = [
+        "model",
+        f"N = {contexts[0]:,}",
+        *(f"{n:,}" for n in contexts[1:]),
+        f"{contexts[-1]:,} / {contexts[0]:,}",
+        f"state at {contexts[-1]:,}",
+    ]
+    rows = []
+    for m in study["models"]:
+        ms = m["ms_per_token"]
+        rows.append(
+            [m["label"], *(_two_places_below_ten(x) for x in ms), _two_places_below_ten(ms[-1] / ms[0]), m["state"]]
+        )
+    return _table(header, ["---"] + ["---:"] * (len(header) - 1), rows)
+
+
+def _bench_solvers_table(studies: dict[str, dict]) -> str:
+    """One row per (velocity, solver) with its iteration counts side by side; one row per other step
+    mode, its plain form beside its solver."""
+    settings = studies["bench-solvers"]["settings"]
+    rows = []
+    velocity_solvers = list(dict.fromkeys(s["block_solver"] for s in settings if s["step_mode"] == "velocity"))
+    for solver in velocity_solvers:
+        group = [s for s in settings if s["step_mode"] == "velocity" and s["block_solver"] == solver]
+        iters = " / ".join(str(s["iters"]) for s in group) if solver else "-"
+        rows.append(
+            [
+                "velocity",
+                solver or "-",
+                iters,
+                " / ".join(s["x_velocity"] for s in group),
+                " / ".join(s["max_distance"] for s in group),
+            ]
+        )
+    for mode in dict.fromkeys(s["step_mode"] for s in settings if s["step_mode"] != "velocity"):
+        group = [s for s in settings if s["step_mode"] == mode]
+        solvers = " / ".join(f"{s['block_solver']} {s['iters']}" if s["block_solver"] else "-" for s in group)
+        rows.append(
+            [
+                mode,
+                solvers,
+                "",
+                " / ".join(s["x_velocity"] for s in group),
+                " / ".join(s["max_distance"] for s in group),
+            ]
+        )
+    return _table(
+        ["step mode", "block solver", "iters", "x velocity", "max distance to rollout"],
+        ["---", "---", "---:", "---:", "---:"],
+        rows,
+    )
+
+
+def _distance_cell(cell: dict | None) -> str:
+    """One length of the distance protocol: accuracy with its Wilson interval, or why it was not read."""
+    if cell is None:
+        return "-"
+    if cell.get("status") == "n/a":
+        return f"n/a (context {cell['context']:,})"
+    if cell.get("status") != "read":
+        return "not read"
+    low, high = cell["ci95"]
+    return f"{100 * cell['acc']:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def _distance_table(studies: dict[str, dict]) -> str:
+    """The distance MQAR protocol at tiny (docs/mqar.md section 8): per model the control and every
+    read length, and the decode state carried at the longest read."""
+    study = studies["distance-tiny"]
+    lengths = study["protocol"]["lengths"]
+    special = studies["specialise-tiny"]["long_reads"]
+    entries = study["entries"] + [
+        {"model": special["label"], "params": special["params"], "lengths": special["lengths"]}
+    ]
+    rows = []
+    for entry in entries:
+        cells = [_distance_cell(entry["lengths"].get(str(n))) for n in lengths]
+        longest = entry["lengths"].get(str(lengths[-1])) or {}
+        state = (
+            f"{longest['state_bytes']:,} B" if longest.get("status") == "read" and longest.get("state_bytes") else "-"
+        )
+        rows.append([entry["model"], f"{entry['params']:,}", *cells, state])
+    header = [
+        "model",
+        "params",
+        *(f"L = {n:,}" + (" (control)" if n == 40 else "") for n in lengths),
+        f"state at {lengths[-1]:,}",
+    ]
+    return _table(header, ["---", "---:"] + ["---"] * len(lengths) + ["---:"], rows)
+
+
+def _protocol_table(studies: dict[str, dict]) -> str:
+    """The protocol at tiny, each model at its swept rate: bits per byte (mean +- population std over
+    seeds, per seed), the whole-stream rescoring at the 1M and 2M milestones, tokens/s."""
+    study = studies["protocol-tiny"]
+    rows = []
+    for model, m in sorted(study["models"].items(), key=lambda kv: mean_std(_seed_values(kv[1]["per_seed"]))[0]):
+        runs = sorted((r for r in study["runs"] if r["model"] == model), key=lambda r: r["seed"])
+        marks = sorted({tokens for r in runs for tokens, _, _ in r["milestones"]})
+        at = [mean_std([next(b for t, _, b in r["milestones"] if t == mark) for r in runs])[0] for mark in marks]
+        speed = mean_std([r["tokens_per_s"] for r in runs])[0]
+        rows.append(
+            [model, f"{m['params']:,}", _sci(m["lr"]), *_bpb_cells(m), *(f"{v:.4f}" for v in at), f"{speed:,.0f}"]
+        )
+    return _table(
+        ["model", "params", "lr (swept)", "bits/byte", "seeds 1 / 2 / 3", "at 1M tokens", "at 2M tokens", "tok/s"],
+        ["---", "---:", "---:", "---", "---", "---:", "---:", "---:"],
+        rows,
+    )
+
+
+def _protocol_sweep_table(studies: dict[str, dict]) -> str:
+    """The learning-rate sweep of the protocol study at tiny (docs/drm.md section A.7.1): tuning CE per
+    model and rate, the chosen rate (:func:`drmlab.experiments.lr_sweep.choose`) in bold, edge flagged."""
+    from drmlab.experiments.lr_sweep import choose
+
+    study = studies["protocol-tiny"]
+    grid = study["study"]["lr_grid"]
+    rows = []
+    for model, sweep in study["lr_sweep"].items():
+        scores = {float(k): v for k, v in sweep["scores"].items()}
+        best = choose(scores)
+        cells = [
+            ("**%.4f**" if lr == best["lr"] else "%.4f") % scores[lr]
+            if scores.get(lr) is not None
+            else ("diverged" if lr in best["diverged"] else "-")
+            for lr in grid
+        ]
+        verdict = "-" if best["lr"] is None else _sci(best["lr"]) + (" (edge of the grid)" if best["edge"] else "")
+        rows.append([model, *cells, verdict])
+    return _table(["model", *(f"lr {_sci(lr)}" for lr in grid), "best"], ["---"] + ["---:"] * len(grid) + ["---"], rows)
+
+
+def full_budget_sweeps(check: dict) -> dict[str, dict]:
+    """Every model's sweep over the parts of the full-budget check (``lr_sweep`` of each part)."""
+    return {model: sweep for part in check["parts"].values() for model, sweep in (part.get("lr_sweep") or {}).items()}
+
+
+def full_budget_paired(check: dict) -> dict[str, dict]:
+    """Every model's paired runs over the parts of the full-budget check (``models`` of each part)."""
+    return {model: m for part in check["parts"].values() for model, m in part["models"].items()}
+
+
+def _full_budget_sweep_table(studies: dict[str, dict]) -> str:
+    """The protocol's rate choices checked at the full budget: per model the two rates tried again
+    for 5,005,312 tokens (seed 1, the same held-out slice), beside their scores after 1M tokens in
+    the protocol's own sweep; each budget's best rate in bold."""
+    short = studies["protocol-tiny"]["lr_sweep"]
+    check = studies["protocol-tiny-fullbudget"]
+    sweeps = full_budget_sweeps(check)
+
+    def cell(value: float | None, best: bool) -> str:
+        return "-" if value is None else ("**%.4f**" if best else "%.4f") % value
+
+    rows = []
+    for model, sweep in sorted(sweeps.items(), key=lambda kv: list(short).index(kv[0])):
+        full = {float(k): v for k, v in sweep["scores"].items()}
+        early = {float(k): v for k, v in short[model]["scores"].items() if v is not None}
+        best_full, best_early = min(full, key=full.get), min(early, key=early.get)
+        for lr in sorted(full):
+            rows.append([model, _sci(lr), cell(early.get(lr), lr == best_early), cell(full[lr], lr == best_full)])
+    tokens = check["protocol"]["tokens"]
+    return _table(
+        ["model", "lr", "tuning CE after 1M tokens", f"after {tokens:,} tokens"], ["---", "---:", "---:", "---:"], rows
+    )
+
+
+def _full_budget_paired_table(studies: dict[str, dict]) -> str:
+    """Paired runs (3 seeds, the protocol's budget and batches) of the models whose full-budget choice
+    differs from the protocol's: bits per byte at each rate, and the gate against the protocol's
+    other models at their own rates."""
+    protocol = studies["protocol-tiny"]["models"]
+    paired = full_budget_paired(studies["protocol-tiny-fullbudget"])
+    rows = []
+    for model, run in paired.items():
+        for label, m in ((f"{model} (the protocol's rate)", protocol[model]), (f"{model} (full-budget choice)", run)):
+            rows.append([label, _sci(m["lr"]), *_bpb_cells(m)])
+    return _table(["model", "lr", "bits/byte", "seeds 1 / 2 / 3"], ["---", "---:", "---", "---"], rows)
+
+
+BLOCK_RENDERERS = {
+    "protocol-tiny": _protocol_table,
+    "protocol-tiny-sweep": _protocol_sweep_table,
+    "protocol-tiny-fullbudget": _full_budget_sweep_table,
+    "protocol-tiny-fullbudget-paired": _full_budget_paired_table,
+    "distance-tiny": _distance_table,
+    "ablate-tiny-drm": _ablate_drm_table,
+    "loop-study-tiny": _loop_study_table,
+    "compare-tiny": _cross_family_table,
+    "bench-models": _bench_models_table,
+    "bench-decode": _bench_decode_table,
+    "bench-solvers": _bench_solvers_table,
+}
+
+
+def render_blocks(studies: dict[str, dict]) -> dict[str, str]:
+    """Every generated README block by name, as the text between its two markers."""
+    return {name: "\n" + render(studies) + "\n" for name, render in BLOCK_RENDERERS.items()}
+
+
+def find_blocks(readme: str) -> dict[str, str]:
+    """The README's generated blocks by name (the text between the markers)."""
+    found: dict[str, str] = {}
+    for match in BLOCK.finditer(readme):
+        if match["name"] in found:
+            raise ValueError(f"README has two generated blocks named {match['name']!r}")
+        found[match["name"]] = match["body"]
+    return found
+
+
+def replace_blocks(readme: str, blocks: dict[str, str]) -> str:
+    """``readme`` with each generated block's text replaced by ``blocks[name]``."""
+    unknown = set(find_blocks(readme)) - set(blocks)
+    if unknown:
+        raise ValueError(f"README has generated blocks this generator does not know: {', '.join(sorted(unknown))}")
+    return BLOCK.sub(lambda m: f"<!-- generated: {m['name']} -->\n{blocks[m['name']]}<!-- end generated -->", readme)
+
+
+# ------------------------------------------------------------------------------- the figure
+
+
+def figure_inputs(studies: dict[str, dict]) -> dict:
+    """What the figure draws: the cross-family rows with both bits per byte and MQAR accuracy (as
+    fractions, as ``drmlab compare`` plots them), the MQAR kv and the no-binding levels."""
+    rows = [
+        {
+            "model": r["model"],
+            "bpb_mean": r["bpb_mean"],
+            "bpb_std": r["bpb_std"],
+            "acc_mean": r["acc_mean"] / 100,
+            "acc_std": r["acc_std"] / 100,
+        }
+        for r in cross_family_rows(studies)
+        if "bpb_mean" in r and r["has_mqar"]
+    ]
+    return {"rows": rows, "kv": studies["mqar-tiny"]["protocol"]["kv"], "levels": studies["mqar-tiny"]["levels"]}
+
+
+def figure_source(studies: dict[str, dict]) -> str:
+    """SHA-256 of the figure's inputs, the tag its PNG carries."""
+    return hashlib.sha256(json.dumps(figure_inputs(studies), sort_keys=True).encode()).hexdigest()
+
+
+def png_text(path: str | Path) -> dict[str, str]:
+    """The text metadata of the PNG file at ``path``."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return dict(getattr(image, "text", {}))
+
+
+def render_figure(studies: dict[str, dict]) -> bytes:
+    """The compare-tiny PNG, drawn by ``drmlab compare``'s plot from the committed values and tagged
+    with :func:`figure_source`. Deterministic for a given matplotlib."""
+    from drmlab.experiments.probes.compare import plot
+
+    inputs = figure_inputs(studies)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "figure.png"
+        plot(
+            inputs["rows"],
+            path,
+            inputs["kv"],
+            inputs["levels"],
+            metadata={FIGURE_KEY: "sha256:" + figure_source(studies)},
+        )
+        return path.read_bytes()
+
+
+def figure_is_current(studies: dict[str, dict], path: str | Path) -> bool:
+    """Whether the PNG at ``path`` was drawn from the committed values as they are now."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    return png_text(path).get(FIGURE_KEY) == "sha256:" + figure_source(studies)
+
+
+# ------------------------------------------------------------------------------- check and write
+
+
+def check(root: str | Path = ROOT) -> list[str]:
+    """What in the README (and its figure) does not match the committed studies, one line each;
+    empty when everything matches."""
+    root = Path(root)
+    studies = load_studies(root)
+    readme = (root / README_PATH).read_text()
+    problems = [
+        f"docs/studies/{name}/results.json: missing {', '.join(fields)}"
+        for name, study in studies.items()
+        if (fields := missing_fields(study))
+    ]
+    present = find_blocks(readme)
+    for name, text in render_blocks(studies).items():
+        if name not in present:
+            problems.append(f"block {name}: no '<!-- generated: {name} -->' ... '<!-- end generated -->' in README.md")
+        elif present[name] != text:
+            diff = difflib.unified_diff(present[name].splitlines(), text.splitlines(), lineterm="", n=0)
+            changes = [line for line in diff if line[:1] in "+-" and line[:3] not in ("---", "+++")]
+            problems.append(
+                f"block {name}: differs from docs/studies (run `python tools/readme.py --write`):\n  "
+                + "\n  ".join(changes)
+            )
+    problems += [f"block {name}: unknown to the generator" for name in present if name not in BLOCK_RENDERERS]
+    if not figure_is_current(studies, root / FIGURE_PATH):
+        problems.append(
+            f"figure {FIGURE_PATH}: not drawn from docs/studies as they are (run `python tools/readme.py --write`)"
+        )
+    return problems
+
+
+def write(root: str | Path = ROOT) -> list[str]:
+    """Rewrite the README's generated blocks and the figure from the committed studies; the names
+    of what changed."""
+    root = Path(root)
+    studies = load_studies(root)
+    readme_path = root / README_PATH
+    readme = readme_path.read_text()
+    blocks = render_blocks(studies)
+    present = find_blocks(readme)
+    missing = [name for name in blocks if name not in present]
+    if missing:
+        raise ValueError(
+            f"README.md has no markers for block(s) {', '.join(missing)}: add "
+            f"'<!-- generated: NAME -->' and '<!-- end generated -->' lines where each table goes"
+        )
+    changed = [name for name in blocks if present[name] != blocks[name]]
+    if changed:
+        readme_path.write_text(replace_blocks(readme, blocks))
+    if not figure_is_current(studies, root / FIGURE_PATH):
+        (root / FIGURE_PATH).parent.mkdir(parents=True, exist_ok=True)
+        (root / FIGURE_PATH).write_bytes(render_figure(studies))
+        changed.append(str(FIGURE_PATH))
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Render (--write) or check (--check, the default) the README's "
+        "generated tables and figure from docs/studies."
+    )
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--check", action="store_true", help="compare only; exit 1 if anything differs (default)")
+    action.add_argument("--write", action="store_true", help="rewrite the generated blocks and the figure")
+    parser.add_argument(
+        "--root",
+        default=str(ROOT),
+        metavar="DIR",
+        help="the repository root holding README.md and docs/studies (default: this checkout)",
+    )
+    args = parser.parse_args(argv)
+    if args.write:
+        for name in write(args.root):
+            print(f"rewrote {name}")
+    problems = check(args.root)
+    for line in problems:
+        print(line, file=sys.stderr)
+    if not problems:
+        print("README.md's tables and figure match docs/studies")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
