@@ -582,3 +582,14 @@ def test_weights_readers_need_only_the_files_they_read(tmp_path):
     run.load_checkpoint(SmallLM())  # the weights and the trainer state verify
     with pytest.raises(CorruptCheckpointError, match=r"optimizer\.safetensors has .* bytes"):
         train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, resume=True)
+
+
+def test_a_short_run_whose_final_ce_is_worse_than_uniform_is_diverged_not_finished(tmp_path):
+    """Issue 23 item 5: --lr 10 on a run shorter than the divergence window finished with val CE 1,994."""
+    cfg = _cfg(tokens=4 * 8 * 3)  # 3 steps, fewer than divergence_steps
+    with pytest.raises(DivergenceError, match=r"the final validation CE is 1994.0000 nats/token .* above the uniform "
+                                              r"guess 4.1589 \+ 1 nats"):
+        train(SmallLM(), _stream(), None, cfg, tmp_path, quiet=True, evaluate=lambda *a: {"ce": 1994.0})
+    summary = read_json(tmp_path / "summary.json")
+    assert summary["finished"] is False and summary["stopped"] == "diverged"
+    train(SmallLM(), _stream(), None, cfg, tmp_path / "fine", quiet=True, evaluate=lambda *a: {"ce": 4.0})

@@ -406,6 +406,15 @@ class Trainer:
                                   f"{self.uniform_ce:.4f} + {cfg.divergence_nats:g} nats for {self.diverging_steps} steps "
                                   f"in a row; stopped, {self._kept()}. {self.advice}")
 
+    def _refuse_diverged(self, ce: float | None, what: str, step: int) -> None:
+        """A validation CE above the uniform guess + ``divergence_nats`` ends the run as diverged, however short
+        it is (the loss check needs ``divergence_steps`` steps in a row; a short run never reaches them)."""
+        if ce is None or self.uniform_ce is None or ce <= self.uniform_ce + self.cfg.divergence_nats:
+            return
+        raise DivergenceError(f"the run diverged: {what} is {ce:.4f} nats/token after {self._where(step)}, above the "
+                              f"uniform guess {self.uniform_ce:.4f} + {self.cfg.divergence_nats:g} nats; stopped, "
+                              f"{self._kept()}. {self.advice}")
+
     def _where(self, step: int) -> str:
         return f"step {step} ({(step - 1) * self.cfg.tokens_per_step:,} tokens trained)"
 
@@ -486,6 +495,8 @@ class Trainer:
         if (self.main or self.sharded) and not math.isfinite(val_ce):
             raise NonFiniteLossError(f"non-finite sampled validation CE ({val_ce}) after {self._where(step)}; "
                                      f"stopped, {self._kept()}. {self.advice}")
+        if self.main or self.sharded:
+            self._refuse_diverged(val_ce, "the sampled validation CE", step)
         dist_utils.barrier(self.info)
 
     def save(self, step: int) -> None:
@@ -551,6 +562,7 @@ class Trainer:
                     raise NonFiniteLossError(
                         f"the final evaluation gave a non-finite CE ({summary['val_ce']}) after {self._where(last_step)}: "
                         f"the weights are finite but the model's outputs are not; stopped, {self._kept()}. {self.advice}")
+                self._refuse_diverged(summary.get("val_ce"), "the final validation CE", last_step)
             dist_utils.barrier(self.info)
         if self.pieces.summary_extras is not None and summary["finished"] and main:
             summary.update(self.pieces.summary_extras(summary))
