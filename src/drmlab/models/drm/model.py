@@ -138,21 +138,23 @@ class DRMModel(nn.Module):
         strength = self.naturalization_strength(step)
         batch, length = e.shape[:2]
         z_start = self.initial_state(batch).to(e.dtype)
-        parts = [stage.token_part(e) for stage in self.stages]
         kept = [stage.init_state(batch, e) for stage in self.stages]
         span = length if self.config.sequence_mode == "recurrent" else self.block_length  # one rollout (section 6)
+        # every whole-sequence tensor is split into its blocks once: one gradient concatenation in the backward
+        # instead of a zero-filled full-size gradient per block and their sum (the same values, bit for bit)
+        blocks_e = e.split(span, dim=1)
+        parts = [None if part is None else part.split(span, dim=1) for part in (s.token_part(e) for s in self.stages)]
         outputs, record, state = [], [], None
-        for begin in range(0, length, span):
-            window = slice(begin, min(begin + span, length))
-            keep = return_state and window.stop == length
-            block = Block.at(z_start, e[:, window], strength, record)
+        for index, e_block in enumerate(blocks_e):
+            keep = return_state and index == len(blocks_e) - 1
+            block = Block.at(z_start, e_block, strength, record)
             for i, (stage, part) in enumerate(zip(self.stages, parts)):
                 carried = kept[i] if stage.crosses_blocks else None
-                kept[i] = stage(block, None if part is None else part[:, window], carried, keep)
+                kept[i] = stage(block, None if part is None else part[index], carried, keep)
             z = block.spread()
             outputs.append(z)
             if keep:
-                state = self._after(z_start, window.stop - window.start, kept, z[:, -1])
+                state = self._after(z_start, e_block.shape[1], kept, z[:, -1])
             z_start = z[:, -1]
         return torch.cat(outputs, dim=1), record, state
 
