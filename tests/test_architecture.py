@@ -1,10 +1,8 @@
-"""The package graph: imports flow one way (docs/architecture.md), counting imports inside functions.
+"""The package graph: imports flow one way, counting imports inside functions.
 
-ops <- resolvent <- models <- runs <- data / training / evaluation / generation <- integrations (with its
-public alias hf) <- experiments <- cli,
-with the base leaves (naming, presets, devices) below everything. A module may import its own
-package, any package of a lower layer, and a package of its own layer only while the graph of
-those same-layer imports has no loop.
+``LAYERS`` below is the one statement of the layering; docs/architecture.md section 1 prints it (checked
+here) and the README links there. A module may import its own package, any package of a lower layer,
+and a package of its own layer only while the graph of those same-layer imports has no loop.
 """
 
 from __future__ import annotations
@@ -171,3 +169,21 @@ def test_the_training_rule_sees_a_planted_loop_and_spares_the_operators():
     spared = ("du, df, _ = impl.backward(f, m, init, dm, need_f, False)\nout = model(x, step=3)\n"
               "schedule.step(4)\ng = torch.autograd.grad(y.sum(), x)\n")
     assert _training_calls(spared) == []
+
+
+def render_layers(layers: dict[str, int] = LAYERS) -> str:
+    """The layer table as docs/architecture.md prints it: one line per layer, top down, names sorted."""
+    by_layer = defaultdict(list)
+    for name, layer in layers.items():
+        by_layer[layer].append(name)
+    return "\n".join(f"{layer}  {' | '.join(sorted(by_layer[layer]))}" for layer in sorted(by_layer, reverse=True))
+
+
+def test_the_docs_print_the_one_layering():
+    text = (SRC.parents[1] / "docs" / "architecture.md").read_text()
+    begin, end = "<!-- layers: begin", "<!-- layers: end -->"
+    block = text[text.index(begin):text.index(end)]
+    printed = block.split("```text\n", 1)[1].split("```", 1)[0].strip()
+    assert printed == render_layers(), f"docs/architecture.md section 1 must print:\n{render_layers()}"
+    readme = (SRC.parents[1] / "README.md").read_text()
+    assert "docs/architecture.md" in readme and "Imports flow one way: `ops` <-" not in readme
