@@ -16,16 +16,18 @@ trained value and eps re-set to 1/N'. Scores are cached per run in ``OUT/eval_lo
 goes into ``results.json`` (key ``eval_loops``), ``results.md``, ``loop.md`` and ``eval_loops.png``.
 A vanilla arm (no loop) is reported as not applicable.
 
-Python: ``run_study(arms, seeds, out=..., preset=..., tokens=..., train=..., data=..., eval_loops=...)``.
+Python: ``run_study(LoopSpec(models=arms, seeds=..., tokens=..., eval_loops=...), Runtime(...), out)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 from drmlab.experiments.ablate import protocol as ablate
-
-from drmlab.experiments.loop import report as loop_study_report
+from drmlab.experiments.loop import report
+from drmlab.experiments.spec import Runtime, StudySpec
 from drmlab.experiments.stats import mean_std
 
 DEFAULT_ARMS = ("A", "B", "C", "I12u", "I12")
@@ -35,14 +37,30 @@ EPS_MODES = {"frozen": "frozen", "1/N'": "1/N"}
 EVAL_LOOPS_DIR = "eval_loops"
 
 
-def plan_study(arms, seeds, preset: str = "tiny", *, tokens: int | str | None = None, train: dict | None = None,
-               data: str | None = None, tokenizer: str = "bytes", lr_grid=None,
-               tune_tokens: int | str | None = None) -> ablate.Study:
+@dataclass(frozen=True)
+class LoopSpec(StudySpec):
+    """The loop study: ``models`` are LOOPED arms (labels of the ablation study, each building LOOPED
+    with ``arm=`` itself; ``model_settings`` may add settings per arm), the default budget 1M tokens.
+    ``eval_loops``: N' values (a list or ``"2,4,8"``) at which every finished looped run is rescored."""
+
+    models: tuple = DEFAULT_ARMS
+    seeds: tuple = ablate.DEFAULT_SEEDS
+    eval_loops: tuple | str | None = None
+
+
+def ablation_spec(spec: LoopSpec) -> StudySpec:
+    """The ablation study whose labels are the arms of ``spec``."""
+    arms = ablate.distinct_names(spec.models, "arms")
+    given = dict(spec.model_settings)
+    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(StudySpec)}
+    return StudySpec(**dict(fields, models=tuple(arms), tokens=DEFAULT_TOKENS if spec.tokens is None else spec.tokens,
+                            model_settings={arm: {"arm": arm, **given.get(arm, {})} for arm in arms},
+                            registry_names={arm: "LOOPED" for arm in arms}))
+
+
+def plan_study(spec: LoopSpec) -> ablate.Study:
     """The ablation study whose labels are LOOPED arms; every arm and setting is checked here."""
-    arms = ablate.distinct_names(arms, "arms")
-    return ablate.plan_study(arms, seeds, preset, tokens=DEFAULT_TOKENS if tokens is None else tokens, train=train,
-                             model_settings={arm: {"arm": arm} for arm in arms}, data=data, tokenizer=tokenizer,
-                             registry_names={arm: "LOOPED" for arm in arms}, lr_grid=lr_grid, tune_tokens=tune_tokens)
+    return ablate.plan_study(ablation_spec(spec))
 
 
 def arm_settings(arm: str, preset: str) -> dict:
@@ -55,33 +73,29 @@ def arm_settings(arm: str, preset: str) -> dict:
             "mixer": c["mixer"], "scaled": eps != "1.0" and c["eps"] != 1}
 
 
-def run_study(arms=DEFAULT_ARMS, seeds=ablate.DEFAULT_SEEDS, *, out: str | Path, preset: str = "tiny",
-              tokens: int | str | None = None, train: dict | None = None, data: str | None = None,
-              tokenizer: str = "bytes", cache_dir: str | None = None, corpus=None, device="auto", quiet: bool = True,
-              log=None, lr_grid=None, tune_tokens: int | str | None = None,
-              eval_loops=None, sweep_only: bool = False) -> tuple[dict, str]:
+def run_study(spec: LoopSpec, runtime: Runtime, out: str | Path, *, corpus=None,
+              sweep_only: bool = False) -> tuple[dict, str]:
     """Plan, run or resume, and report the loop study: (the ablation results, the loop table); with
-    ``lr_grid`` each arm first sweeps its learning rate (:mod:`drmlab.experiments.lr_sweep`); with
-    ``eval_loops`` (N' values, a list or ``"2,4,8"``) every finished looped run is also rescored at each
-    N', eps frozen and re-set (:func:`evaluate_loop_counts`; ``results["eval_loops"]``); ``sweep_only``:
-    stop after the sweep (:func:`drmlab.experiments.ablate.protocol.run_planned`)."""
-    study = plan_study(arms, seeds, preset, tokens=tokens, train=train, data=data, tokenizer=tokenizer,
-                       lr_grid=lr_grid, tune_tokens=tune_tokens)
+    ``spec.lr_grid`` each arm first sweeps its learning rate (:mod:`drmlab.experiments.lr_sweep`); with
+    ``spec.eval_loops`` every finished looped run is also rescored at each N', eps frozen and re-set
+    (:func:`evaluate_loop_counts`; ``results["eval_loops"]``); ``sweep_only``: stop after the sweep
+    (:func:`drmlab.experiments.ablate.protocol.run_planned`)."""
+    study = plan_study(spec)
+    eval_loops = spec.eval_loops
     loop_counts = parse_loop_counts(eval_loops) if eval_loops is not None else None
     if loop_counts and corpus is None:  # one load for the training and the rescoring
         from drmlab.data import load_corpus
 
-        corpus = load_corpus(source=study.data_source, tokenizer=study.tokenizer, cache_dir=cache_dir)
-    results = ablate.run_planned(study, out, corpus=corpus, cache_dir=cache_dir, device=device, quiet=quiet, log=log,
-                                 sweep_only=sweep_only)
-    settings = {arm: arm_settings(arm, preset) for arm in results["models"]}
+        corpus = load_corpus(source=study.data_source, tokenizer=study.tokenizer, cache_dir=runtime.cache_dir)
+    results = ablate.run_planned(study, runtime, out, corpus=corpus, sweep_only=sweep_only)
+    settings = {arm: arm_settings(arm, study.preset) for arm in results["models"]}
     loop_eval = None
     if loop_counts:
         loop_eval = evaluate_loop_counts(study, out, loop_counts, corpus=corpus, settings=settings,
-                                         seeds=results["study"]["seeds"], device=device, log=log)
+                                         seeds=results["study"]["seeds"], device=runtime.device, log=runtime.log)
         results["eval_loops"] = loop_eval
-        loop_study_report.add_to_results(results, out)
-    return results, loop_study_report.write_report(results, settings, out, log=log, loop_eval=loop_eval)
+        report.add_to_results(results, out)
+    return results, report.write_report(results, settings, out, log=runtime.log, loop_eval=loop_eval)
 
 
 # ---------------------------------------------------------------- loop count at evaluation
