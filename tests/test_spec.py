@@ -76,7 +76,7 @@ def test_a_committed_study_records_identically(folder, tmp_path):
 def test_rerunning_the_committed_protocol_study_trains_nothing(tmp_path, monkeypatch):
     """The spec of studies/protocol-tiny, run on a copy of it: every sweep and paired run is found
     finished and skipped (no corpus is read: a stand-in with the study's content hash)."""
-    import drmlab.training.trainer as trainer
+    from drmlab.training import trainer
 
     out = tmp_path / "protocol-tiny"
     shutil.copytree(STUDIES / "protocol-tiny", out)

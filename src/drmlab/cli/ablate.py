@@ -80,9 +80,8 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.experiments.ablate import protocol, report
     from drmlab.experiments.spec import StudySpec
 
-    common.check_tensorboard(args)
     common.check_sweep_only(args)
-    runtime = common.runtime(args, log=common.log_to_stderr)
+    runtime = common.runtime(args, log=common.log_to_stderr)  # --tensorboard checked, --threads applied
     models = common.split_list(args.models, "models")
     train, model_settings = split_settings(common.parse_assignments(args.assignments), models)
     spec = StudySpec(models=models, seeds=common.parse_seeds(args.seeds), preset=args.preset, tokens=args.tokens,

@@ -148,18 +148,13 @@ def run_distance(args: argparse.Namespace) -> int:
     runtime = common.runtime(args, log=common.log_to_stderr)
     models = (common.split_list(args.models, "models") if args.models
               else [] if args.ckpt else common.split_list(DISTANCE_MODELS, "models"))
-    spec = DistanceSpec(
+    given = {key: getattr(args, key) for key in ("steps", "batch_size", "lr", "n_eval", "eval_batch", "eval_seed", "chunk")}
+    spec = DistanceSpec(  # a flag not given takes the spec's default (the DISTANCE_* values above)
         models=models, seeds=common.parse_seeds(args.seeds or DISTANCE_SEEDS), ckpts=args.ckpt or (),
         lengths=common.parse_int_list(args.lengths or DISTANCE_LENGTHS, "lengths"), preset=args.preset,
-        width=args.width, steps=DISTANCE_STEPS if args.steps is None else args.steps,
-        milestones=common.parse_int_list(args.milestones, "milestones") if args.milestones else None,
-        batch_size=DISTANCE_BATCH_SIZE if args.batch_size is None else args.batch_size,
-        lr=DISTANCE_LR if args.lr is None else args.lr,
-        n_eval=DISTANCE_N_EVAL if args.n_eval is None else args.n_eval,
-        eval_batch=DISTANCE_EVAL_BATCH if args.eval_batch is None else args.eval_batch,
-        eval_seed=DISTANCE_EVAL_SEED if args.eval_seed is None else args.eval_seed,
-        chunk=DISTANCE_CHUNK if args.chunk is None else args.chunk, read_all=args.read_all,
-        settings=common.parse_assignments(args.assignments))
+        width=args.width, milestones=common.parse_int_list(args.milestones, "milestones") if args.milestones else None,
+        read_all=args.read_all, settings=common.parse_assignments(args.assignments),
+        **{key: value for key, value in given.items() if value is not None})
     out = Path(args.out or DISTANCE_OUT)
     summary = run_study(spec, runtime, out)
     print(distance_report.markdown(summary), end="")

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from drmlab.experiments import lr_sweep
 from drmlab.experiments.ablate import report as ablate_report
-from drmlab.experiments.spec import DEFAULT_MODELS, DEFAULT_SEEDS, Log, Runtime, StudySpec, _silent  # noqa: F401
+from drmlab.experiments.spec import DEFAULT_MODELS, DEFAULT_SEEDS, Log, Runtime, StudySpec  # noqa: F401 (re-exported)
 from drmlab.experiments.stats import GATE_RULE, gate, mean_std
 from drmlab.naming import suggest
 from drmlab.training.config import TRAIN_DEFAULTS, TRAIN_KEYS, parse_tokens, resolve_train_config, split_overrides

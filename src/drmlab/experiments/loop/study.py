@@ -91,8 +91,8 @@ def run_study(spec: LoopSpec, runtime: Runtime, out: str | Path, *, corpus=None,
     settings = {arm: arm_settings(arm, study.preset) for arm in results["models"]}
     loop_eval = None
     if loop_counts:
-        loop_eval = evaluate_loop_counts(study, out, loop_counts, corpus=corpus, settings=settings,
-                                         seeds=results["study"]["seeds"], device=runtime.device, log=runtime.log)
+        loop_eval = evaluate_loop_counts(study, runtime, out, loop_counts, corpus=corpus, settings=settings,
+                                         seeds=results["study"]["seeds"])
         results["eval_loops"] = loop_eval
         report.add_to_results(results, out)
     return results, report.write_report(results, settings, out, log=runtime.log, loop_eval=loop_eval)
@@ -117,8 +117,8 @@ def parse_loop_counts(value) -> list[int]:
     return counts
 
 
-def evaluate_loop_counts(study: ablate.Study, out: str | Path, loop_counts: list[int], *, corpus, settings: dict,
-                         seeds=None, device="auto", log=None) -> dict:
+def evaluate_loop_counts(study: ablate.Study, runtime: Runtime, out: str | Path, loop_counts: list[int], *, corpus,
+                         settings: dict, seeds=None) -> dict:
     """Rescore every finished run (of ``seeds``, default the study's) of the looped arms in ``settings``
     (:func:`arm_settings` by arm) at each N' of ``loop_counts``, eps frozen and re-set to 1/N'; per arm
     and cell the mean +- population std of the validation CE over seeds.
@@ -128,7 +128,6 @@ def evaluate_loop_counts(study: ablate.Study, out: str | Path, loop_counts: list
     """
     from drmlab.evaluation import byte_counter
 
-    log = log or ablate._silent
     count_bytes = byte_counter(corpus.val, corpus.tokenizer, corpus.meta.get("val_bytes"))
     rescoring = {"seq_len": study.train["seq_len"], "batch_size": study.train["eval_batch_size"],
                  "max_targets": study.train["eval_tokens"], "data": corpus.meta.get("content_sha256")}
@@ -141,7 +140,7 @@ def evaluate_loop_counts(study: ablate.Study, out: str | Path, loop_counts: list
         per_seed = {}
         for seed in study.seeds if seeds is None else seeds:
             run_path = ablate.run_dir(out, arm, seed)
-            scores = _run_scores(run_path, arm, seed, loop_counts, rescoring, corpus, count_bytes, device, log)
+            scores = _run_scores(runtime, run_path, arm, seed, loop_counts, rescoring, corpus, count_bytes)
             if scores is not None:
                 per_seed[seed] = scores
         if per_seed:
@@ -153,8 +152,8 @@ def _cell_key(n_loop: int, mode: str) -> str:
     return f"{n_loop} {mode}"
 
 
-def _run_scores(run_path: Path, arm: str, seed: int, loop_counts, rescoring: dict, corpus, count_bytes, device,
-                log) -> dict | None:
+def _run_scores(runtime: Runtime, run_path: Path, arm: str, seed: int, loop_counts, rescoring: dict, corpus,
+                count_bytes) -> dict | None:
     """One finished run's scores {"trained": {...}, "cells": {"N' mode": {"eps", "ce", "bpb"}}}, or None
     when the run has not finished; cells already in the run's cache file are not rescored."""
     from drmlab.evaluation import rescore
@@ -168,7 +167,7 @@ def _run_scores(run_path: Path, arm: str, seed: int, loop_counts, rescoring: dic
     identity = {"checkpoint": run.read_pointer(), "rescoring": rescoring}
     cached = read_json(cache_path) if cache_path.is_file() else {}
     by_eps = dict(cached.get("scores", {})) if cached.get("identity") == identity else {}
-    model, _, _ = run.load_model(device)
+    model, _, _ = run.load_model(runtime.device)
     trained_loops = model.config.n_loop
     fresh = 0
 
@@ -187,8 +186,8 @@ def _run_scores(run_path: Path, arm: str, seed: int, loop_counts, rescoring: dic
     trained = score(trained_loops, "frozen")
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(cache_path, {"identity": identity, "scores": by_eps})
-    log(f"eval-loops {arm} seed {seed}: N' in {', '.join(map(str, loop_counts))}, {len(cells)} cells and the trained "
-        f"N = {trained_loops}: {fresh} rescored, the rest from the cache or equal to another cell")
+    runtime.say(f"eval-loops {arm} seed {seed}: N' in {', '.join(map(str, loop_counts))}, {len(cells)} cells and the "
+                f"trained N = {trained_loops}: {fresh} rescored, the rest from the cache or equal to another cell")
     return {"trained": trained, "run_val_ce": summary["val_ce"], "cells": cells}
 
 
