@@ -135,13 +135,15 @@ def test_a_named_arm_is_its_own_row(corpus_file, tmp_path):
 
 
 def test_the_study_runs_from_python_with_plain_arguments(corpus_file, tmp_path, capsys):
-    """ablate.run_study takes plain arguments (no flags) and gives the numbers the command line gives."""
+    """ablate.run_study takes a StudySpec and a Runtime (no flags) and gives the numbers the command line gives."""
     from drmlab.cli import main
     from drmlab.experiments.ablate import protocol as ablate
+    from drmlab.experiments.spec import Runtime, StudySpec
 
     data = dict(data=str(corpus_file), cache_dir=str(tmp_path / "c"))
-    results = ablate.run_study(["GPT2", "LOOPED:B"], [1], out=tmp_path / "py", preset="micro", tokens="256",
-                               train={"eval_tokens": 512}, model_settings={"GPT2": {"n_layer": 1}}, **data)
+    spec = StudySpec(models=["GPT2", "LOOPED:B"], seeds=[1], preset="micro", tokens="256", train={"eval_tokens": 512},
+                     model_settings={"GPT2": {"n_layer": 1}}, data=data["data"])
+    results = ablate.run_study(spec, Runtime(cache_dir=data["cache_dir"]), tmp_path / "py")
     assert capsys.readouterr().out == ""  # nothing below the command line prints
     assert results["complete"] and set(results["models"]) == {"GPT2", "LOOPED:B"}
     assert main(["ablate", "--models", "GPT2,LOOPED:B", "--seeds", "1", "--preset", "micro", "--tokens", "256",
@@ -152,11 +154,11 @@ def test_the_study_runs_from_python_with_plain_arguments(corpus_file, tmp_path, 
     assert cli["study"] == json.loads((tmp_path / "py" / "study.json").read_text())
     # planning checks every setting by its name, before any data is read
     with pytest.raises(ValueError, match="seed of each run"):
-        ablate.plan_study(["J"], [1], train={"seed": 3})
+        ablate.plan_study(StudySpec(models=["J"], seeds=[1], train={"seed": 3}))
     with pytest.raises(ValueError, match="'lr' is a train setting"):
-        ablate.plan_study(["J"], [1], model_settings={"J": {"lr": 1e-3}})
+        ablate.plan_study(StudySpec(models=["J"], seeds=[1], model_settings={"J": {"lr": 1e-3}}))
     with pytest.raises(ValueError, match="n_positions=32; raise the model setting GPT2.n_positions to 64"):
-        ablate.plan_study(["GPT2"], [1], "micro", train={"seq_len": 64})
+        ablate.plan_study(StudySpec(models=["GPT2"], seeds=[1], preset="micro", train={"seq_len": 64}))
 
 
 

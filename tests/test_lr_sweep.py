@@ -15,6 +15,7 @@ import pytest
 from drmlab.experiments import lr_sweep
 
 from drmlab.experiments.ablate import protocol as ablate
+from drmlab.experiments.spec import Runtime, StudySpec
 
 
 def test_parse_lr_grid():
@@ -63,12 +64,13 @@ def corpus_file(tmp_path_factory):
     return path
 
 
-def _run(corpus_file, tmp_path, out, **kw):
-    options = dict(models=["SSM_CONTROL", "GPT2"], seeds=[1, 2], out=out, preset="micro", tokens="1k",
-                   train={"eval_tokens": "1k", "divergence_steps": 1}, model_settings={"GPT2": {"n_layer": 1}}, data=str(corpus_file),
-                   cache_dir=str(tmp_path / "cache"), lr_grid="1e-3,3e-2,1e4", tune_tokens="512")
+def _run(corpus_file, tmp_path, out, *, log=None, wait_seconds=30.0, sweep_only=False, **kw):
+    options = dict(models=["SSM_CONTROL", "GPT2"], seeds=[1, 2], preset="micro", tokens="1k",
+                   train={"eval_tokens": "1k", "divergence_steps": 1}, model_settings={"GPT2": {"n_layer": 1}},
+                   data=str(corpus_file), lr_grid="1e-3,3e-2,1e4", tune_tokens="512")
     options.update(kw)
-    return ablate.run_study(**options)
+    runtime = Runtime(cache_dir=str(tmp_path / "cache"), log=log, wait_seconds=wait_seconds)
+    return ablate.run_study(StudySpec(**options), runtime, out, sweep_only=sweep_only)
 
 
 def test_sweep_then_paired_runs_at_the_chosen_rate(corpus_file, tmp_path, monkeypatch):
@@ -167,11 +169,11 @@ def test_every_rate_diverging_leaves_the_model_without_runs(corpus_file, tmp_pat
 
 def test_plan_errors():
     with pytest.raises(ValueError, match="not both"):
-        ablate.plan_study(["J"], [1], "micro", train={"lr": 1e-3}, lr_grid="1e-3,2e-3")
+        ablate.plan_study(StudySpec(models=["J"], seeds=[1], preset="micro", train={"lr": 1e-3}, lr_grid="1e-3,2e-3"))
     with pytest.raises(ValueError, match="give lr_grid too"):
-        ablate.plan_study(["J"], [1], "micro", tune_tokens="1k")
+        ablate.plan_study(StudySpec(models=["J"], seeds=[1], preset="micro", tune_tokens="1k"))
     with pytest.raises(ValueError, match="at least two"):
-        ablate.plan_study(["J"], [1], "micro", lr_grid="1e-3")
+        ablate.plan_study(StudySpec(models=["J"], seeds=[1], preset="micro", lr_grid="1e-3"))
 
 
 def test_a_second_process_takes_what_the_first_does_not_hold(corpus_file, tmp_path):
@@ -211,14 +213,15 @@ def test_mqar_sweeps_each_model_on_held_out_training_sequences(tmp_path):
 
     options = dict(preset="micro", width=16, steps=3, batch_size=8, n_train=40, n_test=16, lr_grid="1e-3,3e-2,1e4",
                    settings={"divergence_steps": 1})
-    summary = mqar.run_study(["GPT2"], [2], [0, 1], out=tmp_path / "mq", **options)
+    spec = mqar.MQARSpec(models=["GPT2"], kvs=[2], seeds=[0, 1], **options)
+    summary = mqar.run_study(spec, Runtime(), tmp_path / "mq")
     sweep = summary["lr_sweep"]["GPT2 kv=2"]
     assert sweep["scores"]["10000"] is None and sweep["diverged"] == [1e4]
     assert sweep["lr"] == lr_sweep.choose({float(k): v for k, v in sweep["scores"].items()}, lower_is_better=False)["lr"]
     assert [r["lr"] for r in summary["runs"]] == [sweep["lr"], sweep["lr"]]
     assert summary["models"]["GPT2"]["cells"]["2"]["lr"] == sweep["lr"]
     # the sweep's held-out sequences are the last tenth of the first seed's training set, never its test set
-    task = mqar.plan_study(["GPT2"], [2], [0], **{k: v for k, v in options.items() if k != "lr_grid"}).task(2)
+    task = mqar.plan_study(spec.replace(seeds=[0], lr_grid=None)).task(2)
     (fit_x, _), (held_x, _) = mqar.tuning_sets(task, 0)
     x, _ = train_set(task, 0)
     assert len(held_x) == 4 and (held_x == x[-4:]).all() and (fit_x == x[:-4]).all()
@@ -226,7 +229,7 @@ def test_mqar_sweeps_each_model_on_held_out_training_sequences(tmp_path):
     assert tuned["test_queries"] == 4 * task.n_queries and tuned["spec"]["tuning"] is True
     assert "## Learning-rate sweep" in (tmp_path / "mq" / "mqar.md").read_text()
     with pytest.raises(ValueError, match="not both"):
-        mqar.plan_study(["GPT2"], [2], [0], settings={"lr": 1e-3}, lr_grid="1e-3,2e-3")
+        mqar.plan_study(mqar.MQARSpec(models=["GPT2"], kvs=[2], seeds=[0], settings={"lr": 1e-3}, lr_grid="1e-3,2e-3"))
 
 
 def test_sweep_only_stops_before_the_paired_runs_and_the_same_study_goes_on(corpus_file, tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ from drmlab.experiments.mqar import study as mqar
 from drmlab.experiments.mqar import models as mqar_models
 from drmlab.experiments.mqar import report as mqar_report
 from drmlab.experiments.mqar import task as mqar_task
+from drmlab.experiments.spec import Runtime
 from drmlab.models.output import ModelOutput
 from drmlab.models.registry import config_fields
 from drmlab.training.batches import FixedSetBatches
@@ -348,7 +349,8 @@ def test_fresh_batches_every_step(tmp_path, capsys):
 
 def test_the_study_runs_from_python_with_plain_arguments(tmp_path, capsys):
     options = dict(preset="micro", width=16, steps=2, batch_size=8, n_train=32, n_test=16, settings={"lr": 3e-3})
-    summary = mqar.run_study(["LOOPED", "L4_ds8"], [2], [0], out=tmp_path / "py", **options)
+    summary = mqar.run_study(mqar.MQARSpec(models=["LOOPED", "L4_ds8"], kvs=[2], seeds=[0], **options), Runtime(),
+                             tmp_path / "py")
     assert capsys.readouterr().out == ""  # nothing below the command line prints
     assert (tmp_path / "py" / "mqar.md").read_text() == mqar_report.markdown(summary)
     assert _cli(["--models", "LOOPED,L4_ds8", "--kv", "2", "--seeds", "0", "--preset", "micro", "--width", "16",
@@ -359,4 +361,4 @@ def test_the_study_runs_from_python_with_plain_arguments(tmp_path, capsys):
         ours, theirs = summary["models"][name]["cells"]["2"], cli["models"][name]["cells"]["2"]
         assert (ours["accs"], ours["params"]) == (theirs["accs"], theirs["params"])
     with pytest.raises(ValueError, match="train setting 'seed'"):
-        mqar.plan_study(["LOOPED"], [2], [0], settings={"seed": 3})
+        mqar.plan_study(mqar.MQARSpec(models=["LOOPED"], kvs=[2], seeds=[0], settings={"seed": 3}))

@@ -3,8 +3,9 @@
 One module per verb in this package; each exposes ``add_parser(subparsers)`` (registering the verb
 and setting ``func``) and ``run(args) -> exit code``. Verb modules import nothing heavy at module
 level (no torch, numpy or matplotlib): ``drmlab --help``, ``drmlab VERB --help`` and argument errors
-answer at once, and the library below is imported only when a verb runs. Shared arguments
-(data, device, threads, sequence length checks) live in :mod:`drmlab.cli.common`.
+answer at once, and the library below is imported only when a verb runs. Every shared flag (--out,
+--set, --seed / --seeds, --preset, --device, --threads, --quiet, --tensorboard, the data and lr sweep
+flags) is defined once, in :mod:`drmlab.cli.common`, which also turns them into a study's Runtime.
 """
 
 from __future__ import annotations

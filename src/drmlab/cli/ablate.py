@@ -1,6 +1,7 @@
 """``drmlab ablate``: the paired ablation protocol on the command line (docs/drm.md section A.7).
 
-Parses the flags into plain arguments of :func:`drmlab.experiments.ablate.protocol.run_study`, prints each
+Parses the flags into a :class:`~drmlab.experiments.spec.StudySpec` and a
+:class:`~drmlab.experiments.spec.Runtime` for :func:`drmlab.experiments.ablate.protocol.run_study`, prints each
 run's progress to stderr and the results table to stdout. ``--set KEY=VALUE`` is a train setting
 for every run, ``--set MODEL.KEY=VALUE`` a model setting of that model only.
 """
@@ -10,10 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from drmlab.cli.common import (add_data_arguments, add_lr_sweep_arguments, add_runtime_arguments, add_tensorboard_argument, apply_threads, check_sweep_only,
-                               check_tensorboard, log_to_stderr, parse_seeds, split_list, written_files)
+from drmlab.cli import common
 from drmlab.naming import suggest
-from drmlab.presets import PRESETS
 
 DEFAULT_MODELS = "J,SSM_CONTROL,GPT2"
 DEFAULT_SEEDS = "1,2,3"
@@ -46,30 +45,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated model names, NAME or NAME:ARM for a named arm such as LOOPED:B "
-                             f"(default {DEFAULT_MODELS})")
-    parser.add_argument("--seeds", default=DEFAULT_SEEDS, help=f"comma-separated seeds (default {DEFAULT_SEEDS})")
-    parser.add_argument("--preset", default="tiny", choices=PRESETS, help="model size and training defaults (default tiny)")
-    parser.add_argument("--tokens", default=None, metavar="N", help="token budget per run (default 5,005,312 = 611 x 8,192)")
-    parser.add_argument("--out", default=None, metavar="DIR", help="study directory (default studies/ablate-PRESET)")
-    add_data_arguments(parser)
-    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
-    add_lr_sweep_arguments(parser)
-    parser.add_argument("--eval-tokens", default=None, metavar="N", help="cap on validation tokens rescored per run (default: all)")
-    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="[MODEL.]KEY=VALUE",
-                        help="train setting for every run, or MODEL.KEY=VALUE for one model's config; repeatable")
-    parser.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast for training")
-    add_tensorboard_argument(parser, "each run's directory (OUT/runs/MODEL-seedS)")
-    add_runtime_arguments(parser)
+    parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated model names, NAME or NAME:ARM for a "
+                        f"named arm such as LOOPED:B (default {DEFAULT_MODELS})")
+    common.add_seeds_argument(parser, DEFAULT_SEEDS)
+    common.add_preset_argument(parser, help="model size and training defaults (default tiny)")
+    common.add_tokens_argument(parser, "token budget per run (default 5,005,312 = 611 x 8,192)")
+    common.add_out_argument(parser, "study directory (default studies/ablate-PRESET)")
+    common.add_data_arguments(parser)
+    common.add_study_train_arguments(parser)
+    common.add_set_argument(parser, "train setting for every run, or MODEL.KEY=VALUE for one model's config; repeatable",
+                            metavar="[MODEL.]KEY=VALUE")
+    common.add_bf16_argument(parser)
+    common.add_tensorboard_argument(parser, "each run's directory (OUT/runs/MODEL-seedS)")
+    common.add_runtime_arguments(parser)
     parser.set_defaults(func=run)
     return parser
-
-
-def train_settings(args: argparse.Namespace, assignments: dict) -> dict:
-    """The train settings of the flags (--lr, --bf16, --eval-tokens), then ``--set KEY=VALUE``."""
-    flags = {"lr": args.lr, "bf16": args.bf16,
-             "eval_tokens": None if args.eval_tokens in (None, "all") else args.eval_tokens}
-    return {**{k: v for k, v in flags.items() if v is not None}, **assignments}
 
 
 def split_settings(assignments: dict, models: list[str]) -> tuple[dict, dict[str, dict]]:
@@ -87,23 +77,19 @@ def split_settings(assignments: dict, models: list[str]) -> tuple[dict, dict[str
 
 
 def run(args: argparse.Namespace) -> int:
-    from drmlab.experiments.ablate import protocol as ablate
-    from drmlab.experiments.ablate import report as ablate_report
-    from drmlab.cli.common import parse_assignments
+    from drmlab.experiments.ablate import protocol, report
+    from drmlab.experiments.spec import StudySpec
 
-    check_tensorboard(args)
-    check_sweep_only(args)
-    apply_threads(args)
-    models = split_list(args.models, "models")
-    seeds = parse_seeds(args.seeds)
-    train, model_settings = split_settings(parse_assignments(args.assignments), models)
+    common.check_sweep_only(args)
+    runtime = common.runtime(args, log=common.log_to_stderr)  # --tensorboard checked, --threads applied
+    models = common.split_list(args.models, "models")
+    train, model_settings = split_settings(common.parse_assignments(args.assignments), models)
+    spec = StudySpec(models=models, seeds=common.parse_seeds(args.seeds), preset=args.preset, tokens=args.tokens,
+                     train=common.train_settings(args, train), model_settings=model_settings, data=args.data,
+                     tokenizer=args.tokenizer or "bytes", lr_grid=args.lr_grid, tune_tokens=args.tune_tokens)
     out = Path(args.out or f"studies/ablate-{args.preset}")
-    results = ablate.run_study(models, seeds, out=out, preset=args.preset, tokens=args.tokens,
-                               train=train_settings(args, train), model_settings=model_settings, data=args.data,
-                               tokenizer=args.tokenizer or "bytes", cache_dir=args.cache_dir, device=args.device,
-                               quiet=args.quiet, log=log_to_stderr, lr_grid=args.lr_grid, tune_tokens=args.tune_tokens,
-                               tensorboard=args.tensorboard, sweep_only=args.sweep_only)
-    print(ablate_report.markdown(results))
-    print(f"results in {out}/: " + written_files(out, ["results.md", "results.csv", "results.json"],
-                                                 ["curves.png", "seeds.png", "lr_sweep.png"]))
+    results = protocol.run_study(spec, runtime, out, sweep_only=args.sweep_only)
+    print(report.markdown(results))
+    print(f"results in {out}/: " + common.written_files(out, ["results.md", "results.csv", "results.json"],
+                                                        ["curves.png", "seeds.png", "lr_sweep.png"]))
     return 0

@@ -1,4 +1,8 @@
-"""Arguments and checks shared by the verbs: data, device and threads, model names, sequence length.
+"""Arguments and checks shared by the verbs, each flag defined once here: --out, --set, --seed / --seeds,
+--preset, --tokens, --device, --threads, --quiet, --tensorboard, the data arguments, the lr sweep's and the
+study train flags; :func:`runtime` turns parsed flags into a :class:`drmlab.experiments.spec.Runtime`.
+Each ``add_*`` takes the verb's own help (and default) where verbs differ. Model names and sequence
+lengths are checked here too.
 
 Nothing here imports torch at module level; the helpers that need the library import it when called.
 """
@@ -12,6 +16,58 @@ import sys
 import time
 
 
+def add_out_argument(parser, help: str, *, default=None, required: bool = False, metavar: str | None = "DIR") -> None:
+    """--out: where the verb writes (a run or study directory, a folder, a file)."""
+    parser.add_argument("--out", default=default, required=required, metavar=metavar, help=help)
+
+
+def add_set_argument(parser, help: str, *, metavar: str = "KEY=VALUE", dest: str = "assignments") -> None:
+    """--set KEY=VALUE, repeatable: settings by name (:func:`parse_assignments` reads them)."""
+    parser.add_argument("--set", dest=dest, action="append", default=[], metavar=metavar, help=help)
+
+
+def add_seed_argument(parser, help: str, *, default: int | None = None) -> None:
+    """--seed N: one seed."""
+    parser.add_argument("--seed", type=int, default=default, help=help)
+
+
+def add_seeds_argument(parser, default: str | None, help: str = "comma-separated seeds (default {default})") -> None:
+    """--seeds 1,2,3: a study's seeds (:func:`parse_seeds` reads them)."""
+    parser.add_argument("--seeds", default=default, help=help.format(default=default))
+
+
+def add_preset_argument(parser, *, default: str | None = "tiny", help: str | None = None) -> None:
+    """--preset: model size (and training defaults)."""
+    from drmlab.presets import PRESETS
+
+    parser.add_argument("--preset", default=default, choices=PRESETS, help=help)
+
+
+def add_tokens_argument(parser, help: str) -> None:
+    """--tokens N: a token budget (5M, 500k, 5_005_312)."""
+    parser.add_argument("--tokens", default=None, metavar="N", help=help)
+
+
+def add_study_train_arguments(parser, *, lr_grid: bool = True) -> None:
+    """--lr (with the lr sweep's flags) and --eval-tokens of a study's runs; :func:`train_settings` reads them."""
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
+    if lr_grid:
+        add_lr_sweep_arguments(parser)
+    parser.add_argument("--eval-tokens", default=None, metavar="N",
+                        help="cap on validation tokens rescored per run (default: all)")
+
+
+def add_bf16_argument(parser, help: str = "bf16 autocast for training") -> None:
+    parser.add_argument("--bf16", action="store_true", default=None, help=help)
+
+
+def train_settings(args: argparse.Namespace, assignments: dict) -> dict:
+    """A study's train settings from the flags (--lr, --bf16, --eval-tokens), then ``--set KEY=VALUE``."""
+    flags = {"lr": args.lr, "bf16": args.bf16,
+             "eval_tokens": None if args.eval_tokens in (None, "all") else args.eval_tokens}
+    return {**{k: v for k, v in flags.items() if v is not None}, **assignments}
+
+
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """--data / --tokenizer / --cache-dir: which text and how it becomes token ids."""
     parser.add_argument("--data", metavar="SRC", default=None,
@@ -22,12 +78,35 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR", default=None, help="where tokenized corpora are cached")
 
 
-def add_runtime_arguments(parser: argparse.ArgumentParser, *, device_default: str = "auto", quiet: bool = True) -> None:
+def add_runtime_arguments(parser: argparse.ArgumentParser, *, device_default: str = "auto", quiet: bool = True,
+                          device_help: str | None = None, threads: bool = True) -> None:
     """--device / --threads (and --quiet): where and how fast, never what is computed."""
-    parser.add_argument("--device", default=device_default, help=f"auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ... (default {device_default})")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    add_device_argument(parser, device_default, device_help)
+    if threads:
+        parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     if quiet:
-        parser.add_argument("--quiet", action="store_true", help="no progress bars")
+        add_quiet_argument(parser)
+
+
+def add_device_argument(parser, default: str = "auto", help: str | None = None) -> None:
+    parser.add_argument("--device", default=default, help=help or (
+        f"auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ... (default {default})"))
+
+
+def add_quiet_argument(parser, help: str = "no progress bars") -> None:
+    parser.add_argument("--quiet", action="store_true", help=help)
+
+
+def runtime(args: argparse.Namespace, log=None):
+    """The :class:`~drmlab.experiments.spec.Runtime` of the parsed flags: --tensorboard is refused without
+    its package and --threads applied (:func:`apply_threads`) before anything is read."""
+    from drmlab.experiments.spec import Runtime
+
+    check_tensorboard(args)
+    apply_threads(args)
+    return Runtime(device=getattr(args, "device", "auto"), threads=getattr(args, "threads", None),
+                   quiet=getattr(args, "quiet", True), tensorboard=getattr(args, "tensorboard", False),
+                   cache_dir=getattr(args, "cache_dir", None), log=log)
 
 
 def add_tensorboard_argument(parser: argparse.ArgumentParser, where: str = "the run directory") -> None:
@@ -191,11 +270,17 @@ def parse_assignments(items: list[str] | None) -> dict:
     return out
 
 
+LM_SWEEP_HELP = ("sweep these rates per model (first seed, scored on a slice held out of the training data, never "
+                 "the validation split), then run its seeds at its best rate; instead of --lr")
+
+
+def add_lr_grid_argument(parser, help: str = LM_SWEEP_HELP) -> None:
+    parser.add_argument("--lr-grid", default=None, metavar="LR,LR,...", help=help)
+
+
 def add_lr_sweep_arguments(parser: argparse.ArgumentParser, budget: str = "--tokens") -> None:
-    """--lr-grid and --tune-tokens: sweep the learning rate per model first (drmlab.experiments.lr_sweep)."""
-    parser.add_argument("--lr-grid", default=None, metavar="LR,LR,...",
-                        help="sweep these rates per model (first seed, scored on a slice held out of the training "
-                             "data, never the validation split), then run its seeds at its best rate; instead of --lr")
+    """--lr-grid, --tune-tokens and --sweep-only: sweep the learning rate per model first (drmlab.experiments.lr_sweep)."""
+    add_lr_grid_argument(parser)
     parser.add_argument("--tune-tokens", default=None, metavar="N", help=f"budget of each sweep run (default: {budget})")
     parser.add_argument("--sweep-only", action="store_true",
                         help="with --lr-grid: run the sweep and stop (the same command without it goes on with "

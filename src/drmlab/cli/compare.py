@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from drmlab.cli.common import log_to_stderr
+from drmlab.cli import common
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -22,7 +22,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="a `drmlab ablate` study folder (repeatable)")
     p.add_argument("--mqar", metavar="DIR", help="a `drmlab mqar` output folder")
     p.add_argument("--kv", type=int, default=None, help="the MQAR number of pairs to show (default: the study's first)")
-    p.add_argument("--out", default="compare", help="output folder for compare.md and compare.png (default compare)")
+    common.add_out_argument(p, "output folder for compare.md and compare.png (default compare)", default="compare",
+                            metavar=None)
     p.set_defaults(func=run)
     return p
 
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.ablate and not args.mqar:
         raise ValueError("give at least one --ablate DIR or --mqar DIR")
-    text, plotted = write_compare(args.ablate, args.mqar, args.out, kv=args.kv, log=log_to_stderr)
+    text, plotted = write_compare(args.ablate, args.mqar, args.out, kv=args.kv, log=common.log_to_stderr)
     print(text, end="")
     print(f"wrote {Path(args.out) / 'compare.md'}" + (", compare.png" if plotted else ""), file=sys.stderr)
     return 0

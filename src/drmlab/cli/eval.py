@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from drmlab.cli.common import add_data_arguments, add_runtime_arguments, apply_threads, load_corpus_for
+from drmlab.cli import common
+from drmlab.cli.common import load_corpus_for
 
 EPILOG = """\
 examples:
@@ -36,19 +37,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--ckpt", required=True, metavar="DIR", help="a run directory written by drmlab train")
-    add_data_arguments(parser)
+    common.add_data_arguments(parser)
     parser.add_argument("--split", choices=("val", "train"), default="val", help="which split to score (default val)")
     parser.add_argument("--seq-len", type=int, default=None, help="window length (default: the run's seq_len)")
     parser.add_argument("--batch-size", type=int, default=None, help="windows per forward (default: the run's eval_batch_size)")
     parser.add_argument("--eval-tokens", default=None, metavar="N",
                         help="score only the first N targets; 'all' for the whole stream (default: the run's cap)")
-    add_runtime_arguments(parser, quiet=False)
+    common.add_runtime_arguments(parser, quiet=False)
     parser.add_argument("--output", default=None, metavar="FILE", help="where to write the JSON (default DIR/eval.json)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    common.add_quiet_argument(parser, "no progress bar")
     parser.set_defaults(func=run)
     return parser
-
-
 
 def run(args: argparse.Namespace) -> int:
     from drmlab.evaluation import byte_counter, rescore
@@ -56,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.runs import RunDir, write_json_atomic
     from drmlab.training.config import parse_tokens
 
-    apply_threads(args)
+    common.apply_threads(args)
     run = RunDir(args.ckpt)
     model, config, state = run.load_model(args.device)
     train_cfg = config["train"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from drmlab.cli import common
+
 EPILOG = """\
 examples:
   drmlab export --ckpt runs/J-tiny-seed0 --out hf/J-tiny
@@ -25,8 +27,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "AutoModelForCausalLM.from_pretrained loads (after `import drmlab.hf`), with bit-identical logits.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt", required=True, metavar="RUN_DIR", help="a run directory written by drmlab train")
-    parser.add_argument("--out", required=True, metavar="HF_DIR",
-                        help="the folder to write (must not exist or be empty)")
+    common.add_out_argument(parser, "the folder to write (must not exist or be empty)", required=True, metavar="HF_DIR")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier drmlab export in --out")
     parser.set_defaults(func=run)
     return parser

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from drmlab.cli import common
+
 EPILOG = """\
 examples:
   drmlab generate --ckpt runs/J-tiny-seed0 --prompt "def main(" --max-tokens 300
@@ -27,8 +29,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1.0)")
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling: the smallest set with mass p")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, auto")
+    common.add_seed_argument(parser, "sampling seed (default 0)", default=0)
+    common.add_device_argument(parser, "cpu", "cpu (default), cuda, auto")
     parser.set_defaults(func=run)
     return parser
 

@@ -12,8 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from drmlab.cli.common import add_runtime_arguments, apply_threads, check_model_names
-from drmlab.presets import PRESETS
+from drmlab.cli import common
 
 DEFAULT_MODEL = "J"
 DEFAULT_PRESET = "tiny"
@@ -30,16 +29,15 @@ def add_parser(subparsers) -> None:
                "  drmlab inspect --ckpt runs/J-tiny-seed0",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help=f"registered model name (default {DEFAULT_MODEL}; see --list)")
-    p.add_argument("--preset", default=None, choices=PRESETS, help=f"model size (default {DEFAULT_PRESET})")
-    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-                   help="a model setting, e.g. --set d_state=64 (repeatable)")
-    p.add_argument("--seed", type=int, default=None, help="initialisation seed (default 0)")
+    common.add_preset_argument(p, default=None, help=f"model size (default {DEFAULT_PRESET})")
+    common.add_set_argument(p, "a model setting, e.g. --set d_state=64 (repeatable)")
+    common.add_seed_argument(p, "initialisation seed (default 0)")
     p.add_argument("--ckpt", default=None, metavar="DIR", help="inspect this trained run instead (a run directory)")
     p.add_argument("--length", type=int, default=None,
                    help="tokens per sequence (default: the preset's training window, or the run's seq_len)")
     p.add_argument("--json", default=None, help="also write the report as JSON to this path")
     p.add_argument("--list", action="store_true", help="list every registered model name and exit")
-    add_runtime_arguments(p, device_default="cpu", quiet=False)
+    common.add_runtime_arguments(p, device_default="cpu", quiet=False)
     p.set_defaults(func=run)
 
 
@@ -58,14 +56,13 @@ def print_report(report: dict, indent: str = "") -> None:
 
 def run(args: argparse.Namespace) -> int:
     from drmlab.experiments.probes.inspect import inspect_registered, inspect_run
-    from drmlab.cli.common import parse_assignments
 
     if args.list:
         from drmlab.models import list_models
 
         print("\n".join(list_models()))
         return 0
-    apply_threads(args)
+    common.apply_threads(args)
     if args.ckpt is not None:
         given = [flag for flag, value in (("--model", args.model), ("--preset", args.preset), ("--set", args.assignments),
                                           ("--seed", args.seed)) if value]
@@ -74,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
         report = inspect_run(args.ckpt, length=args.length, device=args.device)
     else:
         name = args.model or DEFAULT_MODEL
-        check_model_names([name])
+        common.check_model_names([name])
         report = inspect_registered(name, args.preset or DEFAULT_PRESET, seed=args.seed or 0, length=args.length,
-                                    device=args.device, **parse_assignments(args.assignments))
+                                    device=args.device, **common.parse_assignments(args.assignments))
     print_report(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

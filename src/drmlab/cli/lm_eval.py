@@ -8,6 +8,8 @@ import argparse
 import json
 import sys
 
+from drmlab.cli import common
+
 EPILOG = """\
 examples:
   drmlab lm-eval --ckpt runs/J-tiny-seed0 --tasks lambada_openai,wikitext --limit 200
@@ -41,25 +43,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="what the first token of a scored text follows (default \\n\\n)")
     parser.add_argument("--max-parallel", type=int, default=2048,
                         help="tokens of one parallel forward; the rest of a longer text is stepped (default 2048)")
-    parser.add_argument("--seed", type=int, default=1234, help="seed of sampling and few-shot choice (default 1234)")
-    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, auto")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    common.add_seed_argument(parser, "seed of sampling and few-shot choice (default 1234)", default=1234)
+    common.add_runtime_arguments(parser, device_default="cpu", device_help="cpu (default), cuda, auto", quiet=False)
     parser.add_argument("--output", default=None, metavar="FILE", help="also write the results as JSON")
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from drmlab.cli.common import apply_threads, split_list
-
-    tasks = split_list(args.tasks, "tasks")
+    tasks = common.split_list(args.tasks, "tasks")
     try:
         from lm_eval.utils import make_table
 
         from drmlab.integrations.lm_eval_adapter import evaluate
     except ImportError as exc:
         raise ImportError(f"drmlab lm-eval needs lm-evaluation-harness: pip install 'drmlab[eval]' ({exc})") from None
-    apply_threads(args)
+    common.apply_threads(args)
     try:  # loading an export: no transformers progress bars between the harness's lines
         from transformers.utils import logging as hf_logging
 

@@ -1,7 +1,7 @@
 """``drmlab mqar``: the MQAR probe on the command line (docs/mqar.md).
 
-Parses the flags into plain arguments of :func:`drmlab.experiments.mqar.study.plan_study` and
-:func:`~drmlab.experiments.mqar.study.run_planned`, prints each run's line to stderr and the table to
+Parses the flags into a :class:`~drmlab.experiments.mqar.study.MQARSpec` and a Runtime for
+:func:`~drmlab.experiments.mqar.study.run_study`, prints each run's line to stderr and the table to
 stdout. The defaults below mirror the study's (tests/test_cli.py checks they agree).
 ``--protocol distance`` runs :mod:`drmlab.experiments.mqar.distance` instead (docs/mqar.md section 8):
 the flags both protocols share default to None here and take each protocol's own default.
@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from drmlab.cli.common import (add_runtime_arguments, add_tensorboard_argument, apply_threads, check_tensorboard,
-                               log_to_stderr, parse_int_list, parse_seeds, split_list)
-from drmlab.presets import PRESETS
+from drmlab.cli import common
 
 ANCHOR_ARM_NAMES = ("L1_ds8", "L1_ds64", "L4_ds8", "L4_ds64", "L4u_ds8", "L4u_ds64")
 ARM_MODELS = ("study", "registry")
@@ -55,9 +53,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help=f"comma-separated registered models (NAME or NAME:ARM, e.g. LOOPED:B) and/or "
                              f"anchor arms (default {DEFAULT_MODELS}; distance: {DISTANCE_MODELS})")
     parser.add_argument("--kv", default=DEFAULT_KVS, help=f"comma-separated numbers of key-value pairs (default {DEFAULT_KVS})")
-    parser.add_argument("--seeds", default=None,
-                        help=f"comma-separated run seeds (default {DEFAULT_SEEDS}; distance: {DISTANCE_SEEDS})")
-    parser.add_argument("--preset", default="tiny", choices=PRESETS, help="model preset for the non-width dimensions (default tiny)")
+    common.add_seeds_argument(parser, None, f"comma-separated run seeds (default {DEFAULT_SEEDS}; distance: {DISTANCE_SEEDS})")
+    common.add_preset_argument(parser, help="model preset for the non-width dimensions (default tiny)")
     parser.add_argument("--width", type=int, default=None, help="model width: d_model / n_embd / d_token = d_state "
                         "(docs/mqar.md section 5); default: the preset's (128 for the anchor arms)")
     parser.add_argument("--arm-model", choices=ARM_MODELS, default="study",
@@ -73,15 +70,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--n-train", type=int, default=4096,
                         help="training sequences (default 4096); 0 = a fresh batch every step")
     parser.add_argument("--n-test", type=int, default=1024, help="test sequences (default 1024)")
-    parser.add_argument("--set", dest="assignments", action="append", metavar="KEY=VALUE",
-                        help="a TrainConfig or model-config setting for every run (repeatable), e.g. lr=3e-4, d_state=16")
-    parser.add_argument("--lr-grid", default=None, metavar="LR,LR,...",
-                        help="sweep these rates per model and kv first (first seed, scored on held-out training "
-                             "sequences, never the test set), then train the seeds at the best one")
-    parser.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT}; distance: {DISTANCE_OUT})")
-    add_tensorboard_argument(parser, "each run's directory (OUT/runs/MODEL_kvK_sS)")
+    common.add_set_argument(parser, "a TrainConfig or model-config setting for every run (repeatable), e.g. lr=3e-4, "
+                                    "d_state=16")
+    common.add_lr_grid_argument(parser, "sweep these rates per model and kv first (first seed, scored on held-out "
+                                        "training sequences, never the test set), then train the seeds at the best one")
+    common.add_out_argument(parser, f"output folder (default {DEFAULT_OUT}; distance: {DISTANCE_OUT})", metavar=None)
+    common.add_tensorboard_argument(parser, "each run's directory (OUT/runs/MODEL_kvK_sS)")
     add_distance_arguments(parser)
-    add_runtime_arguments(parser)
+    common.add_runtime_arguments(parser)
     parser.set_defaults(func=run, fixed_only_defaults={dest: parser.get_default(dest) for dest in FIXED_ONLY})
     return parser
 
@@ -111,23 +107,20 @@ def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drmlab.experiments.mqar import study as mqar
-    from drmlab.experiments.mqar import report as mqar_report
-    from drmlab.cli.common import parse_assignments
+    from drmlab.experiments.mqar import report
+    from drmlab.experiments.mqar.study import MQARSpec, run_study
 
     if args.protocol == "distance":
         return run_distance(args)
     fixed_defaults(args)
-    check_tensorboard(args)
-    apply_threads(args)
-    study = mqar.plan_study(split_list(args.models, "models"), parse_int_list(args.kv, "kv"), parse_seeds(args.seeds),
-                            preset=args.preset, width=args.width, steps=args.steps, batch_size=args.batch_size,
-                            vocab_kv=args.vocab_kv, queries=args.queries, seq_len=args.seq_len, n_train=args.n_train,
-                            n_test=args.n_test, arm_model=args.arm_model, settings=parse_assignments(args.assignments),
-                            lr_grid=args.lr_grid)
-    summary = mqar.run_planned(study, args.out, device=args.device, quiet=args.quiet, log=log_to_stderr,
-                               tensorboard=args.tensorboard)
-    print(mqar_report.markdown(summary), end="")
+    runtime = common.runtime(args, log=common.log_to_stderr)
+    spec = MQARSpec(models=common.split_list(args.models, "models"), kvs=common.parse_int_list(args.kv, "kv"),
+                    seeds=common.parse_seeds(args.seeds), preset=args.preset, width=args.width, steps=args.steps,
+                    batch_size=args.batch_size, vocab_kv=args.vocab_kv, queries=args.queries, seq_len=args.seq_len,
+                    n_train=args.n_train, n_test=args.n_test, arm_model=args.arm_model,
+                    settings=common.parse_assignments(args.assignments), lr_grid=args.lr_grid)
+    summary = run_study(spec, runtime, args.out)
+    print(report.markdown(summary), end="")
     print(f"wrote {Path(args.out) / 'mqar.md'}, mqar.json, mqar.png")
     return 0
 
@@ -145,32 +138,25 @@ def fixed_defaults(args: argparse.Namespace) -> None:
 
 
 def run_distance(args: argparse.Namespace) -> int:
-    """``--protocol distance``: :func:`drmlab.experiments.mqar.distance.plan_study` and ``run_planned``."""
-    from drmlab.cli.common import parse_assignments
-    from drmlab.experiments.mqar import distance as mqar_distance
-    from drmlab.experiments.mqar import distance_report as mqar_distance_report
+    """``--protocol distance``: a :class:`~drmlab.experiments.mqar.distance.DistanceSpec` for its ``run_study``."""
+    from drmlab.experiments.mqar import distance_report
+    from drmlab.experiments.mqar.distance import DistanceSpec, run_study
 
     given = [flag for dest, flag in FIXED_ONLY.items() if getattr(args, dest) != args.fixed_only_defaults[dest]]
     if given:
         raise ValueError(f"{', '.join(given)}: only with --protocol fixed")
-    check_tensorboard(args)
-    apply_threads(args)
-    models = split_list(args.models, "models") if args.models else ([] if args.ckpt else split_list(DISTANCE_MODELS, "models"))
-    steps = DISTANCE_STEPS if args.steps is None else args.steps
-    study = mqar_distance.plan_study(
-        models, parse_seeds(args.seeds or DISTANCE_SEEDS), ckpts=args.ckpt or (),
-        lengths=parse_int_list(args.lengths or DISTANCE_LENGTHS, "lengths"), preset=args.preset, width=args.width,
-        steps=steps, milestones=parse_int_list(args.milestones, "milestones") if args.milestones else None,
-        batch_size=DISTANCE_BATCH_SIZE if args.batch_size is None else args.batch_size,
-        lr=DISTANCE_LR if args.lr is None else args.lr,
-        n_eval=DISTANCE_N_EVAL if args.n_eval is None else args.n_eval,
-        eval_batch=DISTANCE_EVAL_BATCH if args.eval_batch is None else args.eval_batch,
-        eval_seed=DISTANCE_EVAL_SEED if args.eval_seed is None else args.eval_seed,
-        chunk=DISTANCE_CHUNK if args.chunk is None else args.chunk, read_all=args.read_all,
-        settings=parse_assignments(args.assignments))
+    runtime = common.runtime(args, log=common.log_to_stderr)
+    models = (common.split_list(args.models, "models") if args.models
+              else [] if args.ckpt else common.split_list(DISTANCE_MODELS, "models"))
+    given = {key: getattr(args, key) for key in ("steps", "batch_size", "lr", "n_eval", "eval_batch", "eval_seed", "chunk")}
+    spec = DistanceSpec(  # a flag not given takes the spec's default (the DISTANCE_* values above)
+        models=models, seeds=common.parse_seeds(args.seeds or DISTANCE_SEEDS), ckpts=args.ckpt or (),
+        lengths=common.parse_int_list(args.lengths or DISTANCE_LENGTHS, "lengths"), preset=args.preset,
+        width=args.width, milestones=common.parse_int_list(args.milestones, "milestones") if args.milestones else None,
+        read_all=args.read_all, settings=common.parse_assignments(args.assignments),
+        **{key: value for key, value in given.items() if value is not None})
     out = Path(args.out or DISTANCE_OUT)
-    summary = mqar_distance.run_planned(study, out, device=args.device, quiet=args.quiet, log=log_to_stderr,
-                                        tensorboard=args.tensorboard)
-    print(mqar_distance_report.markdown(summary), end="")
+    summary = run_study(spec, runtime, out)
+    print(distance_report.markdown(summary), end="")
     print(f"wrote {out / 'results.md'}, results.json, results.png")
     return 0

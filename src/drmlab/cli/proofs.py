@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from drmlab.cli import common
+
 PROOF_NUMBERS = (1, 2, 3, 4, 5)
 
 
@@ -36,15 +38,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--plot", metavar="PATH",
                    help="write a PNG: per-arm numbers against N on log-log axes "
                         "(one panel per proof)")
-    p.add_argument("--seed", type=int, default=None,
-                   help="override each selected proof's main seed (proof 4: data seed; "
-                        "proof 5: parameter seed)")
+    common.add_seed_argument(p, "override each selected proof's main seed (proof 4: data seed; proof 5: parameter seed)")
     p.add_argument("--d", type=int, default=None, help="override the width d")
     p.add_argument("--ns", type=int, nargs="+", default=None, metavar="N",
                    help="override the loop counts N")
-    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="override any other argument of a single proof's function "
-                        "(lists comma-separated, e.g. lrs=0.01,0.1,1)")
+    common.add_set_argument(p, "override any other argument of a single proof's function (lists comma-separated, e.g. "
+                               "lrs=0.01,0.1,1)", metavar="NAME=VALUE")
     p.add_argument("--remove-scaling", action="store_true",
                    help="planted negative: every eps = 1 (each verdict should be REFUTED)")
     p.set_defaults(func=run)
@@ -98,7 +97,7 @@ def proof_arguments(defaults: dict[str, Any], args: argparse.Namespace) -> dict[
         kw["ns"] = tuple(args.ns)
     if args.remove_scaling:
         kw["scaled"] = False
-    for item in args.set or []:
+    for item in args.assignments or []:
         name, sep, value = item.partition("=")
         name = name.strip()
         if not sep or name not in defaults or name == "scaled":
@@ -112,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.experiments.loop.proofs import plot_results, proof_settings, run_proof
 
     numbers = selected(args.which)
-    if args.set and len(numbers) > 1:
+    if args.assignments and len(numbers) > 1:
         raise ValueError("--set applies to a single proof; name one proof")
     results = []
     for number in numbers:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from drmlab.cli import common
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -23,7 +25,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dir", metavar="DIR", help="a run directory (config.json) or a study directory "
                                                    "(study.json or mqar.json)")
-    parser.add_argument("--out", default=None, metavar="FILE", help="where to write the page (default DIR/report.html)")
+    common.add_out_argument(parser, "where to write the page (default DIR/report.html)", metavar="FILE")
     parser.set_defaults(func=run)
     return parser
 

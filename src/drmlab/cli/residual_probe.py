@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from drmlab.presets import PRESETS
+from drmlab.cli import common
 
 
 def add_parser(subparsers) -> None:
@@ -17,10 +17,9 @@ def add_parser(subparsers) -> None:
                     "block application, the residual-stream norm ||x||/sqrt(d), the update norm, and the cosine "
                     "between successive updates and between updates of the same stored block.")
     p.add_argument("--model", default="LOOPED", help="registered model name (default LOOPED)")
-    p.add_argument("--preset", default="tiny", choices=PRESETS)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="model setting, e.g. --set arm=E3 or --set n_loop=4 (repeatable)")
-    p.add_argument("--seed", type=int, default=0, help="model and token seed (default 0)")
+    common.add_preset_argument(p)
+    common.add_set_argument(p, "model setting, e.g. --set arm=E3 or --set n_loop=4 (repeatable)")
+    common.add_seed_argument(p, "model and token seed (default 0)", default=0)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--length", type=int, default=None, help="tokens per sequence (default: the model's limit, <= 256)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON")
@@ -33,10 +32,9 @@ def _fmt(value, spec: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from drmlab.experiments.probes.residual import probe_model
-    from drmlab.cli.common import parse_assignments
 
     report = probe_model(args.model, args.preset, seed=args.seed, batch=args.batch, length=args.length,
-                         **parse_assignments(args.set))
+                         **common.parse_assignments(args.assignments))
     rows, summary = report["rows"], report["summary"]
     batch, length = report["tokens"]
     print(f"residual stream of {args.model} at init (preset {args.preset}, {batch} x {length} tokens)")

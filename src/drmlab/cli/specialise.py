@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from drmlab.cli.common import add_data_arguments, add_runtime_arguments, apply_threads, load_corpus_for, log_to_stderr
+from drmlab.cli import common
+from drmlab.cli.common import load_corpus_for, log_to_stderr
 
 # drmlab.experiments.specialise.DEFAULT_CURRICULUM, spelled here so --help needs no torch (a test compares them)
 DEFAULT_CURRICULUM = "40:1000,80:500,160:500,320:300,512:200,1024:100,4096:25"
@@ -43,14 +44,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument("--base", required=True, metavar="RUN_DIR",
                         help="a J_NO_DIRECTION run directory (or an ASM_CM one, to continue specialising it)")
-    parser.add_argument("--out", required=True, metavar="RUN_DIR", help="the specialised run directory")
+    common.add_out_argument(parser, "the specialised run directory", required=True, metavar="RUN_DIR")
     parser.add_argument("--curriculum", default=DEFAULT_CURRICULUM, metavar="L:STEPS,...",
                         help=f"stages of length:optimizer steps, lengths increasing (default {DEFAULT_CURRICULUM})")
     parser.add_argument("--steps-scale", type=float, default=1.0, metavar="X",
                         help="multiply every stage's steps by X (rounded, at least 1), e.g. 0.25 for a CPU budget")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="seed of the coin, language windows and MQAR examples (seed, seed+1, seed+2; default: "
-                             "the base run's seed)")
+    common.add_seed_argument(parser, "seed of the coin, language windows and MQAR examples (seed, seed+1, seed+2; "
+                                     "default: the base run's seed)")
     parser.add_argument("--backbone-lr", type=float, default=1e-5, help="learning rate of every parameter but the "
                                                                         "memory's (default 1e-5)")
     parser.add_argument("--memory-lr", type=float, default=1e-4, help="learning rate of fast_weight_memory.* "
@@ -65,8 +65,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true",
                         help="delete the run already in --out (config, metrics, checkpoints, summary, specialise.json) "
                              "and start again")
-    add_data_arguments(parser)
-    add_runtime_arguments(parser)
+    common.add_data_arguments(parser)
+    common.add_runtime_arguments(parser)
     parser.set_defaults(func=run)
     return parser
 
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.training.config import parse_tokens
     from drmlab.training.trainer import NonFiniteLossError, TrainingInterrupted
 
-    apply_threads(args)
+    common.apply_threads(args)
     stages = recipe.scale_curriculum(recipe.parse_curriculum(args.curriculum), args.steps_scale)
     base_config = recipe.check_base(args.base)  # before the corpus is read
     base_tokenizer = base_config.get("tokenizer") or "bytes"

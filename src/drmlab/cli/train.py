@@ -14,9 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from drmlab.cli.common import (add_data_arguments, add_runtime_arguments, add_tensorboard_argument, apply_threads,
-                               check_model_names, check_seq_len, check_tensorboard, load_corpus_for, model_setting_names,
-                               parse_assignments)
+from drmlab.cli import common
+from drmlab.cli.common import check_model_names, load_corpus_for, model_setting_names, parse_assignments
 from drmlab.presets import PRESET_DEFAULTS
 from drmlab.training.config import SCHEDULES, TRAIN_KEYS, parse_tokens, resolve_train_config, split_overrides
 from drmlab.training.run_info import DataInfo, RunInfo
@@ -76,14 +75,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--model", default=None, metavar="NAME",
                         help=f"registered model name, e.g. J, SSM_CONTROL, GPT2 (default {DEFAULT_MODEL}; "
                              "see `drmlab inspect --list`)")
-    parser.add_argument("--preset", default=None, choices=tuple(PRESET_DEFAULTS),
-                        help=f"model size and training defaults (default {DEFAULT_PRESET})")
-    parser.add_argument("--tokens", default=None, metavar="N",
-                        help="token budget, e.g. 5M, 500k, 5_005_312 (rounded up to whole steps; default: the preset's)")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="run directory (default runs/MODEL-PRESET-seedS)")
-    add_data_arguments(parser)
-    parser.add_argument("--seed", type=int, default=None, help="seed of the model init and the batch order (default 0)")
+    common.add_preset_argument(parser, default=None, help=f"model size and training defaults (default {DEFAULT_PRESET})")
+    common.add_tokens_argument(parser, "token budget, e.g. 5M, 500k, 5_005_312 (rounded up to whole steps; default: "
+                                       "the preset's)")
+    common.add_out_argument(parser, "run directory (default runs/MODEL-PRESET-seedS)")
+    common.add_data_arguments(parser)
+    common.add_seed_argument(parser, "seed of the model init and the batch order (default 0)")
     parser.add_argument("--batch-size", type=int, default=None, help="sequences per micro-batch, all processes together")
     parser.add_argument("--grad-accum", type=int, default=None, help="micro-batches per optimizer step")
     parser.add_argument("--seq-len", type=int, default=None, help="training window length in tokens")
@@ -94,12 +91,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="tokens between sampled validation checks (default: a fifth of the budget; 0: never)")
     parser.add_argument("--eval-tokens", default=None, metavar="N",
                         help="cap on validation tokens scored at the end, or all (default: the whole validation stream)")
-    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a train or model setting, repeatable (values are JSON: 3, 0.5, true, \"x\")")
+    common.add_set_argument(parser, "override a train or model setting, repeatable (values are JSON: 3, 0.5, true, \"x\")")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     parser.add_argument("--overwrite", action="store_true",
                         help="delete the run already in --out (its config, metrics, checkpoints, summary, eval.json) and start again")
-    parser.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast for the training forward")
+    common.add_bf16_argument(parser, "bf16 autocast for the training forward")
     parser.add_argument("--compile", action="store_true", default=None,
                         help="torch.compile the training forward as one graph (fullgraph=True, inductor; evaluation "
                              "stays eager); a model that cannot compile is refused at the first step, naming the "
@@ -108,8 +104,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="under torchrun: shard weights, gradients and optimizer state over the processes with "
                              "FSDP2 (each block, then the root) instead of DDP; the run directory keeps the "
                              "single-process format (no effect without torchrun; torchrun of one process shards over one rank)")
-    add_tensorboard_argument(parser)
-    add_runtime_arguments(parser)
+    common.add_tensorboard_argument(parser)
+    common.add_runtime_arguments(parser)
     parser.set_defaults(func=run)
     return parser
 
@@ -155,8 +151,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
-    check_tensorboard(args)
-    apply_threads(args)
+    common.check_tensorboard(args)
+    common.apply_threads(args)
     main_process = os.environ.get("RANK", "0") == "0"  # under torchrun only process 0 reports
     if not main_process:
         args.quiet = True
@@ -176,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
 
     corpus = load_corpus_for(data, tokenizer, args.cache_dir)
     model = build_model(name, preset, vocab_size=corpus.vocab_size, seed=cfg.seed, **model_overrides)
-    check_seq_len(model, cfg.seq_len)
+    common.check_seq_len(model, cfg.seq_len)
     run_info = RunInfo(name, preset, model_overrides, data=DataInfo.of(corpus, data))
     val_bytes = corpus.meta.get("val_bytes") if isinstance(corpus.meta, dict) else None
     evaluate = rescorer(corpus.val, cfg.seq_len, batch_size=cfg.eval_batch_size, max_targets=cfg.eval_tokens,

@@ -20,10 +20,10 @@ Several processes may run the same study at once (one per core): each takes the 
 process holds (a run's lock says who holds it) and waits for the rest, so two terminals running the
 same command share the work.
 
-Python: ``run_study(models, seeds, out=..., preset=..., tokens=..., train=..., model_settings=...,
-data=..., tokenizer=..., lr_grid=..., tune_tokens=...)`` plans, trains and reports; :func:`plan_study` checks every name and
-setting first, on the meta device, before any data is read. :func:`collect_results` turns the
-finished runs into the numbers (per-model mean +- population std, per-seed values, the promotion
+Python: ``run_study(spec, runtime, out)`` plans, trains and reports a
+:class:`~drmlab.experiments.spec.StudySpec` under a :class:`~drmlab.experiments.spec.Runtime`;
+:func:`plan_study` checks every name and setting first, on the meta device, before any data is read.
+:func:`collect_results` turns the finished runs into the numbers (per-model mean +- population std, per-seed values, the promotion
 gate of :mod:`drmlab.experiments.stats` for every ordered pair); :mod:`drmlab.experiments.ablate.report`
 writes them as results.json / .md / .csv and the plots.
 """
@@ -33,37 +33,27 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Callable
 
 from drmlab.experiments import lr_sweep
-
 from drmlab.experiments.ablate import report as ablate_report
+from drmlab.experiments.spec import DEFAULT_MODELS, DEFAULT_SEEDS, Log, Runtime, StudySpec  # noqa: F401 (re-exported)
 from drmlab.experiments.stats import GATE_RULE, gate, mean_std
 from drmlab.naming import suggest
 from drmlab.training.config import TRAIN_DEFAULTS, TRAIN_KEYS, parse_tokens, resolve_train_config, split_overrides
 from drmlab.training.run_info import DataInfo, RunInfo
 
-DEFAULT_MODELS = ("J", "SSM_CONTROL", "GPT2")
-DEFAULT_SEEDS = (1, 2, 3)
 DEFAULT_TOKENS = 5_005_312  # the reference: 611 steps of 8,192 tokens
 STUDY_FILE = "study.json"
 # Train settings that only change the final rescoring: a rerun may change them.
 RESCORING_KEYS = ("eval_tokens", "eval_batch_size")
 # Model settings are checked on a byte-vocabulary build: no setting name depends on the vocabulary.
 CHECK_VOCAB = 256
-# How often a process that waits for runs held by another process looks again (seconds).
-WAIT_SECONDS = 30.0
-
-Log = Callable[[str], None]
 
 
-def _silent(message: str) -> None:
-    pass
-
-
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Study:
-    """A planned study: every label trains once per seed under one train config."""
+    """A planned study (:func:`plan_study`): every label trains once per seed under one train config;
+    what ``study.json`` records."""
 
     models: list[str]  # labels, in report order
     seeds: list[int]
@@ -83,6 +73,40 @@ class Study:
     @property
     def tune_seed(self) -> int:
         return self.seeds[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One run of a planned study: a sweep run (``kind`` "tune", ``value`` its rate) or a paired run
+    (``kind`` "run", ``value`` its seed)."""
+
+    kind: str
+    model: str
+    value: float | int
+
+    @property
+    def tuning(self) -> bool:
+        return self.kind == "tune"
+
+    def seed(self, study: Study) -> int:
+        return study.tune_seed if self.tuning else self.value
+
+    def path(self, out: Path) -> Path:
+        return tuning_dir(out, self.model, self.value) if self.tuning else run_dir(out, self.model, self.value)
+
+    def title(self, number: int, total: int) -> str:
+        what = f"sweep {self.model} lr {self.value:g}" if self.tuning else f"{self.model} seed {self.value}"
+        return f"[{number}/{total}] {what}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """The tokens a run trains on and is scored on, and the byte counter of the scored ones."""
+
+    corpus: object  # the study's TokenCorpus (its vocabulary, tokenizer and provenance)
+    train: object
+    scored: object
+    count_bytes: object
 
 
 def tuning_dir(out: str | Path, label: str, lr: float) -> Path:
@@ -122,25 +146,19 @@ def check_seeds(seeds) -> list[int]:
     return seeds
 
 
-def plan_study(models, seeds, preset: str = "tiny", *, tokens: int | str | None = None, train: dict | None = None,
-               model_settings: dict[str, dict] | None = None, data: str | None = None, tokenizer: str = "bytes",
-               registry_names: dict[str, str] | None = None, lr_grid=None, tune_tokens: int | str | None = None) -> Study:
-    """Check every name and setting of a study (meta-device builds: no data, no training) and plan it.
-
-    ``models``: labels (registered names or ``NAME:ARM``; or labels of ``registry_names``, which
-    maps a label to the registered model it builds). ``tokens``: the budget per run (default
-    :data:`DEFAULT_TOKENS`). ``train``: TrainConfig settings for every run (``seed`` excluded: the
-    seeds are the study's). ``model_settings``: label -> model-config settings for that model only.
-    """
+def plan_study(spec: StudySpec) -> Study:
+    """Check every name and setting of ``spec`` (meta-device builds: no data, no training) and plan it:
+    the budget (default :data:`DEFAULT_TOKENS`), the resolved train config, each label's model settings."""
     from drmlab.models.registry import config_fields, parse_model_spec
 
-    models = distinct_names(models, "models")
-    seeds = check_seeds(seeds)
-    registry_names = dict(registry_names or {})
+    models = distinct_names(spec.models, "models")
+    seeds = check_seeds(spec.seeds)
+    preset = spec.preset
+    registry_names = dict(spec.registry_names)
     entries = {label: (registry_names[label], {}) if label in registry_names else parse_model_spec(label)
                for label in models}
     overrides = {label: dict(kw) for label, (_, kw) in entries.items()}
-    for label, settings in (model_settings or {}).items():
+    for label, settings in spec.model_settings.items():
         if label not in entries:
             raise ValueError(f"model settings for {label!r}, which is not one of the study's models"
                              f"{suggest(label, models)}; models: {', '.join(models)}")
@@ -149,12 +167,13 @@ def plan_study(models, seeds, preset: str = "tiny", *, tokens: int | str | None 
                 raise ValueError(f"{label}.{key}: {key!r} is a train setting, the same for every model")
         _, model_kw = split_overrides(settings, config_fields(entries[label][0], preset, CHECK_VOCAB))
         overrides[label].update(model_kw)
-    train = dict(train or {})
+    train = dict(spec.train)
     if "seed" in train:
         raise ValueError("the seed of each run is one of the study's seeds, not a train setting")
     train_kw, _ = split_overrides(train, ())  # an unknown key names the nearest train setting
-    budget = DEFAULT_TOKENS if tokens is None else parse_tokens(tokens)
+    budget = DEFAULT_TOKENS if spec.tokens is None else parse_tokens(spec.tokens)
     cfg = resolve_train_config(preset, **{"tokens": budget, **train_kw})
+    lr_grid, tune_tokens = spec.lr_grid, spec.tune_tokens
     if lr_grid is not None:
         lr_grid = lr_sweep.parse_lr_grid(lr_grid)
         if "lr" in train_kw:
@@ -172,10 +191,18 @@ def plan_study(models, seeds, preset: str = "tiny", *, tokens: int | str | None 
                              f"raise the model setting {label}.n_positions to {cfg.seq_len}")
     return Study(models=models, seeds=seeds, preset=preset,
                  train={k: v for k, v in dataclasses.asdict(cfg).items() if k != "seed"},
-                 model_overrides={label: kw for label, kw in overrides.items() if kw}, data_source=data,
-                 tokenizer=tokenizer or "bytes",
+                 model_overrides={label: kw for label, kw in overrides.items() if kw}, data_source=spec.data,
+                 tokenizer=spec.tokenizer or "bytes",
                  registry_names={label: name for label, (name, _) in entries.items() if name != label},
                  lr_grid=lr_grid, tune_tokens=tune_tokens if lr_grid is not None else None)
+
+
+def study_record(study: Study, data_meta: dict) -> dict:
+    """What ``study.json`` records of ``study`` besides its models, seeds and model settings."""
+    return {"preset": study.preset, "train": study.train, "data_source": study.data_source,
+            "tokenizer": study.tokenizer, "content_sha256": data_meta.get("content_sha256"),
+            "lr_grid": study.lr_grid, "tune_tokens": study.tune_tokens,
+            "tune_seed": study.tune_seed if study.lr_grid else None}
 
 
 def record_study(out: Path, study: Study, data_meta: dict) -> None:
@@ -184,10 +211,7 @@ def record_study(out: Path, study: Study, data_meta: dict) -> None:
     from drmlab.runs import read_json, write_json_atomic
 
     path = out / STUDY_FILE
-    record = {"preset": study.preset, "train": study.train, "data_source": study.data_source,
-              "tokenizer": study.tokenizer, "content_sha256": data_meta.get("content_sha256"),
-              "lr_grid": study.lr_grid, "tune_tokens": study.tune_tokens,
-              "tune_seed": study.tune_seed if study.lr_grid else None}
+    record = study_record(study, data_meta)
     if path.is_file():
         saved = read_json(path)
         # The grid may still change (gain or lose rates) while no paired run has started: the choice
@@ -223,74 +247,69 @@ def record_study(out: Path, study: Study, data_meta: dict) -> None:
 # ---------------------------------------------------------------- running
 
 
-def run_planned(study: Study, out: str | Path, *, corpus=None, cache_dir: str | None = None, device="auto",
-                quiet: bool = True, log: Log | None = None, wait_seconds: float = WAIT_SECONDS,
-                tensorboard: bool = False, sweep_only: bool = False) -> dict:
+def run_study(spec: StudySpec, runtime: Runtime, out: str | Path, *, corpus=None, sweep_only: bool = False) -> dict:
+    """Plan ``spec`` (:func:`plan_study`), run or resume it (:func:`run_planned`) and report; the results."""
+    return run_planned(plan_study(spec), runtime, out, corpus=corpus, sweep_only=sweep_only)
+
+
+def run_planned(study: Study, runtime: Runtime, out: str | Path, *, corpus=None, sweep_only: bool = False) -> dict:
     """Run (or resume) the sweep runs, then every (seed, model) of ``study``; collect and report.
     ``sweep_only``: stop after the sweep runs (the same call without it goes on with the paired runs).
 
-    ``corpus``: the loaded :class:`~drmlab.data.TokenCorpus` of ``study.data_source`` (loaded here when
-    None). ``log`` receives one line per run (skipped, resuming, training, its val CE). A run that
-    another process holds is left to it; this process waits ``wait_seconds`` between looks until every
-    run is finished (a model's paired runs wait for its whole sweep).
+    ``corpus``: the loaded :class:`~drmlab.data.TokenCorpus` of ``study.data_source`` (loaded here, with
+    ``runtime.cache_dir``, when None). ``runtime.log`` receives one line per run (skipped, resuming,
+    training, its val CE). A run that another process holds is left to it; this process waits
+    ``runtime.wait_seconds`` between looks until every run is finished (a model's paired runs wait for
+    its whole sweep).
     """
     from drmlab.evaluation import byte_counter
 
     if sweep_only and not study.lr_grid:
         raise ValueError("sweep_only needs an lr grid to sweep (lr_grid)")
-    log = log or _silent
+    runtime.apply_threads()
     out = Path(out)
     if corpus is None:
         from drmlab.data import load_corpus
 
-        corpus = load_corpus(source=study.data_source, tokenizer=study.tokenizer, cache_dir=cache_dir)
+        corpus = load_corpus(source=study.data_source, tokenizer=study.tokenizer, cache_dir=runtime.cache_dir)
     record_study(out, study, corpus.meta)
-    count_bytes = byte_counter(corpus.val, corpus.tokenizer, corpus.meta.get("val_bytes"))
+    paired = Split(corpus, corpus.train, corpus.val, byte_counter(corpus.val, corpus.tokenizer, corpus.meta.get("val_bytes")))
     tuning = None
     if study.lr_grid:
         tune_train, tune_heldout = lr_sweep.tuning_split(corpus.train)
-        tuning = (tune_train, tune_heldout, byte_counter(tune_heldout, corpus.tokenizer))
-    todo = [("tune", model, lr) for model in study.models for lr in (study.lr_grid or [])]
+        tuning = Split(corpus, tune_train, tune_heldout, byte_counter(tune_heldout, corpus.tokenizer))
+    todo = [Job("tune", model, lr) for model in study.models for lr in (study.lr_grid or [])]
     if not sweep_only:
-        todo += [("run", model, seed) for seed in study.seeds for model in study.models]
+        todo += [Job("run", model, seed) for seed in study.seeds for model in study.models]
     waiting_logged: set = set()
     number = {job: i for i, job in enumerate(todo, 1)}
     while todo:
         left = []
         for job in todo:
-            kind, model, value = job
-            if kind == "tune":
-                label = f"[{number[job]}/{len(number)}] sweep {model} lr {value:g}"
-                status = _train_one(study, out, corpus, tuning[0], tuning[1], tuning[2], model, study.tune_seed,
-                                    tuning_dir(out, model, value), label, log, device, quiet,
-                                    lr=value, tokens=study.tune_tokens, tuning=True, tensorboard=tensorboard)
-            else:
-                label = f"[{number[job]}/{len(number)}] {model} seed {value}"
-                lr = None
-                if study.lr_grid:
-                    _check_grid_unchanged(out, study)
-                    sweep = sweep_results(out, study)[model]
-                    if not sweep["complete"]:  # its sweep is still running in another process
-                        left.append(job)
-                        continue
-                    if sweep["lr"] is None:
-                        if job not in waiting_logged:
-                            log(f"{label}: skipped, every rate of its sweep diverged")
-                            waiting_logged.add(job)
-                        continue
-                    lr = sweep["lr"]
-                status = _train_one(study, out, corpus, corpus.train, corpus.val, count_bytes, model, value,
-                                    run_dir(out, model, value), label, log, device, quiet, lr=lr,
-                                    tensorboard=tensorboard)
+            label = job.title(number[job], len(number))
+            lr = None
+            if not job.tuning and study.lr_grid:
+                _check_grid_unchanged(out, study)
+                sweep = sweep_results(out, study)[job.model]
+                if not sweep["complete"]:  # its sweep is still running in another process
+                    left.append(job)
+                    continue
+                if sweep["lr"] is None:
+                    if job not in waiting_logged:
+                        runtime.say(f"{label}: skipped, every rate of its sweep diverged")
+                        waiting_logged.add(job)
+                    continue
+                lr = sweep["lr"]
+            status = _train_one(study, runtime, out, job, tuning if job.tuning else paired, label, lr=lr)
             if status != "done":
                 left.append(job)
                 if status == "locked" and job not in waiting_logged:
-                    log(f"{label}: held by another process, left to it")
+                    runtime.say(f"{label}: held by another process, left to it")
                     waiting_logged.add(job)
         if left and len(left) == len(todo):  # nothing this process can do now: the rest is held elsewhere
-            time.sleep(wait_seconds)
+            time.sleep(runtime.wait_seconds)
         todo = left
-    return write_results(out, log=log)
+    return write_results(out, log=runtime.log)
 
 
 def _check_grid_unchanged(out: Path, study: Study) -> None:
@@ -304,11 +323,11 @@ def _check_grid_unchanged(out: Path, study: Study) -> None:
                          f"runs {study.lr_grid}; rerun the command with the study's grid")
 
 
-def _train_one(study: Study, out: Path, corpus, train_tokens, eval_tokens, count_bytes, model: str, seed: int,
-               path: Path, label: str, log: Log, device, quiet: bool, *, lr: float | None = None,
-               tokens: int | None = None, tuning: bool = False, tensorboard: bool = False) -> str:
+def _train_one(study: Study, runtime: Runtime, out: Path, job: Job, split: Split, label: str, *,
+               lr: float | None = None) -> str:
     """Train (or resume) one run of the study unless it is finished; "done", or "locked" when another
-    process holds it. A sweep run that diverges is done (its score is missing); a paired run's
+    process holds it. A sweep run trains at its rate for the sweep's budget; a paired run at ``lr``
+    (None: the study's). A sweep run that diverges is done (its score is missing); a paired run's
     divergence is raised."""
     from drmlab.evaluation import rescorer
     from drmlab.models import build_model, count_parameters
@@ -316,40 +335,41 @@ def _train_one(study: Study, out: Path, corpus, train_tokens, eval_tokens, count
     from drmlab.training.config import TrainConfig
     from drmlab.training.trainer import NonFiniteLossError, train
 
-    run = RunDir(path)
+    tuning, model, seed = job.tuning, job.model, job.seed(study)
+    run = RunDir(job.path(out))
     done = run.finished_summary()
     if done is not None:
-        log(f"{label}: done before ({'tuning' if tuning else 'val'} CE {done['val_ce']:.4f}), skipped")
+        runtime.say(f"{label}: done before ({'tuning' if tuning else 'val'} CE {done['val_ce']:.4f}), skipped")
         return "done"
     stopped = (run.read_summary() or {}).get("stopped")
     if tuning and stopped in ("non-finite", "diverged"):
-        log(f"{label}: diverged before, skipped")
+        runtime.say(f"{label}: diverged before, skipped")
         return "done"
     try:  # a quick look first, so that a run held elsewhere is neither built nor announced (train() locks it)
         run.create().lock().release()
     except RunLockedError:
         return "locked"
     values = dict(study.train, seed=seed)
+    if tuning:  # a sweep run is scored once, at its end
+        lr = job.value
+        values.update(tokens=study.tune_tokens, milestones=None)
     if lr is not None:
         values["lr"] = lr
-    if tokens is not None:
-        values["tokens"] = tokens
-    if tuning:  # a sweep run is scored once, at its end
-        values["milestones"] = None
     cfg = TrainConfig(**values).validate()
+    corpus = split.corpus
     overrides = study.model_overrides.get(model, {})
     net = build_model(study.registry_name(model), study.preset, vocab_size=corpus.vocab_size, seed=seed, **overrides)
     resume = run.has_checkpoint()
-    log(f"{label}: {'resuming' if resume else 'training'} ({count_parameters(net):,} parameters"
-        + (f", lr {cfg.lr:g})" if lr is not None else ")"))
+    runtime.say(f"{label}: {'resuming' if resume else 'training'} ({count_parameters(net):,} parameters"
+                + (f", lr {cfg.lr:g})" if lr is not None else ")"))
     t0 = time.perf_counter()
-    data_meta = dict(corpus.meta, tuning_split={"train_tokens": len(train_tokens), "heldout_tokens": len(eval_tokens)}) \
+    data_meta = dict(corpus.meta, tuning_split={"train_tokens": len(split.train), "heldout_tokens": len(split.scored)}) \
         if tuning else corpus.meta
     try:
-        summary = train(net, train_tokens, eval_tokens, cfg, run.path, resume=resume, overwrite=not resume,
-                        evaluate=rescorer(eval_tokens, cfg.seq_len, batch_size=cfg.eval_batch_size,
-                                          max_targets=cfg.eval_tokens, count_bytes=count_bytes),
-                        device=device, quiet=quiet, tensorboard=tensorboard,
+        summary = train(net, split.train, split.scored, cfg, run.path, resume=resume, overwrite=not resume,
+                        evaluate=rescorer(split.scored, cfg.seq_len, batch_size=cfg.eval_batch_size,
+                                          max_targets=cfg.eval_tokens, count_bytes=split.count_bytes),
+                        device=runtime.device, quiet=runtime.quiet, tensorboard=runtime.tensorboard,
                         run_info=RunInfo(study.registry_name(model), study.preset, overrides, label=model,
                                          data=DataInfo(corpus.vocab_size, corpus.tokenizer.name,
                                                        study.data_source, data_meta)))
@@ -358,9 +378,10 @@ def _train_one(study: Study, out: Path, corpus, train_tokens, eval_tokens, count
     except NonFiniteLossError as exc:
         if not tuning:
             raise
-        log(f"{label}: diverged ({str(exc).split(';')[0]}), scored as missing")
+        runtime.say(f"{label}: diverged ({str(exc).split(';')[0]}), scored as missing")
         return "done"
-    log(f"{label}: {'tuning' if tuning else 'val'} CE {summary['val_ce']:.4f} nats/token in {time.perf_counter() - t0:.0f} s")
+    runtime.say(f"{label}: {'tuning' if tuning else 'val'} CE {summary['val_ce']:.4f} nats/token in "
+                f"{time.perf_counter() - t0:.0f} s")
     return "done"
 
 
@@ -390,19 +411,6 @@ def sweep_results(out: str | Path, study: Study | dict) -> dict[str, dict]:
         sweeps[model] = {"scores": {lr_sweep.lr_label(lr): v for lr, v in scores.items()}, "complete": complete,
                          **choice}
     return sweeps
-
-
-def run_study(models=DEFAULT_MODELS, seeds=DEFAULT_SEEDS, *, out: str | Path, preset: str = "tiny",
-              tokens: int | str | None = None, train: dict | None = None, model_settings: dict[str, dict] | None = None,
-              data: str | None = None, tokenizer: str = "bytes", cache_dir: str | None = None, corpus=None,
-              device="auto", quiet: bool = True, log: Log | None = None, lr_grid=None,
-              tune_tokens: int | str | None = None, wait_seconds: float = WAIT_SECONDS, tensorboard: bool = False,
-              sweep_only: bool = False) -> dict:
-    """Plan (:func:`plan_study`), run or resume (:func:`run_planned`) and report a study; the results."""
-    study = plan_study(models, seeds, preset, tokens=tokens, train=train, model_settings=model_settings,
-                       data=data, tokenizer=tokenizer, lr_grid=lr_grid, tune_tokens=tune_tokens)
-    return run_planned(study, out, corpus=corpus, cache_dir=cache_dir, device=device, quiet=quiet, log=log,
-                       wait_seconds=wait_seconds, tensorboard=tensorboard, sweep_only=sweep_only)
 
 
 # ---------------------------------------------------------------- results

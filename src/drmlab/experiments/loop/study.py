@@ -16,16 +16,18 @@ trained value and eps re-set to 1/N'. Scores are cached per run in ``OUT/eval_lo
 goes into ``results.json`` (key ``eval_loops``), ``results.md``, ``loop.md`` and ``eval_loops.png``.
 A vanilla arm (no loop) is reported as not applicable.
 
-Python: ``run_study(arms, seeds, out=..., preset=..., tokens=..., train=..., data=..., eval_loops=...)``.
+Python: ``run_study(LoopSpec(models=arms, seeds=..., tokens=..., eval_loops=...), Runtime(...), out)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 from drmlab.experiments.ablate import protocol as ablate
-
-from drmlab.experiments.loop import report as loop_study_report
+from drmlab.experiments.loop import report
+from drmlab.experiments.spec import Runtime, StudySpec
 from drmlab.experiments.stats import mean_std
 
 DEFAULT_ARMS = ("A", "B", "C", "I12u", "I12")
@@ -35,14 +37,30 @@ EPS_MODES = {"frozen": "frozen", "1/N'": "1/N"}
 EVAL_LOOPS_DIR = "eval_loops"
 
 
-def plan_study(arms, seeds, preset: str = "tiny", *, tokens: int | str | None = None, train: dict | None = None,
-               data: str | None = None, tokenizer: str = "bytes", lr_grid=None,
-               tune_tokens: int | str | None = None) -> ablate.Study:
+@dataclass(frozen=True)
+class LoopSpec(StudySpec):
+    """The loop study: ``models`` are LOOPED arms (labels of the ablation study, each building LOOPED
+    with ``arm=`` itself; ``model_settings`` may add settings per arm), the default budget 1M tokens.
+    ``eval_loops``: N' values (a list or ``"2,4,8"``) at which every finished looped run is rescored."""
+
+    models: tuple = DEFAULT_ARMS
+    seeds: tuple = ablate.DEFAULT_SEEDS
+    eval_loops: tuple | str | None = None
+
+
+def ablation_spec(spec: LoopSpec) -> StudySpec:
+    """The ablation study whose labels are the arms of ``spec``."""
+    arms = ablate.distinct_names(spec.models, "arms")
+    given = dict(spec.model_settings)
+    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(StudySpec)}
+    return StudySpec(**dict(fields, models=tuple(arms), tokens=DEFAULT_TOKENS if spec.tokens is None else spec.tokens,
+                            model_settings={arm: {"arm": arm, **given.get(arm, {})} for arm in arms},
+                            registry_names={arm: "LOOPED" for arm in arms}))
+
+
+def plan_study(spec: LoopSpec) -> ablate.Study:
     """The ablation study whose labels are LOOPED arms; every arm and setting is checked here."""
-    arms = ablate.distinct_names(arms, "arms")
-    return ablate.plan_study(arms, seeds, preset, tokens=DEFAULT_TOKENS if tokens is None else tokens, train=train,
-                             model_settings={arm: {"arm": arm} for arm in arms}, data=data, tokenizer=tokenizer,
-                             registry_names={arm: "LOOPED" for arm in arms}, lr_grid=lr_grid, tune_tokens=tune_tokens)
+    return ablate.plan_study(ablation_spec(spec))
 
 
 def arm_settings(arm: str, preset: str) -> dict:
@@ -55,33 +73,29 @@ def arm_settings(arm: str, preset: str) -> dict:
             "mixer": c["mixer"], "scaled": eps != "1.0" and c["eps"] != 1}
 
 
-def run_study(arms=DEFAULT_ARMS, seeds=ablate.DEFAULT_SEEDS, *, out: str | Path, preset: str = "tiny",
-              tokens: int | str | None = None, train: dict | None = None, data: str | None = None,
-              tokenizer: str = "bytes", cache_dir: str | None = None, corpus=None, device="auto", quiet: bool = True,
-              log=None, lr_grid=None, tune_tokens: int | str | None = None,
-              eval_loops=None, sweep_only: bool = False) -> tuple[dict, str]:
+def run_study(spec: LoopSpec, runtime: Runtime, out: str | Path, *, corpus=None,
+              sweep_only: bool = False) -> tuple[dict, str]:
     """Plan, run or resume, and report the loop study: (the ablation results, the loop table); with
-    ``lr_grid`` each arm first sweeps its learning rate (:mod:`drmlab.experiments.lr_sweep`); with
-    ``eval_loops`` (N' values, a list or ``"2,4,8"``) every finished looped run is also rescored at each
-    N', eps frozen and re-set (:func:`evaluate_loop_counts`; ``results["eval_loops"]``); ``sweep_only``:
-    stop after the sweep (:func:`drmlab.experiments.ablate.protocol.run_planned`)."""
-    study = plan_study(arms, seeds, preset, tokens=tokens, train=train, data=data, tokenizer=tokenizer,
-                       lr_grid=lr_grid, tune_tokens=tune_tokens)
+    ``spec.lr_grid`` each arm first sweeps its learning rate (:mod:`drmlab.experiments.lr_sweep`); with
+    ``spec.eval_loops`` every finished looped run is also rescored at each N', eps frozen and re-set
+    (:func:`evaluate_loop_counts`; ``results["eval_loops"]``); ``sweep_only``: stop after the sweep
+    (:func:`drmlab.experiments.ablate.protocol.run_planned`)."""
+    study = plan_study(spec)
+    eval_loops = spec.eval_loops
     loop_counts = parse_loop_counts(eval_loops) if eval_loops is not None else None
     if loop_counts and corpus is None:  # one load for the training and the rescoring
         from drmlab.data import load_corpus
 
-        corpus = load_corpus(source=study.data_source, tokenizer=study.tokenizer, cache_dir=cache_dir)
-    results = ablate.run_planned(study, out, corpus=corpus, cache_dir=cache_dir, device=device, quiet=quiet, log=log,
-                                 sweep_only=sweep_only)
-    settings = {arm: arm_settings(arm, preset) for arm in results["models"]}
+        corpus = load_corpus(source=study.data_source, tokenizer=study.tokenizer, cache_dir=runtime.cache_dir)
+    results = ablate.run_planned(study, runtime, out, corpus=corpus, sweep_only=sweep_only)
+    settings = {arm: arm_settings(arm, study.preset) for arm in results["models"]}
     loop_eval = None
     if loop_counts:
-        loop_eval = evaluate_loop_counts(study, out, loop_counts, corpus=corpus, settings=settings,
-                                         seeds=results["study"]["seeds"], device=device, log=log)
+        loop_eval = evaluate_loop_counts(study, runtime, out, loop_counts, corpus=corpus, settings=settings,
+                                         seeds=results["study"]["seeds"])
         results["eval_loops"] = loop_eval
-        loop_study_report.add_to_results(results, out)
-    return results, loop_study_report.write_report(results, settings, out, log=log, loop_eval=loop_eval)
+        report.add_to_results(results, out)
+    return results, report.write_report(results, settings, out, log=runtime.log, loop_eval=loop_eval)
 
 
 # ---------------------------------------------------------------- loop count at evaluation
@@ -103,8 +117,8 @@ def parse_loop_counts(value) -> list[int]:
     return counts
 
 
-def evaluate_loop_counts(study: ablate.Study, out: str | Path, loop_counts: list[int], *, corpus, settings: dict,
-                         seeds=None, device="auto", log=None) -> dict:
+def evaluate_loop_counts(study: ablate.Study, runtime: Runtime, out: str | Path, loop_counts: list[int], *, corpus,
+                         settings: dict, seeds=None) -> dict:
     """Rescore every finished run (of ``seeds``, default the study's) of the looped arms in ``settings``
     (:func:`arm_settings` by arm) at each N' of ``loop_counts``, eps frozen and re-set to 1/N'; per arm
     and cell the mean +- population std of the validation CE over seeds.
@@ -114,7 +128,6 @@ def evaluate_loop_counts(study: ablate.Study, out: str | Path, loop_counts: list
     """
     from drmlab.evaluation import byte_counter
 
-    log = log or ablate._silent
     count_bytes = byte_counter(corpus.val, corpus.tokenizer, corpus.meta.get("val_bytes"))
     rescoring = {"seq_len": study.train["seq_len"], "batch_size": study.train["eval_batch_size"],
                  "max_targets": study.train["eval_tokens"], "data": corpus.meta.get("content_sha256")}
@@ -127,7 +140,7 @@ def evaluate_loop_counts(study: ablate.Study, out: str | Path, loop_counts: list
         per_seed = {}
         for seed in study.seeds if seeds is None else seeds:
             run_path = ablate.run_dir(out, arm, seed)
-            scores = _run_scores(run_path, arm, seed, loop_counts, rescoring, corpus, count_bytes, device, log)
+            scores = _run_scores(runtime, run_path, arm, seed, loop_counts, rescoring, corpus, count_bytes)
             if scores is not None:
                 per_seed[seed] = scores
         if per_seed:
@@ -139,8 +152,8 @@ def _cell_key(n_loop: int, mode: str) -> str:
     return f"{n_loop} {mode}"
 
 
-def _run_scores(run_path: Path, arm: str, seed: int, loop_counts, rescoring: dict, corpus, count_bytes, device,
-                log) -> dict | None:
+def _run_scores(runtime: Runtime, run_path: Path, arm: str, seed: int, loop_counts, rescoring: dict, corpus,
+                count_bytes) -> dict | None:
     """One finished run's scores {"trained": {...}, "cells": {"N' mode": {"eps", "ce", "bpb"}}}, or None
     when the run has not finished; cells already in the run's cache file are not rescored."""
     from drmlab.evaluation import rescore
@@ -154,7 +167,7 @@ def _run_scores(run_path: Path, arm: str, seed: int, loop_counts, rescoring: dic
     identity = {"checkpoint": run.read_pointer(), "rescoring": rescoring}
     cached = read_json(cache_path) if cache_path.is_file() else {}
     by_eps = dict(cached.get("scores", {})) if cached.get("identity") == identity else {}
-    model, _, _ = run.load_model(device)
+    model, _, _ = run.load_model(runtime.device)
     trained_loops = model.config.n_loop
     fresh = 0
 
@@ -173,8 +186,8 @@ def _run_scores(run_path: Path, arm: str, seed: int, loop_counts, rescoring: dic
     trained = score(trained_loops, "frozen")
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(cache_path, {"identity": identity, "scores": by_eps})
-    log(f"eval-loops {arm} seed {seed}: N' in {', '.join(map(str, loop_counts))}, {len(cells)} cells and the trained "
-        f"N = {trained_loops}: {fresh} rescored, the rest from the cache or equal to another cell")
+    runtime.say(f"eval-loops {arm} seed {seed}: N' in {', '.join(map(str, loop_counts))}, {len(cells)} cells and the "
+                f"trained N = {trained_loops}: {fresh} rescored, the rest from the cache or equal to another cell")
     return {"trained": trained, "run_val_ce": summary["val_ce"], "cells": cells}
 
 

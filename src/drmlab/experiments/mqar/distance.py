@@ -51,15 +51,15 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-from drmlab.experiments.mqar import distance_report as mqar_distance_report
+from drmlab.experiments.mqar import distance_report
 from drmlab.experiments.mqar.models import ANCHOR_ARMS, POSITION_FIELDS, width_overrides
 from drmlab.experiments.mqar.task import probe_train_config
+from drmlab.experiments.spec import Runtime, Spec
 from drmlab.naming import suggest
 from drmlab.runs import jsonable
 from drmlab.training.batches import BatchSource
@@ -326,8 +326,35 @@ def read_length(model: nn.Module, length: int, n_eval: int, *, eval_seed: int = 
 
 
 # ---------------------------------------------------------------------------------- the study
-@dataclass
+@dataclass(frozen=True)
+class DistanceSpec(Spec):
+    """A distance MQAR study as asked for: ``models`` (registered ``NAME`` or ``NAME:ARM``) x ``seeds``
+    trained on the control and read at ``lengths``, and run directories ``ckpts`` read without training;
+    ``milestones`` None: those of :data:`DEFAULT_MILESTONES` below ``steps``; ``settings``: TrainConfig or
+    model-config fields for every run."""
+
+    models: tuple = DEFAULT_MODELS
+    seeds: tuple = DEFAULT_SEEDS
+    lengths: tuple = DEFAULT_LENGTHS
+    ckpts: tuple = ()
+    preset: str = "tiny"
+    width: int | None = None
+    steps: int = DEFAULT_STEPS
+    milestones: tuple | None = None
+    batch_size: int = DEFAULT_BATCH_SIZE
+    lr: float = DEFAULT_LR
+    n_eval: int = DEFAULT_N_EVAL
+    eval_batch: int = DEFAULT_EVAL_BATCH
+    eval_seed: int = DEFAULT_EVAL_SEED
+    chunk: int = DEFAULT_CHUNK
+    read_all: bool = False
+    settings: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class DistanceStudy:
+    """A planned distance study (:func:`plan_study`): lengths and milestones complete, settings split."""
+
     models: list[str]
     seeds: list[int]
     lengths: list[int]
@@ -382,21 +409,18 @@ def resolve_model(name: str, preset: str, width: int | None, overrides: dict) ->
     return registry, kw
 
 
-def plan_study(models=DEFAULT_MODELS, seeds=DEFAULT_SEEDS, *, lengths=DEFAULT_LENGTHS, ckpts=(), preset: str = "tiny",
-               width: int | None = None, steps: int = DEFAULT_STEPS, milestones=None, batch_size: int = DEFAULT_BATCH_SIZE,
-               lr: float = DEFAULT_LR, n_eval: int = DEFAULT_N_EVAL, eval_batch: int = DEFAULT_EVAL_BATCH,
-               eval_seed: int = DEFAULT_EVAL_SEED, chunk: int = DEFAULT_CHUNK, read_all: bool = False,
-               settings: dict | None = None) -> DistanceStudy:
-    """Check every model, run directory, length and setting and plan the study. ``milestones`` (steps
-    at which the control accuracy is measured; default those of :data:`DEFAULT_MILESTONES` below
-    ``steps``) always end at ``steps``; the 40-token control is always among the lengths."""
+def plan_study(spec: DistanceSpec) -> DistanceStudy:
+    """Check every model, run directory, length and setting of ``spec`` and plan the study. The
+    milestones (steps at which the control accuracy is measured) always end at ``steps``; the 40-token
+    control is always among the lengths."""
     from drmlab.models import list_models
     from drmlab.models.registry import config_fields
     from drmlab.runs import RunDir
     from drmlab.training.config import split_overrides
 
-    models = [str(m).strip() for m in models or ()]
-    ckpts = [str(c) for c in ckpts or ()]
+    preset, width, steps, lr = spec.preset, spec.width, spec.steps, spec.lr
+    models = [str(m).strip() for m in spec.models or ()]
+    ckpts = [str(c) for c in spec.ckpts or ()]
     if not models and not ckpts:
         raise ValueError("give at least one model to train or one run directory to evaluate (--ckpt)")
     if any(not m for m in models):
@@ -416,32 +440,30 @@ def plan_study(models=DEFAULT_MODELS, seeds=DEFAULT_SEEDS, *, lengths=DEFAULT_LE
     names = [Path(c).resolve().name for c in ckpts]
     if len(set(names)) != len(names):
         raise ValueError(f"--ckpt: two run directories share a name ({', '.join(names)}); their results would collide")
-    seeds = list(seeds)
+    seeds = list(spec.seeds)
     if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct non-negative integers, got {seeds!r}")
-    lengths = sorted(set([CONTROL_LENGTH] + [check_length(L) for L in lengths]))
+    lengths = sorted(set([CONTROL_LENGTH] + [check_length(L) for L in spec.lengths]))
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    if milestones is None:
-        milestones = [m for m in DEFAULT_MILESTONES if m < steps]
+    milestones = [m for m in DEFAULT_MILESTONES if m < steps] if spec.milestones is None else spec.milestones
     milestones = sorted(set(_positive_ints(milestones, "milestones")) | {steps})
     if milestones[-1] > steps:
         raise ValueError(f"milestone {milestones[-1]} is beyond the {steps} training steps")
-    for what, value in (("n_eval", n_eval), ("eval_batch", eval_batch), ("chunk", chunk)):
+    for what, value in (("n_eval", spec.n_eval), ("eval_batch", spec.eval_batch), ("chunk", spec.chunk)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{what} must be a positive integer, got {value!r}")
     if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
+    train_kw, model_kw = split_overrides(spec.settings, fields) if spec.settings else ({}, {})
+    for key in ("tokens", "seq_len", "seed", "lr", "batch_size"):
+        if key in train_kw:
+            raise ValueError(f"the train setting {key!r} is the protocol's own (its steps, length, seeds, "
+                             "lr and batch size decide it)")
     study = DistanceStudy(models=models, seeds=seeds, lengths=lengths, ckpts=ckpts, preset=preset, width=width,
-                          steps=steps, milestones=milestones, batch_size=batch_size, lr=float(lr), n_eval=n_eval,
-                          eval_batch=eval_batch, eval_seed=eval_seed, chunk=chunk, read_all=read_all)
-    if settings:
-        train_kw, model_kw = split_overrides(settings, fields)
-        for key in ("tokens", "seq_len", "seed", "lr", "batch_size"):
-            if key in train_kw:
-                raise ValueError(f"the train setting {key!r} is the protocol's own (its steps, length, seeds, "
-                                 "lr and batch size decide it)")
-        study.train_overrides, study.model_overrides = train_kw, model_kw
+                          steps=steps, milestones=milestones, batch_size=spec.batch_size, lr=float(lr),
+                          n_eval=spec.n_eval, eval_batch=spec.eval_batch, eval_seed=spec.eval_seed, chunk=spec.chunk,
+                          read_all=spec.read_all, model_overrides=model_kw, train_overrides=train_kw)
     for name in models:  # a bad model setting fails now, on the meta device
         registry, kw = resolve_model(name, preset, width, study.model_overrides)
         config_fields(registry, preset, VOCAB_SIZE, **kw)
@@ -457,8 +479,7 @@ def _write(path: Path, result: dict) -> None:
     write_json_atomic(path, result)
 
 
-def _read_lengths(study: DistanceStudy, model: nn.Module, result: dict, path: Path, label: str,
-                  log: Callable[[str], None] | None) -> None:
+def _read_lengths(study: DistanceStudy, runtime: Runtime, model: nn.Module, result: dict, path: Path) -> None:
     """Fill ``result["lengths"]`` with every length of ``study`` not yet read under its settings;
     the long ones only after a passed control unless ``read_all``. Saves after each length."""
     lengths = result.setdefault("lengths", {})
@@ -480,19 +501,18 @@ def _read_lengths(study: DistanceStudy, model: nn.Module, result: dict, path: Pa
                              chunk=study.chunk, context=context)
         lengths[str(length)] = dict(record, spec=spec)
         _write(path, result)
-        if log is not None:
-            if record["status"] == "read":
-                lo, hi = record["ci95"]
-                log(f"mqar-distance {label} L={length}: {100 * record['acc']:.2f}% [{100 * lo:.2f}, {100 * hi:.2f}] "
-                    f"({record['correct']}/{record['total']}), state {record['state_bytes']:,} B/seq, "
-                    f"{record['seconds']:.1f} s")
-            else:
-                log(f"mqar-distance {label} L={length}: n/a (context {record['context']})")
+        label = result["label"]
+        if record["status"] == "read":
+            lo, hi = record["ci95"]
+            runtime.say(f"mqar-distance {label} L={length}: {100 * record['acc']:.2f}% [{100 * lo:.2f}, "
+                        f"{100 * hi:.2f}] ({record['correct']}/{record['total']}), state {record['state_bytes']:,} "
+                        f"B/seq, {record['seconds']:.1f} s")
+        else:
+            runtime.say(f"mqar-distance {label} L={length}: n/a (context {record['context']})")
     _write(path, result)
 
 
-def train_one(study: DistanceStudy, name: str, seed: int, out: Path, *, device="auto", quiet: bool = True,
-              log: Callable[[str], None] | None = None, tensorboard: bool = False) -> dict:
+def train_one(study: DistanceStudy, runtime: Runtime, out: Path, name: str, seed: int) -> dict:
     """Train ``name`` with ``seed`` on the control (resuming at the last milestone done), measure the
     control at each milestone, then read every length; the run's result (also its ``result.json``)."""
     from drmlab.models import build_model
@@ -527,8 +547,8 @@ def train_one(study: DistanceStudy, name: str, seed: int, out: Path, *, device="
                         run_info=RunInfo(name, study.preset, kw, registry_model=registry,
                                          study={"mqar_distance": {"train_length": CONTROL_LENGTH,
                                                                   "milestones": study.milestones}}),
-                        device=device, quiet=quiet, stop_after_step=milestone,
-                        **({"tensorboard": True} if tensorboard else {}))
+                        device=runtime.device, quiet=runtime.quiet, stop_after_step=milestone,
+                        **({"tensorboard": True} if runtime.tensorboard else {}))
         trained_here = True
         if summary["steps"] != milestone:
             raise RuntimeError(f"{run_dir}: training stopped at step {summary['steps']}, expected milestone {milestone}")
@@ -544,19 +564,18 @@ def train_one(study: DistanceStudy, name: str, seed: int, out: Path, *, device="
         # the weights changed: every length is read again; the control just was
         result["lengths"] = {str(CONTROL_LENGTH): dict(record, spec=study.eval_spec())}
         _write(path, result)
-        if log is not None:
-            lo, hi = record["ci95"]
-            loss = "" if loss is None else f", loss {loss:.3f}"
-            log(f"mqar-distance {result['label']} step {milestone}: control {100 * record['acc']:.2f}% "
-                f"[{100 * lo:.2f}, {100 * hi:.2f}]{loss}")
+        lo, hi = record["ci95"]
+        loss = "" if loss is None else f", loss {loss:.3f}"
+        runtime.say(f"mqar-distance {result['label']} step {milestone}: control {100 * record['acc']:.2f}% "
+                    f"[{100 * lo:.2f}, {100 * hi:.2f}]{loss}")
     if not trained_here:
         state = run.load_checkpoint(model, optimizer=None, restore_rng=False)
         if int(state["step"]) != study.steps:
             raise RuntimeError(f"{run_dir}: the checkpoint is at step {state['step']}, result.json says training "
                                f"finished at {study.steps}; delete {path} to train again")
-    model.to(_device_of(device))
+    model.to(_device_of(runtime.device))
     result.setdefault("params", sum(p.numel() for p in model.parameters()))
-    _read_lengths(study, model, result, path, result["label"], log)
+    _read_lengths(study, runtime, model, result, path)
     return result
 
 
@@ -566,15 +585,14 @@ def _device_of(device) -> torch.device:
     return resolve_device(str(device) if isinstance(device, torch.device) else device)
 
 
-def evaluate_ckpt(study: DistanceStudy, ckpt: str | Path, out: Path, *, device="auto",
-                  log: Callable[[str], None] | None = None) -> dict:
+def evaluate_ckpt(study: DistanceStudy, runtime: Runtime, out: Path, ckpt: str | Path) -> dict:
     """Read every length with the weights of the run directory ``ckpt`` (no training); its result,
     kept in ``OUT/evals/<name>/result.json`` and reused while the checkpoint is the same."""
     from drmlab.runs import RunDir
 
     run = RunDir(ckpt)
     pointer = run.read_pointer()
-    model, config, state = run.load_model(_device_of(device))
+    model, config, state = run.load_model(_device_of(runtime.device))
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if vocab != VOCAB_SIZE:
         raise ValueError(f"--ckpt {ckpt}: the model's vocabulary has {vocab} ids; the distance protocol's tokens "
@@ -587,7 +605,7 @@ def evaluate_ckpt(study: DistanceStudy, ckpt: str | Path, out: Path, *, device="
         result = {"label": f"{name} (ckpt)", "kind": "ckpt", "model": config.get("model"), "seed": config.get("train", {}).get("seed"),
                   "step": int(state["step"]), "spec": spec, "milestones": [], "lengths": {},
                   "params": sum(p.numel() for p in model.parameters())}
-    _read_lengths(study, model, result, path, result["label"], log)
+    _read_lengths(study, runtime, model, result, path)
     return result
 
 
@@ -611,22 +629,19 @@ def summarize(study: DistanceStudy, results: list[dict]) -> dict:
     return {"provenance": provenance(protocol), "protocol": protocol, "entries": entries}
 
 
-def run_planned(study: DistanceStudy, out: str | Path, *, device="auto", quiet: bool = True,
-                log: Callable[[str], None] | None = None, tensorboard: bool = False) -> dict:
+def run_planned(study: DistanceStudy, runtime: Runtime, out: str | Path) -> dict:
     """Train (or reuse) every (model, seed), evaluate every checkpoint, then summarize and write
     results.json, results.md and results.png into ``out``; the summary."""
+    runtime.apply_threads()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    results = [train_one(study, name, seed, out, device=device, quiet=quiet, log=log, tensorboard=tensorboard)
-               for name in study.models for seed in study.seeds]
-    results += [evaluate_ckpt(study, ckpt, out, device=device, log=log) for ckpt in study.ckpts]
+    results = [train_one(study, runtime, out, name, seed) for name in study.models for seed in study.seeds]
+    results += [evaluate_ckpt(study, runtime, out, ckpt) for ckpt in study.ckpts]
     summary = summarize(study, results)
-    mqar_distance_report.write_report(summary, out, log=log)
+    distance_report.write_report(summary, out, log=runtime.log)
     return summary
 
 
-def run_study(models=DEFAULT_MODELS, seeds=DEFAULT_SEEDS, *, out: str | Path, device="auto", quiet: bool = True,
-              log: Callable[[str], None] | None = None, tensorboard: bool = False, **options) -> dict:
-    """Plan (:func:`plan_study`; ``options`` are its keywords) and run the study; the summary."""
-    return run_planned(plan_study(models, seeds, **options), out, device=device, quiet=quiet, log=log,
-                       tensorboard=tensorboard)
+def run_study(spec: DistanceSpec, runtime: Runtime, out: str | Path) -> dict:
+    """Plan ``spec`` (:func:`plan_study`) and run the study (:func:`run_planned`); the summary."""
+    return run_planned(plan_study(spec), runtime, out)

@@ -16,9 +16,9 @@ holding out the last tenth of its training sequences (with fresh sequences: a he
 stream) and scoring accuracy there, never on the test set; its seeds then train at its best rate
 (:mod:`drmlab.experiments.lr_sweep`; folders ``OUT/tuning/<model>_kv<kv>_lr<rate>/``).
 
-Python: ``run_study(models, kvs, seeds, out=..., preset=..., width=..., steps=..., settings=..., lr_grid=...)``;
-:func:`plan_study` checks every model and setting on the meta device before anything trains, and
-:func:`run_planned` runs a planned study.
+Python: ``run_study(MQARSpec(models=..., kvs=..., seeds=..., steps=..., settings=..., lr_grid=...), runtime, out)``
+under a :class:`~drmlab.experiments.spec.Runtime`; :func:`plan_study` checks every model and setting on the
+meta device before anything trains, and :func:`run_planned` runs a planned study.
 :func:`summarize` turns the runs into the numbers (mean +- population std over seeds, first-query
 accuracy, the no-binding levels, the study's anchor value where the setting is comparable);
 :mod:`drmlab.experiments.mqar.report` writes ``mqar.md``, ``mqar.json`` and ``mqar.png``. The task is
@@ -32,13 +32,12 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from drmlab.experiments import lr_sweep
-
-from drmlab.experiments.mqar import report as mqar_report
+from drmlab.experiments.mqar import report
 from drmlab.experiments.mqar.models import ANCHOR_ACC, ANCHOR_ARMS, ARM_BASE, ARM_MODELS, build, registry_entry
 from drmlab.experiments.mqar.task import FreshMQARBatches, MQARTask, accuracy, probe_train_config, test_set, train_set
+from drmlab.experiments.spec import Runtime, Spec
 from drmlab.experiments.stats import mean, mean_std
 from drmlab.naming import suggest
 from drmlab.runs import jsonable
@@ -52,8 +51,34 @@ DEFAULT_SEEDS = (0, 1)
 PROBE_TRAIN_KEYS = ("tokens", "seq_len", "seed")
 
 
-@dataclass
+@dataclass(frozen=True)
+class MQARSpec(Spec):
+    """An MQAR study as asked for: ``models`` (registered ``NAME``, ``NAME:ARM`` or anchor arms) x ``kvs``
+    x ``seeds``; the task (``vocab_kv``, ``queries``, ``seq_len``, ``n_train``, ``n_test``), the training
+    (``steps``, ``batch_size``, ``settings``: TrainConfig or model-config fields for every run), the
+    model (``preset``, ``width``, ``arm_model``) and the lr sweep (``lr_grid``)."""
+
+    models: tuple = DEFAULT_MODELS
+    kvs: tuple = DEFAULT_KVS
+    seeds: tuple = DEFAULT_SEEDS
+    preset: str = "tiny"
+    width: int | None = None
+    steps: int = 1500
+    batch_size: int = 256
+    vocab_kv: int = 64
+    queries: int | None = None
+    seq_len: int | None = None
+    n_train: int = 4096
+    n_test: int = 1024
+    arm_model: str = "study"
+    settings: dict = dataclasses.field(default_factory=dict)
+    lr_grid: tuple | str | None = None
+
+
+@dataclass(frozen=True)
 class MQARStudy:
+    """A planned MQAR study (:func:`plan_study`): the spec's settings split into train and model overrides."""
+
     models: list[str]
     kvs: list[int]
     seeds: list[int]
@@ -87,17 +112,14 @@ def _integers(values, what: str) -> list[int]:
     return values
 
 
-def plan_study(models=DEFAULT_MODELS, kvs=DEFAULT_KVS, seeds=DEFAULT_SEEDS, *, preset: str = "tiny",
-               width: int | None = None, steps: int = 1500, batch_size: int = 256, vocab_kv: int = 64,
-               queries: int | None = None, seq_len: int | None = None, n_train: int = 4096, n_test: int = 1024,
-               arm_model: str = "study", settings: dict | None = None, lr_grid=None) -> MQARStudy:
+def plan_study(spec: MQARSpec) -> MQARStudy:
     """Check every model (registered ``NAME``, ``NAME:ARM`` or an anchor arm), the task and every
-    setting (``settings``: TrainConfig or model-config fields for every run) and plan the study."""
+    setting of ``spec`` and plan the study."""
     from drmlab.models import list_models
     from drmlab.models.registry import config_fields
     from drmlab.training.config import split_overrides
 
-    models = [str(m).strip() for m in models]
+    models = [str(m).strip() for m in spec.models]
     if not models or not all(models):
         raise ValueError("models: give at least one name, and no empty ones")
     known = set(list_models()) | set(ANCHOR_ARMS)
@@ -106,25 +128,25 @@ def plan_study(models=DEFAULT_MODELS, kvs=DEFAULT_KVS, seeds=DEFAULT_SEEDS, *, p
         if name.partition(":")[0] not in known:
             raise ValueError(f"unknown model {name!r}{suggest(name, known)}; anchor arms: {', '.join(ANCHOR_ARMS)}")
         registry, kw = registry_entry(name)
-        fields |= set(config_fields(registry, preset, 2 * vocab_kv + 2, **kw))  # a bad arm fails now
-    kvs, seeds = _integers(kvs, "kvs"), _integers(seeds, "seeds")
-    if arm_model not in ARM_MODELS:
-        raise ValueError(f"arm_model must be one of {ARM_MODELS}, got {arm_model!r}")
-    if steps <= 0:
-        raise ValueError(f"steps must be positive, got {steps}")
-    study = MQARStudy(models=models, kvs=kvs, seeds=seeds, preset=preset, width=width, steps=steps,
-                      batch_size=batch_size, vocab_kv=vocab_kv, queries=queries, seq_len=seq_len,
-                      n_train=n_train, n_test=n_test, arm_model=arm_model)
-    if settings:
-        train_kw, model_kw = split_overrides(settings, fields)
-        for key in PROBE_TRAIN_KEYS:
-            if key in train_kw:
-                raise ValueError(f"the train setting {key!r} is the probe's own (its steps, seq_len and seeds decide it)")
-        study.train_overrides, study.model_overrides = train_kw, model_kw
-    if lr_grid is not None:
-        study.lr_grid = lr_sweep.parse_lr_grid(lr_grid)
-        if "lr" in study.train_overrides:
+        fields |= set(config_fields(registry, spec.preset, 2 * spec.vocab_kv + 2, **kw))  # a bad arm fails now
+    kvs, seeds = _integers(spec.kvs, "kvs"), _integers(spec.seeds, "seeds")
+    if spec.arm_model not in ARM_MODELS:
+        raise ValueError(f"arm_model must be one of {ARM_MODELS}, got {spec.arm_model!r}")
+    if spec.steps <= 0:
+        raise ValueError(f"steps must be positive, got {spec.steps}")
+    train_kw, model_kw = split_overrides(spec.settings, fields) if spec.settings else ({}, {})
+    for key in PROBE_TRAIN_KEYS:
+        if key in train_kw:
+            raise ValueError(f"the train setting {key!r} is the probe's own (its steps, seq_len and seeds decide it)")
+    lr_grid = None
+    if spec.lr_grid is not None:
+        lr_grid = lr_sweep.parse_lr_grid(spec.lr_grid)
+        if "lr" in train_kw:
             raise ValueError("give one learning rate (lr) or a grid to sweep (lr_grid), not both")
+    study = MQARStudy(models=models, kvs=kvs, seeds=seeds, preset=spec.preset, width=spec.width, steps=spec.steps,
+                      batch_size=spec.batch_size, vocab_kv=spec.vocab_kv, queries=spec.queries, seq_len=spec.seq_len,
+                      n_train=spec.n_train, n_test=spec.n_test, arm_model=spec.arm_model, model_overrides=model_kw,
+                      train_overrides=train_kw, lr_grid=lr_grid)
     for kv in kvs:
         study.train_config(study.task(kv), seeds[0])  # validate early
     return study
@@ -149,8 +171,8 @@ def tuning_sets(task: MQARTask, seed: int):
     return (x[:-hold], y[:-hold]), (x[-hold:], y[-hold:])
 
 
-def run_one(study: MQARStudy, name: str, kv: int, seed: int, out: Path, *, device="auto", quiet=True,
-            tensorboard: bool = False, lr: float | None = None, tuning: bool = False) -> dict:
+def run_one(study: MQARStudy, runtime: Runtime, out: Path, name: str, kv: int, seed: int, *,
+            lr: float | None = None, tuning: bool = False) -> dict:
     """Train and score one (model, kv, seed) cell; reuse ``result.json`` when its settings match.
     ``lr`` overrides the study's rate; ``tuning``: a sweep run, scored on held-out training sequences
     (:func:`tuning_sets`) instead of the test set."""
@@ -194,7 +216,7 @@ def run_one(study: MQARStudy, name: str, kv: int, seed: int, out: Path, *, devic
     summary = train(model, batches, None, cfg, run_dir, overwrite=True,
                     run_info=RunInfo(name, study.preset, kw, registry_model=registry,
                                      study={"mqar": dataclasses.asdict(task), "arm_model": study.arm_model}),
-                    device=device, quiet=quiet, tensorboard=tensorboard)
+                    device=runtime.device, quiet=runtime.quiet, tensorboard=runtime.tensorboard)
     wall = time.perf_counter() - t0
     test = accuracy(model, x_test, y_test)
     train_acc = {"acc": None} if fresh else accuracy(model, x_train, y_train)
@@ -255,35 +277,30 @@ def summarize(study: MQARStudy, results: list[dict]) -> dict:
             "models": models, "runs": [{k: v for k, v in r.items() if k != "spec"} for r in results]}
 
 
-def sweep_one(study: MQARStudy, name: str, kv: int, out: Path, *, device="auto", quiet=True, tensorboard=False,
-              log: Callable[[str], None] | None = None) -> dict:
+def sweep_one(study: MQARStudy, runtime: Runtime, out: Path, name: str, kv: int) -> dict:
     """The learning-rate sweep of one (model, kv): each rate trained on the first seed and scored on
     held-out training sequences (accuracy, higher is better); a rate whose run diverged scores None."""
-    from drmlab.runs import RunDir
     from drmlab.training.trainer import NonFiniteLossError
 
     scores = {}
     for lr in study.lr_grid:
         try:
-            r = run_one(study, name, kv, study.seeds[0], out, device=device, quiet=quiet, tensorboard=tensorboard,
-                        lr=lr, tuning=True)
+            r = run_one(study, runtime, out, name, kv, study.seeds[0], lr=lr, tuning=True)
             scores[lr] = r["test_acc"]
         except NonFiniteLossError as exc:
             scores[lr] = None
-            if log is not None:
-                log(f"mqar sweep {name} kv={kv} lr {lr:g}: diverged ({str(exc).split(';')[0]})")
+            runtime.say(f"mqar sweep {name} kv={kv} lr {lr:g}: diverged ({str(exc).split(';')[0]})")
             continue
-        if log is not None:
-            log(f"mqar sweep {name} kv={kv} lr {lr:g}: held-out acc {100 * r['test_acc']:.1f}%"
-                + (" (reused)" if r.get("reused") else ""))
+        runtime.say(f"mqar sweep {name} kv={kv} lr {lr:g}: held-out acc {100 * r['test_acc']:.1f}%"
+                    + (" (reused)" if r.get("reused") else ""))
     choice = lr_sweep.choose(scores, lower_is_better=False)
     return {"scores": {lr_sweep.lr_label(lr): v for lr, v in scores.items()}, "complete": True, **choice}
 
 
-def run_planned(study: MQARStudy, out: str | Path, *, device="auto", quiet: bool = True,
-                log: Callable[[str], None] | None = None, tensorboard: bool = False) -> dict:
+def run_planned(study: MQARStudy, runtime: Runtime, out: str | Path) -> dict:
     """Train (or reuse) every (model, kv, seed) of ``study`` (after its lr sweep, when it has a grid),
     then summarize and report; the summary."""
+    runtime.apply_threads()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     results, sweeps = [], {}
@@ -291,31 +308,24 @@ def run_planned(study: MQARStudy, out: str | Path, *, device="auto", quiet: bool
         for kv in study.kvs:
             lr = None
             if study.lr_grid:
-                sweep = sweeps[f"{name} kv={kv}"] = sweep_one(study, name, kv, out, device=device, quiet=quiet,
-                                                              tensorboard=tensorboard, log=log)
+                sweep = sweeps[f"{name} kv={kv}"] = sweep_one(study, runtime, out, name, kv)
                 if sweep["lr"] is None:
-                    if log is not None:
-                        log(f"mqar {name} kv={kv}: every rate of its sweep diverged, no seeds trained")
+                    runtime.say(f"mqar {name} kv={kv}: every rate of its sweep diverged, no seeds trained")
                     continue
                 lr = sweep["lr"]
             for seed in study.seeds:
-                r = run_one(study, name, kv, seed, out, device=device, quiet=quiet, tensorboard=tensorboard, lr=lr)
+                r = run_one(study, runtime, out, name, kv, seed, lr=lr)
                 results.append(r)
-                if log is not None:
-                    log(f"mqar {name} kv={kv} seed={seed}: test acc {100 * r['test_acc']:.1f}% (chance "
-                        f"{100 * r['chance']:.1f}%), train acc {mqar_report.percent(r['train_acc'])}, "
-                        f"{r['seconds_per_step']:.3f} s/step" + (" (reused)" if r.get("reused") else ""))
+                runtime.say(f"mqar {name} kv={kv} seed={seed}: test acc {100 * r['test_acc']:.1f}% (chance "
+                            f"{100 * r['chance']:.1f}%), train acc {report.percent(r['train_acc'])}, "
+                            f"{r['seconds_per_step']:.3f} s/step" + (" (reused)" if r.get("reused") else ""))
     summary = summarize(study, results)
     if sweeps:
         summary["lr_sweep"] = sweeps
-    mqar_report.write_report(summary, out, log=log)
+    report.write_report(summary, out, log=runtime.log)
     return summary
 
 
-def run_study(models=DEFAULT_MODELS, kvs=DEFAULT_KVS, seeds=DEFAULT_SEEDS, *, out: str | Path, device="auto",
-              quiet: bool = True, log: Callable[[str], None] | None = None, tensorboard: bool = False,
-              **options) -> dict:
-    """Plan (:func:`plan_study`; ``options`` are its keywords: preset, width, steps, batch_size, vocab_kv,
-    queries, seq_len, n_train, n_test, arm_model, settings) and run the study; the summary."""
-    return run_planned(plan_study(models, kvs, seeds, **options), out, device=device, quiet=quiet, log=log,
-                       tensorboard=tensorboard)
+def run_study(spec: MQARSpec, runtime: Runtime, out: str | Path) -> dict:
+    """Plan ``spec`` (:func:`plan_study`) and run the study (:func:`run_planned`); the summary."""
+    return run_planned(plan_study(spec), runtime, out)
