@@ -288,3 +288,20 @@ def test_a_run_held_by_another_process_is_left_to_it(tmp_path):
     finally:
         lock.release()
     assert zm.run_cell(study, "ATTENTION", 16, 64, 4, 1e-3, tmp_path, device="cpu")["status"] == "done"
+
+
+def test_the_cli_runs_the_zoology_protocol_and_refuses_other_protocols_flags(tmp_path, capsys):
+    from drmlab.cli import main
+
+    out = tmp_path / "zoo"
+    assert main(["mqar", "--protocol", "zoology", "--models", "ATTENTION", "--widths", "16", "--seq-lens", "64",
+                 "--epochs", "1", "--n-train", "64", "--n-test", "32", "--lr-grid", "1e-3", "--preset", "micro",
+                 "--out", str(out), "--quiet"]) == 0
+    assert "ATTENTION w16 L64 lr 0.001" in capsys.readouterr().out and (out / "zoology.json").is_file()
+    for flags, words in ((["--kv", "8"], "--kv: not a setting of --protocol zoology"),
+                         (["--steps", "5"], "--steps (zoology trains --epochs)"),
+                         (["--seeds", "1,2"], "give --seeds S")):
+        assert main(["mqar", "--protocol", "zoology", "--out", str(out), *flags]) == 2
+        assert words in capsys.readouterr().err
+    assert main(["mqar", "--widths", "64", "--out", str(out)]) == 2
+    assert "--widths: only with --protocol zoology" in capsys.readouterr().err

@@ -3,8 +3,9 @@
 Parses the flags into a :class:`~drmlab.experiments.mqar.study.MQARSpec` and a Runtime for
 :func:`~drmlab.experiments.mqar.study.run_study`, prints each run's line to stderr and the table to
 stdout. The defaults below mirror the study's (tests/test_cli.py checks they agree).
-``--protocol distance`` runs :mod:`drmlab.experiments.mqar.distance` instead (docs/mqar.md section 8):
-the flags both protocols share default to None here and take each protocol's own default.
+``--protocol distance`` runs :mod:`drmlab.experiments.mqar.distance` instead (docs/mqar.md section 8),
+``--protocol zoology`` :mod:`drmlab.experiments.mqar.zoology` (section 10): the flags the protocols
+share default to None here and take each protocol's own default.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ DEFAULT_MODELS = "L1_ds64,L4_ds64,L4u_ds64"
 DEFAULT_KVS = "4,16"
 DEFAULT_SEEDS = "0,1"
 DEFAULT_STEPS, DEFAULT_BATCH_SIZE, DEFAULT_OUT = 1500, 256, "runs/mqar"
-PROTOCOLS = ("fixed", "distance")
+PROTOCOLS = ("fixed", "distance", "zoology")
+ZOOLOGY_OUT = "runs/mqar-zoology"
 # --protocol distance (docs/mqar.md section 8; tests/test_mqar_distance.py checks they are the study's)
 DISTANCE_MODELS = "J_NO_DIRECTION,SSM_CONTROL"
 DISTANCE_SEEDS = "1234"
@@ -34,6 +36,9 @@ FIXED_ONLY = {"kv": "--kv", "vocab_kv": "--vocab-kv", "queries": "--queries", "s
 DISTANCE_ONLY = {"lengths": "--lengths", "milestones": "--milestones", "lr": "--lr", "n_eval": "--n-eval",
                  "eval_batch": "--eval-batch", "eval_seed": "--eval-seed", "chunk": "--chunk", "read_all": "--read-all",
                  "ckpt": "--ckpt"}
+
+
+ZOOLOGY_ONLY = {"widths": "--widths", "seq_lens": "--seq-lens", "epochs": "--epochs", "early_stop": "--early-stop"}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -86,7 +91,14 @@ def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
     """--protocol and the flags of the distance protocol (docs/mqar.md section 8)."""
     parser.add_argument("--protocol", choices=PROTOCOLS, default="fixed",
                         help="fixed: the kv-table probe above (default); distance: recall of 8 pairs after L - 40 "
-                             "filler tokens, trained on the 40-token control, read at --lengths")
+                             "filler tokens, trained on the 40-token control, read at --lengths; zoology: the "
+                             "Zoology MQAR protocol (Arora et al. 2024) at --widths x --seq-lens")
+    zoo = parser.add_argument_group("--protocol zoology")
+    zoo.add_argument("--widths", default=None, help="model widths (default 64,128,256,512)")
+    zoo.add_argument("--seq-lens", default=None, help="sequence lengths, each with its pairs and batch size: "
+                     "64 (4 pairs), 128 (8), 256 (16), 512 (64) (default all four)")
+    zoo.add_argument("--epochs", type=int, default=None, help="epochs over the training set (default 64)")
+    zoo.add_argument("--early-stop", type=float, default=None, help="stop a run at this test accuracy (default 0.99)")
     group = parser.add_argument_group("--protocol distance")
     group.add_argument("--lengths", default=None, help=f"example lengths L >= 40 (default {DISTANCE_LENGTHS}; "
                        "the 40-token control is always read)")
@@ -112,6 +124,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.protocol == "distance":
         return run_distance(args)
+    if args.protocol == "zoology":
+        return run_zoology(args)
+    zoology_only = [f for d, f in ZOOLOGY_ONLY.items() if getattr(args, d) is not None]
+    if zoology_only:
+        raise ValueError(f"{', '.join(zoology_only)}: only with --protocol zoology")
     fixed_defaults(args)
     runtime = common.runtime(args, log=common.log_to_stderr)
     spec = MQARSpec(models=common.split_list(args.models, "models"), kvs=common.parse_int_list(args.kv, "kv"),
@@ -159,4 +176,36 @@ def run_distance(args: argparse.Namespace) -> int:
     summary = run_study(spec, runtime, out)
     print(distance_report.markdown(summary), end="")
     print(f"wrote {out / 'results.md'}, results.json, results.png")
+    return 0
+
+
+def run_zoology(args: argparse.Namespace) -> int:
+    """``--protocol zoology`` (docs/mqar.md section 10): :func:`~drmlab.experiments.mqar.zoology.run_zoology_study`."""
+    from drmlab.experiments.mqar import zoology
+
+    refused = [flag for dest, flag in FIXED_ONLY.items()
+               if dest not in ("n_train", "n_test", "lr_grid") and getattr(args, dest) != args.fixed_only_defaults[dest]]
+    refused += [flag for dest, flag in DISTANCE_ONLY.items() if getattr(args, dest) not in (None, False)]
+    if args.steps is not None:
+        refused.append("--steps (zoology trains --epochs)")
+    if refused:
+        raise ValueError(f"{', '.join(refused)}: not a setting of --protocol zoology")
+    runtime = common.runtime(args, log=common.log_to_stderr)
+    seeds = common.parse_seeds(args.seeds) if args.seeds else [zoology.RECIPE.seed]
+    if len(seeds) != 1:
+        raise ValueError("--protocol zoology runs one seed per (model, width, length, rate): give --seeds S")
+    given = {"epochs": args.epochs, "early_stop": args.early_stop, "batch_size": args.batch_size,
+             "n_train": None if args.n_train == args.fixed_only_defaults["n_train"] else args.n_train,
+             "n_test": None if args.n_test == args.fixed_only_defaults["n_test"] else args.n_test,
+             "lr_grid": args.lr_grid}
+    out = Path(args.out or ZOOLOGY_OUT)
+    zoology.run_zoology_study(
+        common.split_list(args.models, "models") if args.models else zoology.DEFAULT_MODELS,
+        common.parse_int_list(args.widths, "widths") if args.widths else zoology.WIDTHS,
+        common.parse_int_list(args.seq_lens, "seq-lens") if args.seq_lens else None,
+        out=out, preset=args.preset, seed=seeds[0], settings=common.parse_assignments(args.assignments),
+        device=runtime.device, quiet=runtime.quiet, log=runtime.log,
+        **{key: value for key, value in given.items() if value is not None})
+    print((out / "zoology.md").read_text(), end="")
+    print(f"wrote {out / 'zoology.md'}, zoology.json")
     return 0
