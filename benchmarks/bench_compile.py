@@ -57,10 +57,12 @@ def main() -> None:
                     first_compiled = rows[compiled][0]["elapsed"]
         eager, compiled = max(rates[False]), max(rates[True])
         loss_diff = max(abs(a["loss"] - b["loss"]) for a, b in zip(rows[False], rows[True]))
-        print(f"{name:12s} eager {eager:9,.0f} tok/s  compiled {compiled:9,.0f} tok/s  ratio {compiled / eager:5.2f}  "
-              f"first compiled step {first_compiled:6.1f} s  max |loss diff| {loss_diff:.2e}  "
-              f"(rates per round: eager {', '.join(f'{r:,.0f}' for r in rates[False])}; "
-              f"compiled {', '.join(f'{r:,.0f}' for r in rates[True])})")
+        print(
+            f"{name:12s} eager {eager:9,.0f} tok/s  compiled {compiled:9,.0f} tok/s  ratio {compiled / eager:5.2f}  "
+            f"first compiled step {first_compiled:6.1f} s  max |loss diff| {loss_diff:.2e}  "
+            f"(rates per round: eager {', '.join(f'{r:,.0f}' for r in rates[False])}; "
+            f"compiled {', '.join(f'{r:,.0f}' for r in rates[True])})"
+        )
 
 
 if __name__ == "__main__":

@@ -68,8 +68,10 @@ def main() -> None:
     contexts = sorted(int(x) for x in args.contexts.split(","))
     if contexts[0] <= WARMUP_STEPS:
         parser.error(f"every context must be longer than the {WARMUP_STEPS} warm-up steps that end it")
-    print(f"preset {args.preset}, torch threads {torch.get_num_threads()}, {args.steps} timed steps per context "
-          f"after {WARMUP_STEPS} untimed ones")
+    print(
+        f"preset {args.preset}, torch threads {torch.get_num_threads()}, {args.steps} timed steps per context "
+        f"after {WARMUP_STEPS} untimed ones"
+    )
     print("| model | context | ms/token | x shortest | state KiB | peak RSS MiB |")
     print("|---|---:|---:|---:|---:|---:|")
     for name in args.models.split(","):

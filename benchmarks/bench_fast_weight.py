@@ -61,8 +61,10 @@ def main() -> None:
     batch = args.batch or cfg.batch_size
     tokens = torch.randint(0, 256, (batch, cfg.seq_len + 1), generator=torch.Generator().manual_seed(0))
     dim = {"fast_weight_dim": args.dim} if args.dim else {}
-    models = {"J_NO_DIRECTION": build_model("J_NO_DIRECTION", args.preset, seed=0),
-              "ASM_CM": build_model("ASM_CM", args.preset, seed=0, **dim)}
+    models = {
+        "J_NO_DIRECTION": build_model("J_NO_DIRECTION", args.preset, seed=0),
+        "ASM_CM": build_model("ASM_CM", args.preset, seed=0, **dim),
+    }
     with torch.no_grad():
         models["ASM_CM"].fast_weight_memory.read_out.weight.normal_(0, 0.02)
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=cfg.lr) for name, m in models.items()}
@@ -77,11 +79,15 @@ def main() -> None:
                     times[name, clock].append(read() - start[clock])
     step_tokens = batch * cfg.seq_len
     median = {key: statistics.median(t) for key, t in times.items()}
-    print(f"training step, preset {args.preset} (memory d_k = d_v = {models['ASM_CM'].config.fast_weight_dim}), "
-          f"batch {batch} x {cfg.seq_len}, {args.threads} thread(s), median of {args.steps}:")
+    print(
+        f"training step, preset {args.preset} (memory d_k = d_v = {models['ASM_CM'].config.fast_weight_dim}), "
+        f"batch {batch} x {cfg.seq_len}, {args.threads} thread(s), median of {args.steps}:"
+    )
     for name in models:
-        print(f"  {name:15s} wall {step_tokens / median[name, 'wall']:8,.0f} tok/s ({median[name, 'wall'] * 1e3:7.1f} ms), "
-              f"cpu {step_tokens / median[name, 'cpu']:8,.0f} tok/s ({median[name, 'cpu'] * 1e3:7.1f} ms)")
+        print(
+            f"  {name:15s} wall {step_tokens / median[name, 'wall']:8,.0f} tok/s ({median[name, 'wall'] * 1e3:7.1f} ms), "
+            f"cpu {step_tokens / median[name, 'cpu']:8,.0f} tok/s ({median[name, 'cpu'] * 1e3:7.1f} ms)"
+        )
     for clock in clocks:
         ratio = median["ASM_CM", clock] / median["J_NO_DIRECTION", clock]
         print(f"  ASM_CM / J_NO_DIRECTION step time ({clock}): {ratio:.3f}x (target <= 1.5x)")
@@ -106,8 +112,10 @@ def main() -> None:
     chunked = median_seconds(lambda: forward_backward(delta_rule), 5 * args.steps)
     loop = median_seconds(lambda: forward_backward(delta_rule_reference), args.steps)
     print(f"delta_rule forward + backward, fast and slow matrices, [{rows}, {length}] positions, d_k = d_v = {d}:")
-    print(f"  chunked {chunked * 1e3:7.2f} ms, sequential loop {loop * 1e3:7.2f} ms ({loop / chunked:.1f}x, cpu time); "
-          f"{-(-cfg.seq_len // config.block_size)} calls per training step")
+    print(
+        f"  chunked {chunked * 1e3:7.2f} ms, sequential loop {loop * 1e3:7.2f} ms ({loop / chunked:.1f}x, cpu time); "
+        f"{-(-cfg.seq_len // config.block_size)} calls per training step"
+    )
 
 
 if __name__ == "__main__":

@@ -121,9 +121,11 @@ def main() -> None:
     chunk = args.chunk or max(1, AUTO_CHUNK_ELEMENTS // (BATCH * config.d_inner * config.d_state))
     params = sum(p.numel() for p in ours.parameters())
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}")
-    print(f"config: d_model 384, n_layer 6, d_state 16, expand 2, d_conv 4, dt_rank {ours.config.dt_rank}, "
-          f"vocab {VOCAB}; {params:,} parameters; batch {BATCH} x {LENGTH}; AdamW; our scan: "
-          f"{selective_scan_backend(window.float())} (torch-path chunk {chunk}{' auto' if not args.chunk else ''})")
+    print(
+        f"config: d_model 384, n_layer 6, d_state 16, expand 2, d_conv 4, dt_rank {ours.config.dt_rank}, "
+        f"vocab {VOCAB}; {params:,} parameters; batch {BATCH} x {LENGTH}; AdamW; our scan: "
+        f"{selective_scan_backend(window.float())} (torch-path chunk {chunk}{' auto' if not args.chunk else ''})"
+    )
 
     ours_step = make_step(ours, ours_logits)
     _, first_loss = ours_step(window)  # warm-up (builds the C scan kernel on first use)
@@ -155,8 +157,9 @@ def main() -> None:
     rates["ours, torch-path scan"] = tokens / statistics.median(torch_times)
     notes["ours, torch-path scan"] = "the chunked linear_scan path"
     if args.ceiling:
-        stub_times = time_with_scan(zero_cost_scan, config_from_hf(transformers.MambaConfig(**DIMS)), window,
-                                    args.steps)
+        stub_times = time_with_scan(
+            zero_cost_scan, config_from_hf(transformers.MambaConfig(**DIMS)), window, args.steps
+        )
         rates["ours, zero-cost scan"] = tokens / statistics.median(stub_times)
         notes["ours, zero-cost scan"] = "upper bound for any scan"
 

@@ -79,8 +79,7 @@ def _child(name: str, args) -> dict:
         sw = spec["sw"]
 
         def fn():
-            return resolvent_attention(q, k, v, u, ph, *sw, path=spec["path"],
-                                       block_bh=args.block_bh)
+            return resolvent_attention(q, k, v, u, ph, *sw, path=spec["path"], block_bh=args.block_bh)
 
         chosen = select_path(ph, *sw) if spec["path"] == "auto" else spec["path"]
 
@@ -140,8 +139,9 @@ def main() -> None:
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--block-bh", type=int, default=None,
-                   help="flash tile rows of B*H (default: the operator's own choice)")
+    p.add_argument(
+        "--block-bh", type=int, default=None, help="flash tile rows of B*H (default: the operator's own choice)"
+    )
     p.add_argument("--cases", nargs="*", default=list(CASES), help="subset of case names")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -151,15 +151,32 @@ def main() -> None:
 
     import torch
 
-    print(f"B={args.B} H={args.H} S={args.S} d={args.d} float32, fwd+bwd, reps={args.reps}, "
-          f"threads={args.threads or torch.get_num_threads()}, block_bh={args.block_bh or 'auto'}, "
-          f"torch {torch.__version__}")
+    print(
+        f"B={args.B} H={args.H} S={args.S} d={args.d} float32, fwd+bwd, reps={args.reps}, "
+        f"threads={args.threads or torch.get_num_threads()}, block_bh={args.block_bh or 'auto'}, "
+        f"torch {torch.__version__}"
+    )
     print(f"load average before: {os.getloadavg()}")
     rows, failed = [], []
     for name in args.cases:
-        cmd = [sys.executable, __file__, "--child", name, "--B", str(args.B), "--H", str(args.H),
-               "--S", str(args.S), "--d", str(args.d), "--reps", str(args.reps),
-               "--threads", str(args.threads)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            name,
+            "--B",
+            str(args.B),
+            "--H",
+            str(args.H),
+            "--S",
+            str(args.S),
+            "--d",
+            str(args.d),
+            "--reps",
+            str(args.reps),
+            "--threads",
+            str(args.threads),
+        ]
         if args.block_bh:
             cmd += ["--block-bh", str(args.block_bh)]
         res = subprocess.run(cmd, capture_output=True, text=True)
@@ -168,16 +185,20 @@ def main() -> None:
             failed.append(name)
             continue
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
-    hdr = (f"| {'case':<26} | {'path':<12} | {'wall ms':>7} | {'median':>6} | {'sdpa*':>5} | "
-           f"{'x sdpa':>6} | {'cpu ms':>6} | {'sdpa*':>5} | {'x sdpa':>6} | "
-           f"{'peak RSS MB':>11} | {'largest MB':>10} |")
+    hdr = (
+        f"| {'case':<26} | {'path':<12} | {'wall ms':>7} | {'median':>6} | {'sdpa*':>5} | "
+        f"{'x sdpa':>6} | {'cpu ms':>6} | {'sdpa*':>5} | {'x sdpa':>6} | "
+        f"{'peak RSS MB':>11} | {'largest MB':>10} |"
+    )
     print(hdr)
     print("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
     for r in rows:
-        print(f"| {r['name']:<26} | {r['path']:<12} | {r['best_ms']:>7.0f} | "
-              f"{r['median_ms']:>6.0f} | {r['sdpa_best_ms']:>5.0f} | {r['ratio']:>6.2f} | "
-              f"{r['cpu_ms']:>6.0f} | {r['sdpa_cpu_ms']:>5.0f} | {r['cpu_ratio']:>6.2f} | "
-              f"{r['peak_rss_mb']:>11.0f} | {r['largest_tensor_mb']:>10.1f} |")
+        print(
+            f"| {r['name']:<26} | {r['path']:<12} | {r['best_ms']:>7.0f} | "
+            f"{r['median_ms']:>6.0f} | {r['sdpa_best_ms']:>5.0f} | {r['ratio']:>6.2f} | "
+            f"{r['cpu_ms']:>6.0f} | {r['sdpa_cpu_ms']:>5.0f} | {r['cpu_ratio']:>6.2f} | "
+            f"{r['peak_rss_mb']:>11.0f} | {r['largest_tensor_mb']:>10.1f} |"
+        )
     print("wall ms / cpu ms: best of the reps (perf_counter / process_time, all threads);")
     print("* sdpa: plain scaled_dot_product_attention timed in the same process, interleaved.")
     print(f"load average after: {os.getloadavg()}")

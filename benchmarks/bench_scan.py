@@ -152,19 +152,25 @@ def timed(fn) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--B", type=int, default=8)
     p.add_argument("--T", type=int, default=1024)
     p.add_argument("--D", type=int, default=256)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch.set_num_threads(N) first (default: leave torch's default)")
-    p.add_argument("--complex", action="store_true",
-                   help="complex64 gates and inputs (the memory floor still counts float32 bytes)")
-    p.add_argument("--skip-naive-backward", action="store_true",
-                   help="report the naive loop's backward as the scaled estimate only")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch.set_num_threads(N) first (default: leave torch's default)"
+    )
+    p.add_argument(
+        "--complex",
+        action="store_true",
+        help="complex64 gates and inputs (the memory floor still counts float32 bytes)",
+    )
+    p.add_argument(
+        "--skip-naive-backward",
+        action="store_true",
+        help="report the naive loop's backward as the scaled estimate only",
+    )
     args = p.parse_args()
     B, T, D = args.B, args.T, args.D
     if args.threads > 0:
@@ -188,11 +194,11 @@ def main() -> None:
         def run():
             y = fn(*inputs)
             torch.autograd.grad(y, inputs, g)
+
         return run
 
     impls = {
-        ELEMENTWISE: (lambda: torch.addcmul(c, f, u),
-                      fwd_bwd(lambda a, b, x: torch.addcmul(x, a, b), (fr, ur, cr))),
+        ELEMENTWISE: (lambda: torch.addcmul(c, f, u), fwd_bwd(lambda a, b, x: torch.addcmul(x, a, b), (fr, ur, cr))),
     }
     if c_ok:
         impls[C_KERNEL] = (
@@ -225,8 +231,7 @@ def main() -> None:
         for name, (fwd, fb) in impls.items():
             times[name][0].append(timed(fwd))
             times[name][1].append(timed(fb))
-    rows = {name: (statistics.median(a) * 1e3, statistics.median(b) * 1e3)
-            for name, (a, b) in times.items()}
+    rows = {name: (statistics.median(a) * 1e3, statistics.median(b) * 1e3) for name, (a, b) in times.items()}
     copy_bytes = 2 * src.numel() * src.element_size()  # read src + write dst
     bandwidth = copy_bytes / statistics.median(copy_times)  # bytes / s
     tensor_bytes = B * T * D * 4
@@ -259,49 +264,63 @@ def main() -> None:
     ref = loop64(f64, u64)
     rdf, rdu = torch.autograd.grad(ref, (f64, u64), g.to(wide))
     errs = {}
-    scans = {C_KERNEL: lambda a, b: linear_scan(a, b, backend="c"),
-             LOG_DEPTH: lambda a, b: linear_scan(a, b, backend="torch"),
-             OLD_LOOP: time_loop_scan}
+    scans = {
+        C_KERNEL: lambda a, b: linear_scan(a, b, backend="c"),
+        LOG_DEPTH: lambda a, b: linear_scan(a, b, backend="torch"),
+        OLD_LOOP: time_loop_scan,
+    }
     for name, scan in scans.items():
         if name not in rows:
             continue
         y = scan(fr, ur)
         df, du = torch.autograd.grad(y, (fr, ur), g)
-        errs[name] = max((y.to(wide) - ref).abs().max().item(),
-                         (df.to(wide) - rdf).abs().max().item(),
-                         (du.to(wide) - rdu).abs().max().item())
+        errs[name] = max(
+            (y.to(wide) - ref).abs().max().item(),
+            (df.to(wide) - rdf).abs().max().item(),
+            (du.to(wide) - rdu).abs().max().item(),
+        )
 
     base_f, base_fb = rows[ELEMENTWISE]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"linear_scan benchmark: B={B} T={T} D={D} {f.dtype}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs (load avg {load:.1f}), "
-          f"median of {args.repeats}")
+    print(
+        f"linear_scan benchmark: B={B} T={T} D={D} {f.dtype}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs (load avg {load:.1f}), "
+        f"median of {args.repeats}"
+    )
     print(f"C kernel: {'available at ' + str(status['path']) if c_ok else 'unavailable: ' + str(status['error'])}")
-    print(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s (dst.copy_(src), {copy_bytes / 2**20:.0f} MiB "
-          f"read + written); memory floor: fwd {floor_fwd:.2f} ms ({FWD_TENSORS} tensors of "
-          f"{tensor_bytes / 2**20:.1f} MiB), fwd+bwd {floor_fb:.2f} ms ({FWD_TENSORS + BWD_TENSORS} tensors)")
+    print(
+        f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s (dst.copy_(src), {copy_bytes / 2**20:.0f} MiB "
+        f"read + written); memory floor: fwd {floor_fwd:.2f} ms ({FWD_TENSORS} tensors of "
+        f"{tensor_bytes / 2**20:.1f} MiB), fwd+bwd {floor_fb:.2f} ms ({FWD_TENSORS + BWD_TENSORS} tensors)"
+    )
     print()
     c_f, c_fb = rows.get(C_KERNEL, (float("nan"), float("nan")))
-    print(f"| {'implementation':<24} | {'fwd ms':>8} | {'x addcmul':>10} | {'x C':>6} | {'x floor':>7} "
-          f"| {'fwd+bwd ms':>10} | {'x addcmul':>10} | {'x C':>6} | {'x floor':>7} | {'max err vs f64':>14} |")
-    print(f"|{'-' * 26}|{'-' * 10}|{'-' * 12}|{'-' * 8}|{'-' * 9}|{'-' * 12}|{'-' * 12}|{'-' * 8}"
-          f"|{'-' * 9}|{'-' * 16}|")
+    print(
+        f"| {'implementation':<24} | {'fwd ms':>8} | {'x addcmul':>10} | {'x C':>6} | {'x floor':>7} "
+        f"| {'fwd+bwd ms':>10} | {'x addcmul':>10} | {'x C':>6} | {'x floor':>7} | {'max err vs f64':>14} |"
+    )
+    print(
+        f"|{'-' * 26}|{'-' * 10}|{'-' * 12}|{'-' * 8}|{'-' * 9}|{'-' * 12}|{'-' * 12}|{'-' * 8}|{'-' * 9}|{'-' * 16}|"
+    )
     for name, (a, b) in rows.items():
         err = f"{errs[name]:.1e}" if name in errs else ""
-        print(f"| {name:<24} | {a:8.2f} | {a / base_f:10.2f} | {a / c_f:6.2f} | {a / floor_fwd:7.2f} "
-              f"| {b:10.2f} | {b / base_fb:10.2f} | {b / c_fb:6.2f} | {b / floor_fb:7.2f} | {err:>14} |")
+        print(
+            f"| {name:<24} | {a:8.2f} | {a / base_f:10.2f} | {a / c_f:6.2f} | {a / floor_fwd:7.2f} "
+            f"| {b:10.2f} | {b / base_fb:10.2f} | {b / c_fb:6.2f} | {b / floor_fb:7.2f} | {err:>14} |"
+        )
     if OLD_LOOP in rows:
         (lf, lfb), (of, ofb) = rows[LOG_DEPTH], rows[OLD_LOOP]
         print(f"\nlog-depth torch scan / old time loop: fwd {lf / of:.2f}, fwd+bwd {lfb / ofb:.2f}")
     print()
     print(f"naive autograd loop fwd+bwd: {naive_note}")
     print()
-    print("aten ops dispatched by one forward + backward, all (of which not views: kernels), "
-          "B=1, D=2:")
+    print("aten ops dispatched by one forward + backward, all (of which not views: kernels), B=1, D=2:")
     for name, scan in ((LOG_DEPTH, log_depth_scan), (OLD_LOOP, time_loop_scan)):
         (short, short_k), (long, long_k) = (count_dispatched_ops(scan, n) for n in (256, 4096))
-        print(f"  {name:<24} T=256: {short:6,d} ({short_k:5,d})   T=4,096: {long:6,d} ({long_k:5,d})"
-              f"   ratio {long / short:.2f} ({long_k / short_k:.2f})")
+        print(
+            f"  {name:<24} T=256: {short:6,d} ({short_k:5,d})   T=4,096: {long:6,d} ({long_k:5,d})"
+            f"   ratio {long / short:.2f} ({long_k / short_k:.2f})"
+        )
 
 
 if __name__ == "__main__":

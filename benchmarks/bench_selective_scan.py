@@ -89,8 +89,10 @@ def main() -> None:
     print(f"\n{'path':<8}{'fwd ms':>10}{'fwd+bwd ms':>12}{'x torch fwd':>13}{'x torch f+b':>13}{'saved MB':>10}")
     for backend in ("torch", "c"):
         med = {k: statistics.median(v[1:]) for k, v in times[backend].items()}
-        print(f"{backend:<8}{1e3 * med['fwd']:>10.1f}{1e3 * med['fwd+bwd']:>12.1f}"
-              f"{med['fwd'] / base['fwd']:>13.2f}{med['fwd+bwd'] / base['fwd+bwd']:>13.2f}{held[backend] / 2**20:>10.1f}")
+        print(
+            f"{backend:<8}{1e3 * med['fwd']:>10.1f}{1e3 * med['fwd+bwd']:>12.1f}"
+            f"{med['fwd'] / base['fwd']:>13.2f}{med['fwd+bwd'] / base['fwd+bwd']:>13.2f}{held[backend] / 2**20:>10.1f}"
+        )
     small = [v.detach()[:2, :64] if v.dim() == 3 else v.detach() for v in (x, dt, A, Bm, Cm)]
     y_c, _ = selective_scan(*small, backend="c")
     y_ref, _ = selective_scan_reference(*(v.double() for v in small))

@@ -24,10 +24,15 @@ from drmlab.models import build_model
 
 SETTINGS = [
     ("velocity", None, 0),
-    ("velocity", "fixed_point", 1), ("velocity", "fixed_point", 2), ("velocity", "fixed_point", 4),
-    ("velocity", "anderson", 2), ("velocity", "anderson", 4),
-    ("candidate", None, 0), ("candidate", "anderson", 2),
-    ("geodesic", None, 0), ("geodesic", "fixed_point", 2),
+    ("velocity", "fixed_point", 1),
+    ("velocity", "fixed_point", 2),
+    ("velocity", "fixed_point", 4),
+    ("velocity", "anderson", 2),
+    ("velocity", "anderson", 4),
+    ("candidate", None, 0),
+    ("candidate", "anderson", 2),
+    ("geodesic", None, 0),
+    ("geodesic", "fixed_point", 2),
 ]
 # distance only (too slow to train): iterations up to the block length, where the fixed point is exact
 DISTANCE_ONLY = [("velocity", "fixed_point", 16), ("velocity", "fixed_point", 64), ("velocity", "anderson", 16)]
@@ -42,8 +47,15 @@ def overrides(mode, solver, iters):
 
 def distance_to_rollout(preset, mode, solver, iters, tokens):
     """Max and mean |states - B(rollout)| over the first block, mixer/residual/memory off."""
-    model = build_model("J", preset=preset, seed=0, mixer="none", token_state_residual=False,
-                        selective_memory=False, **overrides(mode, solver, iters)).double()
+    model = build_model(
+        "J",
+        preset=preset,
+        seed=0,
+        mixer="none",
+        token_state_residual=False,
+        selective_memory=False,
+        **overrides(mode, solver, iters),
+    ).double()
     length = model.config.block_size
     tokens = tokens[:, :length]
     with torch.no_grad():
@@ -87,7 +99,9 @@ def main() -> None:
         rate = tokens[:, :-1].numel() / statistics.median(times[s])
         dmax, dmean = distance_to_rollout(args.preset, *s, tokens[:, :-1])
         mode, solver, iters = s
-        print(f"| {mode} | {solver or '-'} | {iters or '-'} | {rate:,.0f} | {rate / base:.2f} | {dmax:.2e} | {dmean:.2e} |")
+        print(
+            f"| {mode} | {solver or '-'} | {iters or '-'} | {rate:,.0f} | {rate / base:.2f} | {dmax:.2e} | {dmean:.2e} |"
+        )
     for mode, solver, iters in DISTANCE_ONLY:
         dmax, dmean = distance_to_rollout(args.preset, mode, solver, iters, tokens[:, :-1])
         print(f"| {mode} | {solver} | {iters} | - | - | {dmax:.2e} | {dmean:.2e} |")

@@ -49,10 +49,14 @@ def main() -> None:
         rows = [r for r in summary["rows"] if r["kind"] == "train"][1:]  # first step warms up
         step_rate = np.median([r["tok_s"] for r in rows])
         total = cfg.tokens_per_step * (args.steps + 1)
-        print(f"{name:12s} {args.preset} params {summary['params']:>10,}  train: median {step_rate:8,.0f} tok/s wall, "
-              f"{total / cpu:8,.0f} tok/s per thread ({args.threads} threads)")
+        print(
+            f"{name:12s} {args.preset} params {summary['params']:>10,}  train: median {step_rate:8,.0f} tok/s wall, "
+            f"{total / cpu:8,.0f} tok/s per thread ({args.threads} threads)"
+        )
         wall, cpu = time.perf_counter(), time.process_time()
-        scored = rescore(model, stream, cfg.seq_len, batch_size=cfg.eval_batch_size, max_targets=args.eval_tokens)["targets"]
+        scored = rescore(model, stream, cfg.seq_len, batch_size=cfg.eval_batch_size, max_targets=args.eval_tokens)[
+            "targets"
+        ]
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         print(f"{'':12s} rescoring: {scored / wall:8,.0f} tok/s wall, {scored / cpu:8,.0f} tok/s per thread")
 

@@ -59,19 +59,29 @@ def main() -> None:
     parser.add_argument("--loop-rows", type=int, default=1000)
     args = parser.parse_args()
     print(f"Zoology MQAR generator, n = {args.n:,} examples, medians of {args.repeats} (numpy {np.__version__})")
-    print(f"{'L':>4} {'kv':>3} {'int64 s':>8} {'int16 s':>8} {'fill s':>7} {'/fill':>6} {'loop s (scaled)':>16} "
-          f"{'loop/ours':>9}")
+    print(
+        f"{'L':>4} {'kv':>3} {'int64 s':>8} {'int16 s':>8} {'fill s':>7} {'/fill':>6} {'loop s (scaled)':>16} "
+        f"{'loop/ours':>9}"
+    )
     for seq_len, kv in zm.SETTINGS:
         times = {"int64": [], "int16": [], "fill": []}
         for _ in range(args.repeats):
             times["int64"].append(timed(lambda: zm.generate(seq_len, kv, args.n, 0)))
             times["int16"].append(timed(lambda: zm.generate(seq_len, kv, args.n, 0, dtype=torch.int16)))
-            times["fill"].append(timed(lambda: (np.full((args.n, seq_len), 0, dtype=np.int64),
-                                                np.full((args.n, seq_len), -100, dtype=np.int64))))
+            times["fill"].append(
+                timed(
+                    lambda: (
+                        np.full((args.n, seq_len), 0, dtype=np.int64),
+                        np.full((args.n, seq_len), -100, dtype=np.int64),
+                    )
+                )
+            )
         ours, small, fill = (statistics.median(times[k]) for k in ("int64", "int16", "fill"))
         loop = timed(lambda: loop_generate(seq_len, kv, args.loop_rows, 0)) * args.n / args.loop_rows
-        print(f"{seq_len:>4} {kv:>3} {ours:>8.2f} {small:>8.2f} {fill:>7.2f} {ours / fill:>6.1f} {loop:>16.1f} "
-              f"{loop / ours:>9.0f}")
+        print(
+            f"{seq_len:>4} {kv:>3} {ours:>8.2f} {small:>8.2f} {fill:>7.2f} {ours / fill:>6.1f} {loop:>16.1f} "
+            f"{loop / ours:>9.0f}"
+        )
         if (seq_len, kv) == (512, 64) and args.n == 100_000:
             verdict = "PASS" if ours < TARGET_SECONDS else "FAIL"
             print(f"target: generate(512, 64, 100,000) in {ours:.2f} s (int64) < {TARGET_SECONDS:.0f} s: {verdict}")

@@ -45,9 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The tests that skip without CUDA (their skip reasons say so); run there by node id.
 CUDA_TESTS = (
-    "tests/test_ops_triton.py::test_cases_on_cuda",
-    "tests/test_ops_scan.py::test_cuda_uses_torch_path",
-    "tests/test_resolvent_torch.py::test_flex_on_cuda_forward_backward_and_auto",
+    "tests/ops/test_ops_triton.py::test_cases_on_cuda",
+    "tests/ops/test_ops_scan.py::test_cuda_uses_torch_path",
+    "tests/resolvent/test_resolvent_torch.py::test_flex_on_cuda_forward_backward_and_auto",
 )
 
 DRMLAB = [sys.executable, "-m", "drmlab"]
@@ -57,8 +57,26 @@ EVAL_TOKENS = "128k"  # validation tokens rescored by each run and by the eval s
 def train_args(device: str, tokens: str, preset: str = "tiny") -> list[str]:
     """One run's settings, the same for the whole run (step 4) and the stopped one (step 5): a
     checkpoint every fifth of the budget, so the stop lands early."""
-    return ["--model", "J", "--preset", preset, "--tokens", tokens, "--device", device, "--bf16", "--seed", "1",
-            "--quiet", "--eval-every", "0", "--eval-tokens", EVAL_TOKENS, "--set", f"checkpoint_every={_tokens(tokens) // 5}"]
+    return [
+        "--model",
+        "J",
+        "--preset",
+        preset,
+        "--tokens",
+        tokens,
+        "--device",
+        device,
+        "--bf16",
+        "--seed",
+        "1",
+        "--quiet",
+        "--eval-every",
+        "0",
+        "--eval-tokens",
+        EVAL_TOKENS,
+        "--set",
+        f"checkpoint_every={_tokens(tokens) // 5}",
+    ]
 
 
 def _tokens(text: str) -> int:
@@ -85,8 +103,15 @@ class Log:
         self.handle.write(f"\n=== {step}: {' '.join(cmd)}\n")
         t0 = time.time()
         try:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env=_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
         except OSError as exc:
             code, text = "not run", f"{type(exc).__name__}: {exc}"
         else:
@@ -98,8 +123,13 @@ class Log:
                 text, _ = proc.communicate()
                 code = "timeout"
         self.handle.write(text)
-        record = {"step": step, "cmd": cmd, "rc": code, "seconds": round(time.time() - t0, 1),
-                  "tail": text.splitlines()[-15:]}
+        record = {
+            "step": step,
+            "cmd": cmd,
+            "rc": code,
+            "seconds": round(time.time() - t0, 1),
+            "tail": text.splitlines()[-15:],
+        }
         self.steps.append(record)
         self.save()
         return record
@@ -137,8 +167,9 @@ def _stopped_run(log: Log, run: Path, args: list[str], limits: dict) -> dict:
     cmd = DRMLAB + ["train", *args, "--out", str(run)]
     log.handle.write(f"\n=== resume (first part): {' '.join(cmd)}\n")
     t0 = time.time()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=log.handle, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=_env(), stdout=log.handle, stderr=subprocess.STDOUT, start_new_session=True
+    )
     limit = limits["resume:stop"]
     stopped_at = None
     while proc.poll() is None and time.time() - t0 < limit:
@@ -152,25 +183,48 @@ def _stopped_run(log: Log, run: Path, args: list[str], limits: dict) -> dict:
     except subprocess.TimeoutExpired:
         _end_group(proc)
         code = "timeout"
-    log.steps.append({"step": "resume:stop", "cmd": cmd, "rc": code, "seconds": round(time.time() - t0, 1),
-                      "stopped_after_checkpoint_step": stopped_at})
-    return log.run("resume:continue", DRMLAB + ["train", "--resume", "--out", str(run), "--quiet"],
-                   limits["resume:continue"])
+    log.steps.append(
+        {
+            "step": "resume:stop",
+            "cmd": cmd,
+            "rc": code,
+            "seconds": round(time.time() - t0, 1),
+            "stopped_after_checkpoint_step": stopped_at,
+        }
+    )
+    return log.run(
+        "resume:continue", DRMLAB + ["train", "--resume", "--out", str(run), "--quiet"], limits["resume:continue"]
+    )
 
 
 def plan(suite_budget: float) -> list[tuple[str, float]]:
     """(step, time limit in seconds) in order; the sum is the most the check can take."""
-    return [("environment", 20), ("gpu_suite", suite_budget + 45), ("cuda_tests", 90), ("train", 75), ("eval", 25),
-            ("generate", 20), ("resume:stop", 45), ("resume:continue", 45), ("fsdp", 45)]
+    return [
+        ("environment", 20),
+        ("gpu_suite", suite_budget + 45),
+        ("cuda_tests", 90),
+        ("train", 75),
+        ("eval", 25),
+        ("generate", 20),
+        ("resume:stop", 45),
+        ("resume:continue", 45),
+        ("fsdp", 45),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="device-check", help="folder for the results (on the device: $OUT)")
-    parser.add_argument("--suite-budget", type=float, default=150,
-                        help="seconds for benchmarks/gpu_suite.py (default 150; the suite's own default is 450)")
+    parser.add_argument(
+        "--suite-budget",
+        type=float,
+        default=150,
+        help="seconds for benchmarks/gpu_suite.py (default 150; the suite's own default is 450)",
+    )
     parser.add_argument("--plan", action="store_true", help="print the steps and their time limits, run nothing")
-    parser.add_argument("--device", default="cuda", help="device of the training steps (default cuda; cpu to try the script)")
+    parser.add_argument(
+        "--device", default="cuda", help="device of the training steps (default cuda; cpu to try the script)"
+    )
     parser.add_argument("--train-tokens", default="500k", help="budget of the training runs (default 500k)")
     parser.add_argument("--preset", default="tiny", help="preset of the training runs (default tiny)")
     args = parser.parse_args(argv)
@@ -185,31 +239,78 @@ def main(argv: list[str] | None = None) -> int:
     log = Log(out)
     log.save(started=time.strftime("%Y-%m-%d %H:%M:%S"), suite_budget=args.suite_budget, plan=dict(steps))
     limits = dict(steps)
-    versions = ("import torch, sys; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', "
-                "torch.version.cuda, 'available', torch.cuda.is_available()); "
-                "print('device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)\n"
-                "for name in ('triton', 'transformers', 'numpy', 'safetensors'):\n"
-                "    try:\n        print(name, __import__(name).__version__)\n"
-                "    except Exception as exc:\n        print(name, 'missing', exc)")
+    versions = (
+        "import torch, sys; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', "
+        "torch.version.cuda, 'available', torch.cuda.is_available()); "
+        "print('device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)\n"
+        "for name in ('triton', 'transformers', 'numpy', 'safetensors'):\n"
+        "    try:\n        print(name, __import__(name).__version__)\n"
+        "    except Exception as exc:\n        print(name, 'missing', exc)"
+    )
     log.run("environment", ["nvidia-smi", "-L"], limits["environment"] / 2)
     log.run("environment", [sys.executable, "-c", versions], limits["environment"] / 2)
-    log.run("gpu_suite", [sys.executable, "benchmarks/gpu_suite.py", "--out", str(out), "--budget", str(args.suite_budget)],
-            limits["gpu_suite"])
-    log.run("cuda_tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *CUDA_TESTS],
-            limits["cuda_tests"])
+    log.run(
+        "gpu_suite",
+        [sys.executable, "benchmarks/gpu_suite.py", "--out", str(out), "--budget", str(args.suite_budget)],
+        limits["gpu_suite"],
+    )
+    log.run(
+        "cuda_tests",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *CUDA_TESTS],
+        limits["cuda_tests"],
+    )
     with tempfile.TemporaryDirectory(prefix="drmlab-device-") as tmp:
         whole, stopped = Path(tmp) / "J-whole", Path(tmp) / "J-stopped"
         run_args = train_args(args.device, args.train_tokens, args.preset)
         log.run("train", DRMLAB + ["train", *run_args, "--out", str(whole)], limits["train"])
-        log.run("eval", DRMLAB + ["eval", "--ckpt", str(whole), "--device", args.device, "--eval-tokens", EVAL_TOKENS,
-                                  "--quiet"], limits["eval"])
-        log.run("generate", DRMLAB + ["generate", "--ckpt", str(whole), "--prompt", "def main(", "--max-tokens",
-                                      "64", "--temperature", "0", "--device", args.device], limits["generate"])
+        log.run(
+            "eval",
+            DRMLAB + ["eval", "--ckpt", str(whole), "--device", args.device, "--eval-tokens", EVAL_TOKENS, "--quiet"],
+            limits["eval"],
+        )
+        log.run(
+            "generate",
+            DRMLAB
+            + [
+                "generate",
+                "--ckpt",
+                str(whole),
+                "--prompt",
+                "def main(",
+                "--max-tokens",
+                "64",
+                "--temperature",
+                "0",
+                "--device",
+                args.device,
+            ],
+            limits["generate"],
+        )
         _stopped_run(log, stopped, run_args, limits)
         log.save(val_ce={"whole": _val_ce(whole), "stopped_and_resumed": _val_ce(stopped)})
-        fsdp = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "drmlab",
-                "train", "--model", "J", "--preset", "micro", "--tokens", "100k", "--device", args.device, "--fsdp",
-                "--quiet", "--out", str(Path(tmp) / "J-fsdp")]
+        fsdp = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "1",
+            "-m",
+            "drmlab",
+            "train",
+            "--model",
+            "J",
+            "--preset",
+            "micro",
+            "--tokens",
+            "100k",
+            "--device",
+            args.device,
+            "--fsdp",
+            "--quiet",
+            "--out",
+            str(Path(tmp) / "J-fsdp"),
+        ]
         log.run("fsdp", fsdp, limits["fsdp"])
     failed = [s["step"] for s in log.steps if s["rc"] != 0]
     log.save(finished=time.strftime("%Y-%m-%d %H:%M:%S"), failed=failed)

@@ -43,7 +43,7 @@ section killed at its limit keeps what it measured. On a machine without CUDA (a
 
 ``--smoke`` runs every section at tiny sizes on the CPU (preset micro, contexts of a few tokens,
 Triton through its interpreter, the compiled section with one model and the ``eager`` compile
-backend), so the script itself is tested (``tests/test_gpu_suite.py``); its numbers mean nothing.
+backend), so the script itself is tested (``tests/tools/test_gpu_suite.py``); its numbers mean nothing.
 
 Not run on a GPU when this file was written (the machines had no CUDA): the sizes were chosen for
 an H200 (141 GB) by arithmetic, not by measurement.
@@ -71,18 +71,46 @@ DECODE_MODELS = ("J", "SSM_CONTROL", "MAMBA", "GPT2", "RESOLVENT")
 # Sizes: (full run on one GPU, --smoke on the CPU).
 SIZES = {
     "scan": ({"B": 8, "T": 4096, "D": 1024, "repeats": 10}, {"B": 2, "T": 24, "D": 8, "repeats": 1}),
-    "selective_scan": ({"B": 4, "T": 2048, "E": 1536, "N": 16, "repeats": 5},
-                       {"B": 1, "T": 12, "E": 4, "N": 2, "repeats": 1}),
-    "training": ({"preset": "125m", "warm_eager": 2, "warm_compiled": 3, "measured": 3, "compile_backend": "inductor",
-                  "compiled_models": COMPILE_ORDER, "eager_need_s": 25, "compiled_need_s": 100},
-                 {"preset": "micro", "warm_eager": 0, "warm_compiled": 1, "measured": 1, "compile_backend": "eager",
-                  "compiled_models": ("SSM_CONTROL",), "eager_need_s": 1, "compiled_need_s": 1}),
-    "decode": ({"preset": "125m", "contexts": (1024, 32768), "warm": 4, "steps": 32, "need_s": 8},
-               {"preset": "micro", "contexts": (16, 40), "warm": 2, "steps": 3, "need_s": 0}),
+    "selective_scan": (
+        {"B": 4, "T": 2048, "E": 1536, "N": 16, "repeats": 5},
+        {"B": 1, "T": 12, "E": 4, "N": 2, "repeats": 1},
+    ),
+    "training": (
+        {
+            "preset": "125m",
+            "warm_eager": 2,
+            "warm_compiled": 3,
+            "measured": 3,
+            "compile_backend": "inductor",
+            "compiled_models": COMPILE_ORDER,
+            "eager_need_s": 25,
+            "compiled_need_s": 100,
+        },
+        {
+            "preset": "micro",
+            "warm_eager": 0,
+            "warm_compiled": 1,
+            "measured": 1,
+            "compile_backend": "eager",
+            "compiled_models": ("SSM_CONTROL",),
+            "eager_need_s": 1,
+            "compiled_need_s": 1,
+        },
+    ),
+    "decode": (
+        {"preset": "125m", "contexts": (1024, 32768), "warm": 4, "steps": 32, "need_s": 8},
+        {"preset": "micro", "contexts": (16, 40), "warm": 2, "steps": 3, "need_s": 0},
+    ),
 }
 # (section, time limit in seconds on a GPU; the smoke run gives each section up to 60 s)
-SECTIONS = (("environment", 40), ("scan", 60), ("selective_scan", 60), ("training_eager", 110),
-            ("decode", 80), ("training_compiled", 480))
+SECTIONS = (
+    ("environment", 40),
+    ("scan", 60),
+    ("selective_scan", 60),
+    ("training_eager", 110),
+    ("decode", 80),
+    ("training_compiled", 480),
+)
 DEFAULT_BUDGET_S = 450.0  # the whole suite, under 8 minutes with start-up and the final files
 
 
@@ -93,8 +121,13 @@ def run_sections(args) -> dict:
     """Run each section in a worker process under its limit and the global budget; collect the rows."""
     started = time.time()
     deadline = started + args.budget
-    report = {"suite": "drmlab benchmarks/gpu_suite.py", "smoke": args.smoke, "budget_s": args.budget,
-              "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "sections": {}}
+    report = {
+        "suite": "drmlab benchmarks/gpu_suite.py",
+        "smoke": args.smoke,
+        "budget_s": args.budget,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "sections": {},
+    }
     out = Path(args.out)
     wanted = [s for s, _ in SECTIONS if args.sections is None or s in args.sections]
     for name, limit in SECTIONS:
@@ -102,22 +135,34 @@ def run_sections(args) -> dict:
             continue
         left = deadline - time.time()
         if left < 5:
-            report["sections"][name] = {"status": "skipped", "error": f"the {args.budget:.0f} s budget was spent",
-                                        "items": []}
+            report["sections"][name] = {
+                "status": "skipped",
+                "error": f"the {args.budget:.0f} s budget was spent",
+                "items": [],
+            }
             continue
         limit = min(60.0 if args.smoke else limit, left)
         rows_path = out / f".{name}.jsonl"
         rows_path.unlink(missing_ok=True)
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--rows", str(rows_path),
-               "--deadline", str(time.time() + limit - 3)] + (["--smoke"] if args.smoke else [])
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            name,
+            "--rows",
+            str(rows_path),
+            "--deadline",
+            str(time.time() + limit - 3),
+        ] + (["--smoke"] if args.smoke else [])
         env = dict(os.environ)
         if args.smoke and name in ("scan", "selective_scan"):
             env["TRITON_INTERPRET"] = "1"  # the Triton kernels on CPU tensors, through the interpreter
         t0 = time.time()
         section = {"status": "ok", "limit_s": round(limit, 1)}
         try:
-            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            )
             try:
                 output, _ = proc.communicate(timeout=limit)
                 if proc.returncode != 0:
@@ -136,7 +181,9 @@ def run_sections(args) -> dict:
             # no CUDA found: stop here (a failed environment worker is recorded, and the suite goes on)
             if not args.smoke and report["environment"].get("cuda") is False:
                 report["cuda"] = False
-                report["message"] = "no CUDA device on this machine: nothing was measured (run with --smoke to test the script)"
+                report["message"] = (
+                    "no CUDA device on this machine: nothing was measured (run with --smoke to test the script)"
+                )
                 report["sections"][name] = section
                 break
         report["sections"][name] = section
@@ -150,8 +197,11 @@ def run_sections(args) -> dict:
 def _compiled_over_eager(report: dict) -> None:
     """Each compiled training rate as a ratio to the same model's eager rate (two sections, one suite run)."""
     sections = report.get("sections", {})
-    eager = {item.get("model"): item.get("tok_s") for item in sections.get("training_eager", {}).get("items", [])
-             if item.get("status") == "ok"}
+    eager = {
+        item.get("model"): item.get("tok_s")
+        for item in sections.get("training_eager", {}).get("items", [])
+        if item.get("status") == "ok"
+    }
     for item in sections.get("training_compiled", {}).get("items", []):
         if item.get("status") == "ok" and eager.get(item.get("model")):
             item["x_eager"] = item["tok_s"] / eager[item["model"]]
@@ -182,18 +232,28 @@ def markdown(report: dict) -> str:
     """The report as markdown: one table per section, errors listed under it."""
     lines = [f"# drmlab GPU suite{' (smoke run on CPU: the numbers mean nothing)' if report.get('smoke') else ''}", ""]
     env = report.get("environment", {})
-    lines.append(f"started {report.get('started')}, {report.get('elapsed_s')} s of a {report.get('budget_s')} s budget; "
-                 f"device: {env.get('device_name', 'unknown')}; torch {env.get('torch')}, triton {env.get('triton')}, "
-                 f"fla {env.get('fla')}")
+    lines.append(
+        f"started {report.get('started')}, {report.get('elapsed_s')} s of a {report.get('budget_s')} s budget; "
+        f"device: {env.get('device_name', 'unknown')}; torch {env.get('torch')}, triton {env.get('triton')}, "
+        f"fla {env.get('fla')}"
+    )
     if report.get("message"):
         lines += ["", f"**{report['message']}**"]
     if env:
-        lines += ["", "backends chosen on this device: " + ", ".join(f"{k} {v}" for k, v in env.get("auto_backends", {}).items())]
+        lines += [
+            "",
+            "backends chosen on this device: " + ", ".join(f"{k} {v}" for k, v in env.get("auto_backends", {}).items()),
+        ]
     for name, section in report.get("sections", {}).items():
         if name == "environment":
             continue
-        lines += ["", f"## {name}", "", f"status {section.get('status')}, {section.get('seconds', 0)} s"
-                  + (f": {section['error']}" if section.get("error") else "")]
+        lines += [
+            "",
+            f"## {name}",
+            "",
+            f"status {section.get('status')}, {section.get('seconds', 0)} s"
+            + (f": {section['error']}" if section.get("error") else ""),
+        ]
         items = section.get("items", [])
         if not items:
             continue
@@ -270,8 +330,11 @@ class Worker:
         except BackendUnavailable as exc:
             row.update(status="unavailable", error=str(exc).splitlines()[0])
         except Exception as exc:
-            row.update(status="error", error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
-                       traceback=traceback.format_exc(limit=6)[-2000:])
+            row.update(
+                status="error",
+                error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+                traceback=traceback.format_exc(limit=6)[-2000:],
+            )
         finally:
             if self.cuda:
                 self.torch.cuda.empty_cache()
@@ -314,9 +377,14 @@ class Worker:
 def section_environment(w: Worker) -> None:
     def describe():
         torch = w.torch
-        info = {"torch": torch.__version__, "cuda": w.cuda, "python": sys.version.split()[0],
-                "device_name": torch.cuda.get_device_name(0) if w.cuda else "cpu (no CUDA)",
-                "cuda_version": torch.version.cuda, "cpu_count": os.cpu_count()}
+        info = {
+            "torch": torch.__version__,
+            "cuda": w.cuda,
+            "python": sys.version.split()[0],
+            "device_name": torch.cuda.get_device_name(0) if w.cuda else "cpu (no CUDA)",
+            "cuda_version": torch.version.cuda,
+            "cpu_count": os.cpu_count(),
+        }
         if w.cuda:
             props = torch.cuda.get_device_properties(0)
             info.update(capability=f"{props.major}.{props.minor}", memory_gib=round(props.total_memory / 2**30, 1))
@@ -381,6 +449,7 @@ def section_scan(w: Worker) -> None:
     cases = {"float32": torch.float32, "bfloat16": torch.bfloat16, "complex64": torch.complex64}
     floors: dict = {}
     for label, dtype in cases.items():
+
         def make(dtype=dtype):
             f = torch.sigmoid(2 * torch.randn(B, T, D, generator=gen, device=w.device))
             u = torch.randn(B, T, D, generator=gen, device=w.device)
@@ -400,8 +469,13 @@ def section_scan(w: Worker) -> None:
             fwd, fwd_bwd = _floor_ms(w, f, u, repeats)
             floors[label] = (fwd, fwd_bwd)
             moved = 4 * f.numel() * f.element_size()  # read f, m, u; write the result
-            return {"dtype": label, "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd, "floor_GBps": moved / (fwd / 1000) / 1e9,
-                    "shape": [B, T, D]}
+            return {
+                "dtype": label,
+                "fwd_ms": fwd,
+                "fwd_bwd_ms": fwd_bwd,
+                "floor_GBps": moved / (fwd / 1000) / 1e9,
+                "shape": [B, T, D],
+            }
 
         w.item(f"floor {label}", floor)
 
@@ -413,6 +487,7 @@ def section_scan(w: Worker) -> None:
 
         w.item(f"reference {label}", reference_run)
         for backend in BACKENDS.names:
+
             def measure(backend=backend, f=f, u=u, label=label, grad_out=grad_out, reference=reference):
                 fa, ua = f.detach().clone().requires_grad_(), u.detach().clone().requires_grad_()
                 out = linear_scan(fa, ua, backend=backend)  # raises BackendUnavailable where it cannot run
@@ -421,8 +496,10 @@ def section_scan(w: Worker) -> None:
                 row = {"dtype": label, "shape": [B, T, D]}
                 if reference:
                     row["fwd_err"] = float((out.detach().to(reference["out"].dtype) - reference["out"]).abs().max())
-                    row["grad_err"] = max(float((fa.grad.to(reference["df"].dtype) - reference["df"]).abs().max()),
-                                          float((ua.grad.to(reference["du"].dtype) - reference["du"]).abs().max()))
+                    row["grad_err"] = max(
+                        float((fa.grad.to(reference["df"].dtype) - reference["df"]).abs().max()),
+                        float((ua.grad.to(reference["du"].dtype) - reference["du"]).abs().max()),
+                    )
 
                 def fwd():
                     with torch.no_grad():
@@ -461,6 +538,7 @@ def _fla_hgrn(w: Worker, B: int, T: int, D: int, repeats: int, floors: dict) -> 
     x = torch.randn(B, T, D, generator=gen, device=w.device)
     g = torch.log(f)
     for kernel in ("chunk_hgrn", "fused_recurrent_hgrn"):
+
         def measure(kernel=kernel):
             fn = getattr(fla_hgrn, kernel)
             xa, ga = x.clone().requires_grad_(), g.clone().requires_grad_()
@@ -480,8 +558,13 @@ def _fla_hgrn(w: Worker, B: int, T: int, D: int, repeats: int, floors: dict) -> 
             from drmlab.ops.linear_scan import linear_scan
 
             ref = linear_scan(f.double(), x.double(), backend="torch")
-            row = {"dtype": "float32", "shape": [B, T, D], "fwd_err": float((out.double() - ref).abs().max()),
-                   "fwd_ms": w.median_ms(fwd, repeats), "fwd_bwd_ms": w.median_ms(fwd_bwd, repeats)}
+            row = {
+                "dtype": "float32",
+                "shape": [B, T, D],
+                "fwd_err": float((out.double() - ref).abs().max()),
+                "fwd_ms": w.median_ms(fwd, repeats),
+                "fwd_bwd_ms": w.median_ms(fwd_bwd, repeats),
+            }
             if "float32" in floors:
                 row["fwd_x_floor"] = row["fwd_ms"] / floors["float32"][0]
                 row["fwd_bwd_x_floor"] = row["fwd_bwd_ms"] / floors["float32"][1]
@@ -500,11 +583,13 @@ def section_selective_scan(w: Worker) -> None:
     size = SIZES["selective_scan"][1 if w.smoke else 0]
     B, T, E, N, repeats = size["B"], size["T"], size["E"], size["N"], size["repeats"]
     gen = torch.Generator(device=w.device).manual_seed(0)
-    inputs = (torch.randn(B, T, E, generator=gen, device=w.device),
-              torch.rand(B, T, E, generator=gen, device=w.device) * 0.1,
-              -torch.rand(E, N, generator=gen, device=w.device) * 4,
-              torch.randn(B, T, N, generator=gen, device=w.device),
-              torch.randn(B, T, N, generator=gen, device=w.device))
+    inputs = (
+        torch.randn(B, T, E, generator=gen, device=w.device),
+        torch.rand(B, T, E, generator=gen, device=w.device) * 0.1,
+        -torch.rand(E, N, generator=gen, device=w.device) * 4,
+        torch.randn(B, T, N, generator=gen, device=w.device),
+        torch.randn(B, T, N, generator=gen, device=w.device),
+    )
     grad_y = torch.randn(B, T, E, generator=gen, device=w.device)
     reference: dict = {}
 
@@ -518,6 +603,7 @@ def section_selective_scan(w: Worker) -> None:
     w.item("reference float64", reference_run)
     timings = {}
     for backend in ["torch"] + [b for b in BACKENDS.names if b != "torch"]:  # the reference point first
+
         def measure(backend=backend):
             leaves = [t.clone().requires_grad_() for t in inputs]
             y, _ = selective_scan(*leaves, backend=backend)
@@ -525,7 +611,9 @@ def section_selective_scan(w: Worker) -> None:
             row = {"dtype": "float32", "shape": {"B": B, "T": T, "E": E, "N": N}}
             if reference:
                 row["fwd_err"] = float((y.detach().double() - reference["y"]).abs().max())
-                row["grad_err"] = max(float((t.grad.double() - r).abs().max()) for t, r in zip(leaves, reference["grads"]))
+                row["grad_err"] = max(
+                    float((t.grad.double() - r).abs().max()) for t, r in zip(leaves, reference["grads"])
+                )
 
             def fwd():
                 with torch.no_grad():
@@ -594,10 +682,18 @@ def _train_rate(w: Worker, name: str, size: dict, *, compiled: bool) -> dict:
         seconds.append(time.perf_counter() - t0)
         loss_value = total
     rates = [cfg.tokens_per_step / s for s in seconds[warm:]]
-    row = {"params": count_parameters(model), "tok_s": statistics.median(rates), "first_steps_s": sum(seconds[:warm]),
-           "loss": loss_value, "peak_mib": w.peak_mib(), "bf16": cfg.bf16,
-           "tokens_per_step": cfg.tokens_per_step, "micro_batch": [cfg.batch_size, cfg.seq_len], "grad_accum": cfg.grad_accum,
-           "scan_backend": backend_for(torch.empty(1, 1, 1, device=w.device))}
+    row = {
+        "params": count_parameters(model),
+        "tok_s": statistics.median(rates),
+        "first_steps_s": sum(seconds[:warm]),
+        "loss": loss_value,
+        "peak_mib": w.peak_mib(),
+        "bf16": cfg.bf16,
+        "tokens_per_step": cfg.tokens_per_step,
+        "micro_batch": [cfg.batch_size, cfg.seq_len],
+        "grad_accum": cfg.grad_accum,
+        "scan_backend": backend_for(torch.empty(1, 1, 1, device=w.device)),
+    }
     if name == "GPT2":
         row["attention"] = getattr(getattr(getattr(model, "hf", None), "config", None), "_attn_implementation", None)
     if loss_value is None or not np.isfinite(loss_value):
@@ -608,15 +704,24 @@ def _train_rate(w: Worker, name: str, size: dict, *, compiled: bool) -> dict:
 def section_training_eager(w: Worker) -> None:
     size = SIZES["training"][1 if w.smoke else 0]
     for name in TRAIN_MODELS:
-        w.item(f"{name} eager bf16", lambda name=name: _train_rate(w, name, size, compiled=False), need_s=size["eager_need_s"],
-               model=name)
+        w.item(
+            f"{name} eager bf16",
+            lambda name=name: _train_rate(w, name, size, compiled=False),
+            need_s=size["eager_need_s"],
+            model=name,
+        )
 
 
 def section_training_compiled(w: Worker) -> None:
     size = SIZES["training"][1 if w.smoke else 0]
     for name in size["compiled_models"]:
-        w.item(f"{name} compiled bf16", lambda name=name: _train_rate(w, name, size, compiled=True),
-               need_s=size["compiled_need_s"], model=name, compile_backend=size["compile_backend"])
+        w.item(
+            f"{name} compiled bf16",
+            lambda name=name: _train_rate(w, name, size, compiled=True),
+            need_s=size["compiled_need_s"],
+            model=name,
+            compile_backend=size["compile_backend"],
+        )
 
 
 # -- decoding
@@ -645,11 +750,14 @@ def section_decode(w: Worker) -> None:
     for name in DECODE_MODELS:
         built: dict = {}
         for context in contexts:
+
             @torch.no_grad()
             def measure(name=name, context=context, built=built):
                 if "model" not in built:  # one model for every context
                     overrides = {"n_positions": max(contexts) + warm + steps + 8} if name == "GPT2" else {}
-                    built["model"] = build_model(name, size["preset"], vocab_size=256, seed=0, **overrides).to(w.device).eval()
+                    built["model"] = (
+                        build_model(name, size["preset"], vocab_size=256, seed=0, **overrides).to(w.device).eval()
+                    )
                 model = built["model"]
                 gen = torch.Generator(device="cpu").manual_seed(0)
                 tokens = torch.randint(32, 127, (1, context + steps), generator=gen).to(w.device)
@@ -669,8 +777,14 @@ def section_decode(w: Worker) -> None:
                     times.append(time.perf_counter() - t0)
                 if not bool(torch.isfinite(logits).all()):
                     raise FloatingPointError("non-finite logits while decoding")
-                return {"context": context, "ms_per_token": 1000 * statistics.median(times), "prefill_s": prefill_s,
-                        "state_mib": _state_bytes(state) / 2**20, "peak_mib": w.peak_mib(), "dtype": "float32"}
+                return {
+                    "context": context,
+                    "ms_per_token": 1000 * statistics.median(times),
+                    "prefill_s": prefill_s,
+                    "state_mib": _state_bytes(state) / 2**20,
+                    "peak_mib": w.peak_mib(),
+                    "dtype": "float32",
+                }
 
             w.item(f"{name} decode {context:,}", measure, need_s=size["need_s"], model=name)
 
@@ -690,10 +804,18 @@ WORKERS = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="gpu-suite", help="folder for gpu_suite.json and gpu_suite.md (default gpu-suite)")
-    parser.add_argument("--smoke", action="store_true", help="every section at tiny sizes on the CPU (tests the script)")
-    parser.add_argument("--budget", type=float, default=None,
-                        help=f"seconds for the whole suite (default {DEFAULT_BUDGET_S:.0f}; smoke 150)")
+    parser.add_argument(
+        "--out", default="gpu-suite", help="folder for gpu_suite.json and gpu_suite.md (default gpu-suite)"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="every section at tiny sizes on the CPU (tests the script)"
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help=f"seconds for the whole suite (default {DEFAULT_BUDGET_S:.0f}; smoke 150)",
+    )
     parser.add_argument("--sections", default=None, help="a comma-separated subset of: " + ", ".join(WORKERS))
     parser.add_argument("--worker", choices=tuple(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--rows", help=argparse.SUPPRESS)
@@ -717,8 +839,11 @@ def main(argv: list[str] | None = None) -> int:
     if report.get("message"):
         print(report["message"])
     failed = {name: s["status"] for name, s in report["sections"].items() if s.get("status") != "ok"}
-    print(f"gpu_suite: {len(report['sections'])} sections in {report['elapsed_s']} s"
-          + (f" (not ok: {failed})" if failed else "") + f"; wrote {out / JSON_FILE} and {out / MARKDOWN_FILE}")
+    print(
+        f"gpu_suite: {len(report['sections'])} sections in {report['elapsed_s']} s"
+        + (f" (not ok: {failed})" if failed else "")
+        + f"; wrote {out / JSON_FILE} and {out / MARKDOWN_FILE}"
+    )
     return 0
 
 

@@ -44,15 +44,18 @@ def _stream() -> np.ndarray:
 
 
 def _cfg(steps: int) -> TrainConfig:
-    return TrainConfig(tokens=8 * 32 * steps, batch_size=8, seq_len=32, lr=3e-3, eval_every=0, eval_windows=0,
-                       checkpoint_every=8 * 32)
+    return TrainConfig(
+        tokens=8 * 32 * steps, batch_size=8, seq_len=32, lr=3e-3, eval_every=0, eval_windows=0, checkpoint_every=8 * 32
+    )
 
 
 def run_training(model_name: str, steps: int, run: str, resume: bool = False) -> torch.nn.Module:
     model = build_model(model_name, "micro", vocab_size=256, seed=1)
     info = RunInfo(model_name, "micro", data=DataInfo(256, "bytes", None, None))
     resumable = resume and RunDir(run).has_checkpoint()
-    train(model, _stream(), None, _cfg(steps), run, quiet=True, resume=resumable, overwrite=not resumable, run_info=info)
+    train(
+        model, _stream(), None, _cfg(steps), run, quiet=True, resume=resumable, overwrite=not resumable, run_info=info
+    )
     return model
 
 
@@ -85,8 +88,13 @@ def main() -> int:
     for trial in range(args.trials):
         run = root / f"trial{trial}"
         for attempt in range(args.kills):
-            child = subprocess.Popen([sys.executable, "-c", CHILD.format(here=here, model=args.model, steps=args.steps,
-                                                                         run=str(run), resume=attempt > 0)])
+            child = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    CHILD.format(here=here, model=args.model, steps=args.steps, run=str(run), resume=attempt > 0),
+                ]
+            )
             delay = rng.uniform(0.5, 2.0) + rng.uniform(0, step_seconds * args.steps * 0.5)
             try:
                 child.wait(timeout=delay)
@@ -128,9 +136,22 @@ def main() -> int:
         target.write_bytes(backup)
         run.pointer_path.write_text(pointer)
 
-    print(json.dumps({"model": args.model, "trials": args.trials, "kills": kills, "bit_exact_resumes": exact,
-                      "lost_work_trials": lost, "damaged": damaged, "refused_in_one_line": refused,
-                      "step_seconds": round(step_seconds, 4), "work_dir": str(root)}, indent=1))
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "trials": args.trials,
+                "kills": kills,
+                "bit_exact_resumes": exact,
+                "lost_work_trials": lost,
+                "damaged": damaged,
+                "refused_in_one_line": refused,
+                "step_seconds": round(step_seconds, 4),
+                "work_dir": str(root),
+            },
+            indent=1,
+        )
+    )
     return 0 if exact == args.trials and refused == damaged else 1
 
 

@@ -16,14 +16,20 @@ import drmlab
 SRC = Path(drmlab.__file__).resolve().parent
 
 LAYERS = {
-    "naming": 0, "presets": 0, "devices": 0,
+    "naming": 0,
+    "presets": 0,
+    "devices": 0,
     "ops": 1,
     "resolvent": 2,
     "models": 3,
     "data": 3,
     "runs": 4,
-    "training": 5, "evaluation": 5, "generation": 5, "geometry": 5,
-    "integrations": 6, "hf": 6,
+    "training": 5,
+    "evaluation": 5,
+    "generation": 5,
+    "geometry": 5,
+    "integrations": 6,
+    "hf": 6,
     "experiments": 7,
     "cli": 8,
     "__main__": 9,  # python -m drmlab: the command line without its installed script
@@ -81,9 +87,14 @@ def _edges():
 
 
 def test_every_package_has_a_layer():
-    packages = {p.stem if p.is_file() else p.name for p in SRC.iterdir()
-                if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").is_file())}
-    assert packages == set(LAYERS), f"packages without a layer: {packages - set(LAYERS)}; stale: {set(LAYERS) - packages}"
+    packages = {
+        p.stem if p.is_file() else p.name
+        for p in SRC.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").is_file())
+    }
+    assert packages == set(LAYERS), (
+        f"packages without a layer: {packages - set(LAYERS)}; stale: {set(LAYERS) - packages}"
+    )
 
 
 def test_no_import_goes_up_a_layer():
@@ -104,8 +115,10 @@ def test_no_loop_between_packages():
 
 
 def test_the_checker_sees_imports_inside_functions_and_relative_ones():
-    text = ("def f():\n    from drmlab.cli import main\n    import drmlab.training.trainer\n"
-            "from ..runs import RunDir\nfrom . import batches\nfrom drmlab import data\n")
+    text = (
+        "def f():\n    from drmlab.cli import main\n    import drmlab.training.trainer\n"
+        "from ..runs import RunDir\nfrom . import batches\nfrom drmlab import data\n"
+    )
     found = sorted(t for _, t in _imports(text, "drmlab.training.trainer"))
     assert found == ["drmlab.cli", "drmlab.data", "drmlab.runs", "drmlab.training", "drmlab.training.trainer"]
 
@@ -154,20 +167,31 @@ def test_no_training_loop_or_signal_handler_outside_training():
         if rel.startswith(TRAINING_HOMES):
             continue
         outside += [f"{rel}:{line} calls {what}" for line, what in _training_calls(path.read_text())]
-    assert not outside, ("an optimizer step, a gradient or a signal handler outside drmlab/training/ (a study "
-                         "brings a loss, an optimizer builder, a batch source and hooks to train() instead):\n"
-                         + "\n".join(outside))
+    assert not outside, (
+        "an optimizer step, a gradient or a signal handler outside drmlab/training/ (a study "
+        "brings a loss, an optimizer builder, a batch source and hooks to train() instead):\n" + "\n".join(outside)
+    )
 
 
 def test_the_training_rule_sees_a_planted_loop_and_spares_the_operators():
-    planted = ("import signal as sg\nfrom signal import signal as on\n"
-               "def fit(model, opt, batches):\n    for x in batches:\n        loss = model(x).sum()\n"
-               "        loss.backward()\n        opt.step()\n        opt.zero_grad(set_to_none=True)\n"
-               "    torch.autograd.backward([loss], [g])\n    sg.signal(sg.SIGINT, print)\n    on(2, print)\n")
+    planted = (
+        "import signal as sg\nfrom signal import signal as on\n"
+        "def fit(model, opt, batches):\n    for x in batches:\n        loss = model(x).sum()\n"
+        "        loss.backward()\n        opt.step()\n        opt.zero_grad(set_to_none=True)\n"
+        "    torch.autograd.backward([loss], [g])\n    sg.signal(sg.SIGINT, print)\n    on(2, print)\n"
+    )
     assert sorted(what for _, what in _training_calls(planted)) == [
-        "loss.backward", "opt.step()", "opt.zero_grad", "signal.signal", "signal.signal", "torch.autograd.backward"]
-    spared = ("du, df, _ = impl.backward(f, m, init, dm, need_f, False)\nout = model(x, step=3)\n"
-              "schedule.step(4)\ng = torch.autograd.grad(y.sum(), x)\n")
+        "loss.backward",
+        "opt.step()",
+        "opt.zero_grad",
+        "signal.signal",
+        "signal.signal",
+        "torch.autograd.backward",
+    ]
+    spared = (
+        "du, df, _ = impl.backward(f, m, init, dm, need_f, False)\nout = model(x, step=3)\n"
+        "schedule.step(4)\ng = torch.autograd.grad(y.sum(), x)\n"
+    )
     assert _training_calls(spared) == []
 
 
@@ -182,7 +206,7 @@ def render_layers(layers: dict[str, int] = LAYERS) -> str:
 def test_the_docs_print_the_one_layering():
     text = (SRC.parents[1] / "docs" / "architecture.md").read_text()
     begin, end = "<!-- layers: begin", "<!-- layers: end -->"
-    block = text[text.index(begin):text.index(end)]
+    block = text[text.index(begin) : text.index(end)]
     printed = block.split("```text\n", 1)[1].split("```", 1)[0].strip()
     assert printed == render_layers(), f"docs/architecture.md section 1 must print:\n{render_layers()}"
     readme = (SRC.parents[1] / "README.md").read_text()

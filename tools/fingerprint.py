@@ -45,8 +45,9 @@ def fingerprint(name: str, dtype: torch.dtype) -> dict:
     model.train()
     train_tokens = tokens[:, : min(tokens.shape[1], 33)]
     out = model(train_tokens[:, :-1])
-    loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]).float(),
-                                             train_tokens[:, 1:].reshape(-1))
+    loss = torch.nn.functional.cross_entropy(
+        out.logits.reshape(-1, out.logits.shape[-1]).float(), train_tokens[:, 1:].reshape(-1)
+    )
     loss.backward()
     record["loss"] = repr(loss.item())
     grads = [p.grad.reshape(-1).to(torch.float64) for p in model.parameters() if p.grad is not None]
@@ -72,8 +73,12 @@ def main() -> int:
     if args.compare:
         with open(args.compare) as f:
             before = json.load(f)
-        diffs = [f"{key} {field}" for key, rec in result.items() for field, value in rec.items()
-                 if key in before and before[key].get(field) != value]
+        diffs = [
+            f"{key} {field}"
+            for key, rec in result.items()
+            for field, value in rec.items()
+            if key in before and before[key].get(field) != value
+        ]
         missing = sorted(set(before) - set(result)) if not args.models else []
         for line in diffs + [f"{key} missing" for key in missing]:
             print("DIFFERS:", line)

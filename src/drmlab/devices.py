@@ -11,7 +11,14 @@ def resolve_device(name: str | None, local_rank: int = 0) -> torch.device:
         if torch.cuda.is_available():
             return torch.device("cuda", local_rank % torch.cuda.device_count())
         return torch.device("cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"--device {name!r} is not a device: auto, cpu, cuda, cuda:N (or another torch device)"
+        ) from None
+    if device.type not in ("cpu", "cuda", "mps", "meta"):
+        raise ValueError(f"--device {name!r}: drmlab runs on auto, cpu, cuda or cuda:N (and mps where torch has it)")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {name!r} requested but CUDA is not available")

@@ -6,7 +6,7 @@ Imports nothing but the standard library, so the command line can check a name b
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def suggest(word: str, options: Iterable[str]) -> str:

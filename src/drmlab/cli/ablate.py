@@ -41,20 +41,27 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "ablate",
         help="paired ablation: several models x seeds on the same batches, with the promotion gate",
         description="Train every model once per seed with identical batches (per seed), rescore each on the "
-                    "validation stream, and tabulate mean +- std, per-seed pairs and the promotion gate.",
+        "validation stream, and tabulate mean +- std, per-seed pairs and the promotion gate.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated model names, NAME or NAME:ARM for a "
-                        f"named arm such as LOOPED:B (default {DEFAULT_MODELS})")
+    parser.add_argument(
+        "--models",
+        default=DEFAULT_MODELS,
+        help="comma-separated model names, NAME or NAME:ARM for a "
+        f"named arm such as LOOPED:B (default {DEFAULT_MODELS})",
+    )
     common.add_seeds_argument(parser, DEFAULT_SEEDS)
     common.add_preset_argument(parser, help="model size and training defaults (default tiny)")
     common.add_tokens_argument(parser, "token budget per run (default 5,005,312 = 611 x 8,192)")
     common.add_out_argument(parser, "study directory (default studies/ablate-PRESET)")
     common.add_data_arguments(parser)
     common.add_study_train_arguments(parser)
-    common.add_set_argument(parser, "train setting for every run, or MODEL.KEY=VALUE for one model's config; repeatable",
-                            metavar="[MODEL.]KEY=VALUE")
+    common.add_set_argument(
+        parser,
+        "train setting for every run, or MODEL.KEY=VALUE for one model's config; repeatable",
+        metavar="[MODEL.]KEY=VALUE",
+    )
     common.add_bf16_argument(parser)
     common.add_tensorboard_argument(parser, "each run's directory (OUT/runs/MODEL-seedS)")
     common.add_runtime_arguments(parser)
@@ -84,12 +91,25 @@ def run(args: argparse.Namespace) -> int:
     runtime = common.runtime(args, log=common.log_to_stderr)  # --tensorboard checked, --threads applied
     models = common.split_list(args.models, "models")
     train, model_settings = split_settings(common.parse_assignments(args.assignments), models)
-    spec = StudySpec(models=models, seeds=common.parse_seeds(args.seeds), preset=args.preset, tokens=args.tokens,
-                     train=common.train_settings(args, train), model_settings=model_settings, data=args.data,
-                     tokenizer=args.tokenizer or "bytes", lr_grid=args.lr_grid, tune_tokens=args.tune_tokens)
+    spec = StudySpec(
+        models=models,
+        seeds=common.parse_seeds(args.seeds),
+        preset=args.preset,
+        tokens=args.tokens,
+        train=common.train_settings(args, train),
+        model_settings=model_settings,
+        data=args.data,
+        tokenizer=args.tokenizer or "bytes",
+        lr_grid=args.lr_grid,
+        tune_tokens=args.tune_tokens,
+    )
     out = Path(args.out or f"studies/ablate-{args.preset}")
     results = protocol.run_study(spec, runtime, out, sweep_only=args.sweep_only)
     print(report.markdown(results))
-    print(f"results in {out}/: " + common.written_files(out, ["results.md", "results.csv", "results.json"],
-                                                        ["curves.png", "seeds.png", "lr_sweep.png"]))
+    print(
+        f"results in {out}/: "
+        + common.written_files(
+            out, ["results.md", "results.csv", "results.json"], ["curves.png", "seeds.png", "lr_sweep.png"]
+        )
+    )
     return 0

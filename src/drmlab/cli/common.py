@@ -53,8 +53,9 @@ def add_study_train_arguments(parser, *, lr_grid: bool = True) -> None:
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
     if lr_grid:
         add_lr_sweep_arguments(parser)
-    parser.add_argument("--eval-tokens", default=None, metavar="N",
-                        help="cap on validation tokens rescored per run (default: all)")
+    parser.add_argument(
+        "--eval-tokens", default=None, metavar="N", help="cap on validation tokens rescored per run (default: all)"
+    )
 
 
 def add_bf16_argument(parser, help: str = "bf16 autocast for training") -> None:
@@ -63,23 +64,40 @@ def add_bf16_argument(parser, help: str = "bf16 autocast for training") -> None:
 
 def train_settings(args: argparse.Namespace, assignments: dict) -> dict:
     """A study's train settings from the flags (--lr, --bf16, --eval-tokens), then ``--set KEY=VALUE``."""
-    flags = {"lr": args.lr, "bf16": args.bf16,
-             "eval_tokens": None if args.eval_tokens in (None, "all") else args.eval_tokens}
+    flags = {
+        "lr": args.lr,
+        "bf16": args.bf16,
+        "eval_tokens": None if args.eval_tokens in (None, "all") else args.eval_tokens,
+    }
     return {**{k: v for k, v in flags.items() if v is not None}, **assignments}
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """--data / --tokenizer / --cache-dir: which text and how it becomes token ids."""
-    parser.add_argument("--data", metavar="SRC", default=None,
-                        help="training text: a file, a folder, a glob, or hf:NAME (default: the embedded corpus, "
-                             "the Python standard library's source, which depends on the Python version)")
-    parser.add_argument("--tokenizer", choices=("bytes", "gpt2"), default=None,
-                        help="bytes (256 ids, the default) or gpt2 (50,257 BPE ids; needs the hf extra)")
+    parser.add_argument(
+        "--data",
+        metavar="SRC",
+        default=None,
+        help="training text: a file, a folder, a glob, or hf:NAME (default: the embedded corpus, "
+        "the Python standard library's source, which depends on the Python version)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        choices=("bytes", "gpt2"),
+        default=None,
+        help="bytes (256 ids, the default) or gpt2 (50,257 BPE ids; needs the hf extra)",
+    )
     parser.add_argument("--cache-dir", metavar="DIR", default=None, help="where tokenized corpora are cached")
 
 
-def add_runtime_arguments(parser: argparse.ArgumentParser, *, device_default: str = "auto", quiet: bool = True,
-                          device_help: str | None = None, threads: bool = True) -> None:
+def add_runtime_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    device_default: str = "auto",
+    quiet: bool = True,
+    device_help: str | None = None,
+    threads: bool = True,
+) -> None:
     """--device / --threads (and --quiet): where and how fast, never what is computed."""
     add_device_argument(parser, device_default, device_help)
     if threads:
@@ -89,8 +107,11 @@ def add_runtime_arguments(parser: argparse.ArgumentParser, *, device_default: st
 
 
 def add_device_argument(parser, default: str = "auto", help: str | None = None) -> None:
-    parser.add_argument("--device", default=default, help=help or (
-        f"auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ... (default {default})"))
+    parser.add_argument(
+        "--device",
+        default=default,
+        help=help or (f"auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ... (default {default})"),
+    )
 
 
 def add_quiet_argument(parser, help: str = "no progress bars") -> None:
@@ -104,17 +125,25 @@ def runtime(args: argparse.Namespace, log=None):
 
     check_tensorboard(args)
     apply_threads(args)
-    return Runtime(device=getattr(args, "device", "auto"), threads=getattr(args, "threads", None),
-                   quiet=getattr(args, "quiet", True), tensorboard=getattr(args, "tensorboard", False),
-                   cache_dir=getattr(args, "cache_dir", None), log=log)
+    return Runtime(
+        device=getattr(args, "device", "auto"),
+        threads=getattr(args, "threads", None),
+        quiet=getattr(args, "quiet", True),
+        tensorboard=getattr(args, "tensorboard", False),
+        cache_dir=getattr(args, "cache_dir", None),
+        log=log,
+    )
 
 
 def add_tensorboard_argument(parser: argparse.ArgumentParser, where: str = "the run directory") -> None:
     """--tensorboard: metrics.jsonl's rows also as TensorBoard event files (an output option, not a setting)."""
-    parser.add_argument("--tensorboard", action="store_true",
-                        help=f"also write every metrics row (loss, lr, grad norm, tokens/s, sampled validation CE, DRM "
-                             f"diagnostics) as TensorBoard event files into {where}/tensorboard/; may differ on a "
-                             "resume (needs: pip install 'drmlab[tensorboard]')")
+    parser.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help=f"also write every metrics row (loss, lr, grad norm, tokens/s, sampled validation CE, DRM "
+        f"diagnostics) as TensorBoard event files into {where}/tensorboard/; may differ on a "
+        "resume (needs: pip install 'drmlab[tensorboard]')",
+    )
 
 
 def check_tensorboard(args: argparse.Namespace) -> None:
@@ -169,9 +198,11 @@ def busy_machine_warning(threads: int, cores: int, others: int | None) -> str | 
     if others is None or threads <= 1 or threads + others <= cores:
         return None
     suggest = max(1, cores - others)
-    return (f"drmlab: {others} other task{'s' if others > 1 else ''} already busy on this {cores}-core machine and torch "
-            f"will use {threads} threads: threads that wait for each other on a busy CPU can make training a hundred "
-            f"times slower; pass --threads {suggest}")
+    return (
+        f"drmlab: {others} other task{'s' if others > 1 else ''} already busy on this {cores}-core machine and torch "
+        f"will use {threads} threads: threads that wait for each other on a busy CPU can make training a hundred "
+        f"times slower; pass --threads {suggest}"
+    )
 
 
 def written_files(out, always: list[str], maybe: list[str]) -> str:
@@ -230,8 +261,9 @@ def check_seq_len(model, seq_len: int, label: str | None = None, set_prefix: str
     limit = getattr(getattr(model, "config", None), "n_positions", None)
     if isinstance(limit, int) and seq_len > limit:
         name = label or getattr(model, "model_name", type(model).__name__)
-        raise ValueError(f"seq_len {seq_len} exceeds {name}'s n_positions={limit}; "
-                         f"add --set {set_prefix}n_positions={seq_len}")
+        raise ValueError(
+            f"seq_len {seq_len} exceeds {name}'s n_positions={limit}; add --set {set_prefix}n_positions={seq_len}"
+        )
 
 
 def log_to_stderr(message: str) -> None:
@@ -246,6 +278,7 @@ def parse_int_list(text: str, flag: str) -> list[int]:
         return [int(s) for s in items]
     except ValueError:
         raise ValueError(f"--{flag} must be comma-separated integers, got {text!r}") from None
+
 
 def parse_value(text: str):
     """A ``--set`` value: a JSON literal when it parses (``3``, ``0.5``, ``true``, ``null``, ``[1,2]``), else the string."""
@@ -270,8 +303,10 @@ def parse_assignments(items: list[str] | None) -> dict:
     return out
 
 
-LM_SWEEP_HELP = ("sweep these rates per model (first seed, scored on a slice held out of the training data, never "
-                 "the validation split), then run its seeds at its best rate; instead of --lr")
+LM_SWEEP_HELP = (
+    "sweep these rates per model (first seed, scored on a slice held out of the training data, never "
+    "the validation split), then run its seeds at its best rate; instead of --lr"
+)
 
 
 def add_lr_grid_argument(parser, help: str = LM_SWEEP_HELP) -> None:
@@ -281,13 +316,42 @@ def add_lr_grid_argument(parser, help: str = LM_SWEEP_HELP) -> None:
 def add_lr_sweep_arguments(parser: argparse.ArgumentParser, budget: str = "--tokens") -> None:
     """--lr-grid, --tune-tokens and --sweep-only: sweep the learning rate per model first (drmlab.experiments.lr_sweep)."""
     add_lr_grid_argument(parser)
-    parser.add_argument("--tune-tokens", default=None, metavar="N", help=f"budget of each sweep run (default: {budget})")
-    parser.add_argument("--sweep-only", action="store_true",
-                        help="with --lr-grid: run the sweep and stop (the same command without it goes on with "
-                             "the paired runs at each model's best rate)")
+    parser.add_argument(
+        "--tune-tokens", default=None, metavar="N", help=f"budget of each sweep run (default: {budget})"
+    )
+    parser.add_argument(
+        "--sweep-only",
+        action="store_true",
+        help="with --lr-grid: run the sweep and stop (the same command without it goes on with "
+        "the paired runs at each model's best rate)",
+    )
 
 
 def check_sweep_only(args: argparse.Namespace) -> None:
     """--sweep-only without --lr-grid has nothing to do: refused before anything is read or written."""
     if args.sweep_only and args.lr_grid is None:
         raise ValueError("--sweep-only needs --lr-grid (it runs the sweep and stops)")
+
+
+def add_accept_edited_config_argument(parser) -> None:
+    parser.add_argument(
+        "--accept-edited-config",
+        action="store_true",
+        help="use the run's config.json although it was edited after the run wrote it (refused otherwise, "
+        "listing the changed fields); the edit is sealed again and recorded in its metrics.jsonl",
+    )
+
+
+def accept_edited_config(args: argparse.Namespace, run_dir) -> None:
+    """With ``--accept-edited-config``: take the edits of ``run_dir``'s config.json (one line saying which)."""
+    if not getattr(args, "accept_edited_config", False) or run_dir is None:
+        return
+    from drmlab.runs import RunDir
+
+    run = RunDir(run_dir)
+    if run.has_config():
+        changed = run.accept_config_edits()
+        if changed:
+            log_to_stderr(
+                f"accepted the edited {run.config_path} ({'; '.join(changed)}); recorded in its metrics.jsonl"
+            )

@@ -32,22 +32,32 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "eval",
         help="rescore a trained checkpoint on the whole validation stream (CE, bits/byte, perplexity)",
         description="Deterministically rescore a run's checkpoint over the continuous validation stream "
-                    "in non-overlapping windows, print the numbers and write them to DIR/eval.json.",
+        "in non-overlapping windows, print the numbers and write them to DIR/eval.json.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--ckpt", required=True, metavar="DIR", help="a run directory written by drmlab train")
+    common.add_accept_edited_config_argument(parser)
     common.add_data_arguments(parser)
     parser.add_argument("--split", choices=("val", "train"), default="val", help="which split to score (default val)")
     parser.add_argument("--seq-len", type=int, default=None, help="window length (default: the run's seq_len)")
-    parser.add_argument("--batch-size", type=int, default=None, help="windows per forward (default: the run's eval_batch_size)")
-    parser.add_argument("--eval-tokens", default=None, metavar="N",
-                        help="score only the first N targets; 'all' for the whole stream (default: the run's cap)")
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="windows per forward (default: the run's eval_batch_size)"
+    )
+    parser.add_argument(
+        "--eval-tokens",
+        default=None,
+        metavar="N",
+        help="score only the first N targets; 'all' for the whole stream (default: the run's cap)",
+    )
     common.add_runtime_arguments(parser, quiet=False)
-    parser.add_argument("--output", default=None, metavar="FILE", help="where to write the JSON (default DIR/eval.json)")
+    parser.add_argument(
+        "--output", default=None, metavar="FILE", help="where to write the JSON (default DIR/eval.json)"
+    )
     common.add_quiet_argument(parser, "no progress bar")
     parser.set_defaults(func=run)
     return parser
+
 
 def run(args: argparse.Namespace) -> int:
     from drmlab.evaluation import byte_counter, rescore
@@ -56,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.training.config import parse_tokens
 
     common.apply_threads(args)
+    common.accept_edited_config(args, args.ckpt)
     run = RunDir(args.ckpt)
     model, config, state = run.load_model(args.device)
     train_cfg = config["train"]
@@ -65,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"the run was trained with the {config.get('tokenizer')} tokenizer, not {tokenizer}")
     corpus = load_corpus_for(data, tokenizer, args.cache_dir)
     if corpus.vocab_size != config.get("vocab_size", corpus.vocab_size):
-        raise ValueError(f"the corpus vocabulary ({corpus.vocab_size}) differs from the run's ({config.get('vocab_size')})")
+        raise ValueError(
+            f"the corpus vocabulary ({corpus.vocab_size}) differs from the run's ({config.get('vocab_size')})"
+        )
     stream = corpus.val if args.split == "val" else corpus.train
     if args.eval_tokens is None:
         cap = train_cfg.get("eval_tokens")
@@ -78,9 +91,15 @@ def run(args: argparse.Namespace) -> int:
     meta = corpus.meta if isinstance(corpus.meta, dict) else {}
     total_bytes = meta.get("val_bytes" if args.split == "val" else "train_bytes")
     t0 = time.perf_counter()
-    result = rescore(model, stream, seq_len, batch_size=batch, max_targets=cap,
-                     count_bytes=byte_counter(stream, corpus.tokenizer, total_bytes),
-                     progress=not args.quiet and sys.stderr.isatty())
+    result = rescore(
+        model,
+        stream,
+        seq_len,
+        batch_size=batch,
+        max_targets=cap,
+        count_bytes=byte_counter(stream, corpus.tokenizer, total_bytes),
+        progress=not args.quiet and sys.stderr.isatty(),
+    )
     seconds = time.perf_counter() - t0
     saved_meta = config.get("data") or {}
     saved_hash, hash_now = saved_meta.get("content_sha256"), meta.get("content_sha256")
@@ -102,9 +121,11 @@ def run(args: argparse.Namespace) -> int:
     }
     output = Path(args.output) if args.output else run.eval_path
     write_json_atomic(output, report)
-    print(f"{config['model']} {config['preset']} seed {train_cfg['seed']} (step {report['step']}), {args.split} split: "
-          f"CE {result['ce']:.4f} nats/token, {result['bpb']:.4f} bits/byte, perplexity {result['ppl']:.3f} "
-          f"over {result['targets']:,} tokens ({result['windows']:,} windows of {seq_len})")
+    print(
+        f"{config['model']} {config['preset']} seed {train_cfg['seed']} (step {report['step']}), {args.split} split: "
+        f"CE {result['ce']:.4f} nats/token, {result['bpb']:.4f} bits/byte, perplexity {result['ppl']:.3f} "
+        f"over {result['targets']:,} tokens ({result['windows']:,} windows of {seq_len})"
+    )
     if same_data is False:
         print("note: this data differs from the run's training corpus", file=sys.stderr)
     print(f"written to {output}")

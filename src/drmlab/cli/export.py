@@ -22,11 +22,15 @@ registers the drmlab model types with transformers. See docs/integrations.md.
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "export", help="write a run's checkpoint as a Hugging Face model directory (config, safetensors, tokenizer)",
+        "export",
+        help="write a run's checkpoint as a Hugging Face model directory (config, safetensors, tokenizer)",
         description="Convert a drmlab run directory into a Hugging Face model directory that "
-                    "AutoModelForCausalLM.from_pretrained loads (after `import drmlab.hf`), with bit-identical logits.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "AutoModelForCausalLM.from_pretrained loads (after `import drmlab.hf`), with bit-identical logits.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--ckpt", required=True, metavar="RUN_DIR", help="a run directory written by drmlab train")
+    common.add_accept_edited_config_argument(parser)
     common.add_out_argument(parser, "the folder to write (must not exist or be empty)", required=True, metavar="HF_DIR")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier drmlab export in --out")
     parser.set_defaults(func=run)
@@ -42,8 +46,11 @@ def run(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()  # one summary line instead of transformers' shard-writing bars
 
+    common.accept_edited_config(args, args.ckpt)
     summary = export_run(args.ckpt, args.out, overwrite=args.overwrite)
-    print(f"{summary['model']} {summary['preset']} (step {summary['step']}) exported as {summary['model_type']} "
-          f"to {summary['out']}: {', '.join(summary['files'])}")
+    print(
+        f"{summary['model']} {summary['preset']} (step {summary['step']}) exported as {summary['model_type']} "
+        f"to {summary['out']}: {', '.join(summary['files'])}"
+    )
     print(summary["tokenizer"])
     return 0

@@ -19,11 +19,15 @@ token at a time through the model's exact step function. The same seed gives the
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "generate", help="sample a continuation of a prompt from a trained checkpoint",
+        "generate",
+        help="sample a continuation of a prompt from a trained checkpoint",
         description="Load a run directory written by `drmlab train`, encode the prompt with the run's "
-                    "tokenizer and sample a continuation, printing it as tokens arrive.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "tokenizer and sample a continuation, printing it as tokens arrive.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--ckpt", required=True, metavar="DIR", help="a run directory written by drmlab train")
+    common.add_accept_edited_config_argument(parser)
     parser.add_argument("--prompt", required=True, help="the text to continue")
     parser.add_argument("--max-tokens", type=int, default=200, help="tokens to generate (default 200)")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1.0)")
@@ -37,9 +41,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from drmlab.data import get_tokenizer
-    from drmlab.runs import load_run_model
     from drmlab.generation import generate
+    from drmlab.runs import load_run_model
 
+    common.accept_edited_config(args, args.ckpt)
     model, config, _ = load_run_model(args.ckpt, device=args.device)
     tokenizer = get_tokenizer(config.get("tokenizer") or "bytes")
     sys.stdout.write(args.prompt)
@@ -49,8 +54,20 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
-    result = generate(model, tokenizer, args.prompt, max_new_tokens=args.max_tokens, temperature=args.temperature,
-                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, on_text=show)
-    print(f"\n\n[{len(result.new_tokens)} tokens at {result.tokens_per_s:,.1f} tok/s; "
-          f"prompt of {len(result.prompt_tokens)} tokens prefilled in {result.prefill_s:.3f} s]", file=sys.stderr)
+    result = generate(
+        model,
+        tokenizer,
+        args.prompt,
+        max_new_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        on_text=show,
+    )
+    print(
+        f"\n\n[{len(result.new_tokens)} tokens at {result.tokens_per_s:,.1f} tok/s; "
+        f"prompt of {len(result.prompt_tokens)} tokens prefilled in {result.prefill_s:.3f} s]",
+        file=sys.stderr,
+    )
     return 0

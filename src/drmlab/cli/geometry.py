@@ -30,7 +30,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "geometry",
         help="geometry instruments (metric kernel, strata, pullback, holonomy, geodesics, topology) on a run",
         description="Run the geometry instruments of docs/geometry.md on a trained run's validation stream and "
-                    "write geometry.json, tables.md and plots.",
+        "write geometry.json, tables.md and plots.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -53,13 +53,22 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is None:  # many small operations: more threads only add overhead (docs/geometry.md section 7)
         args.threads = 1
     apply_threads(args)
-    record, files = run_geometry(args.ckpt, tokens=tokens, out=args.out, device=args.device, data=args.data,
-                                 tokenizer=args.tokenizer, cache_dir=args.cache_dir)
+    record, files = run_geometry(
+        args.ckpt,
+        tokens=tokens,
+        out=args.out,
+        device=args.device,
+        data=args.data,
+        tokenizer=args.tokenizer,
+        cache_dir=args.cache_dir,
+    )
     if not args.quiet:
         for name, result in record["instruments"].items():
             print(f"{name:<11} {result['seconds']:8.2f} s")
     for note in record["notes"]:
         print(note)
-    print(f"{record['model']}: {len(record['instruments'])} instruments on {record['tokens']:,} tokens in "
-          f"{record['seconds']:.1f} s; written to {', '.join(str(f) for f in files)}")
+    print(
+        f"{record['model']}: {len(record['instruments'])} instruments on {record['tokens']:,} tokens in "
+        f"{record['seconds']:.1f} s; written to {', '.join(str(f) for f in files)}"
+    )
     return 0

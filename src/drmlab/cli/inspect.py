@@ -20,21 +20,27 @@ DEFAULT_PRESET = "tiny"
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "inspect", help="build a model, run a forward pass and print its diagnostics",
+        "inspect",
+        help="build a model, run a forward pass and print its diagnostics",
         description="Build MODEL at PRESET (or load a trained run with --ckpt), run one forward pass on a piece "
-                    "of real text and print the parameter count, the cross-entropy and (for DRM variants) the "
-                    "geometry diagnostics: dimD, metric energy and action, coupling, numerical ranks.",
+        "of real text and print the parameter count, the cross-entropy and (for DRM variants) the "
+        "geometry diagnostics: dimD, metric energy and action, coupling, numerical ranks.",
         epilog="examples:\n  drmlab inspect --model GPT2 --preset micro\n"
-               "  drmlab inspect --model LOOPED --set arm=C --json looped.json\n"
-               "  drmlab inspect --ckpt runs/J-tiny-seed0",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "  drmlab inspect --model LOOPED --set arm=C --json looped.json\n"
+        "  drmlab inspect --ckpt runs/J-tiny-seed0",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default=None, help=f"registered model name (default {DEFAULT_MODEL}; see --list)")
     common.add_preset_argument(p, default=None, help=f"model size (default {DEFAULT_PRESET})")
     common.add_set_argument(p, "a model setting, e.g. --set d_state=64 (repeatable)")
     common.add_seed_argument(p, "initialisation seed (default 0)")
     p.add_argument("--ckpt", default=None, metavar="DIR", help="inspect this trained run instead (a run directory)")
-    p.add_argument("--length", type=int, default=None,
-                   help="tokens per sequence (default: the preset's training window, or the run's seq_len)")
+    p.add_argument(
+        "--length",
+        type=int,
+        default=None,
+        help="tokens per sequence (default: the preset's training window, or the run's seq_len)",
+    )
     p.add_argument("--json", default=None, help="also write the report as JSON to this path")
     p.add_argument("--list", action="store_true", help="list every registered model name and exit")
     common.add_runtime_arguments(p, device_default="cpu", quiet=False)
@@ -64,16 +70,30 @@ def run(args: argparse.Namespace) -> int:
         return 0
     common.apply_threads(args)
     if args.ckpt is not None:
-        given = [flag for flag, value in (("--model", args.model), ("--preset", args.preset), ("--set", args.assignments),
-                                          ("--seed", args.seed)) if value]
+        given = [
+            flag
+            for flag, value in (
+                ("--model", args.model),
+                ("--preset", args.preset),
+                ("--set", args.assignments),
+                ("--seed", args.seed),
+            )
+            if value
+        ]
         if given:
             raise ValueError(f"--ckpt inspects the run's own model; drop {', '.join(given)}")
         report = inspect_run(args.ckpt, length=args.length, device=args.device)
     else:
         name = args.model or DEFAULT_MODEL
         common.check_model_names([name])
-        report = inspect_registered(name, args.preset or DEFAULT_PRESET, seed=args.seed or 0, length=args.length,
-                                    device=args.device, **common.parse_assignments(args.assignments))
+        report = inspect_registered(
+            name,
+            args.preset or DEFAULT_PRESET,
+            seed=args.seed or 0,
+            length=args.length,
+            device=args.device,
+            **common.parse_assignments(args.assignments),
+        )
     print_report(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

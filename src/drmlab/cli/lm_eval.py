@@ -28,21 +28,31 @@ plugins). See docs/integrations.md.
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "lm-eval", help="run lm-evaluation-harness tasks on a run directory or a Hugging Face export",
+        "lm-eval",
+        help="run lm-evaluation-harness tasks on a run directory or a Hugging Face export",
         description="Evaluate a drmlab checkpoint (run directory or export) on lm-evaluation-harness tasks "
-                    "through the harness model 'drmlab'; prints the harness's table.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "through the harness model 'drmlab'; prints the harness's table.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--ckpt", required=True, metavar="DIR", help="a run directory or a drmlab export")
     parser.add_argument("--tasks", required=True, help="comma-separated harness task names")
-    parser.add_argument("--include-path", action="append", default=None, metavar="DIR",
-                        help="a folder of task YAML files (repeatable)")
+    parser.add_argument(
+        "--include-path", action="append", default=None, metavar="DIR", help="a folder of task YAML files (repeatable)"
+    )
     parser.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: each task's)")
-    parser.add_argument("--limit", type=float, default=None,
-                        help="documents per task (a fraction below 1 is a share of them)")
-    parser.add_argument("--prefix", default="\n\n",
-                        help="what the first token of a scored text follows (default \\n\\n)")
-    parser.add_argument("--max-parallel", type=int, default=2048,
-                        help="tokens of one parallel forward; the rest of a longer text is stepped (default 2048)")
+    parser.add_argument(
+        "--limit", type=float, default=None, help="documents per task (a fraction below 1 is a share of them)"
+    )
+    parser.add_argument(
+        "--prefix", default="\n\n", help="what the first token of a scored text follows (default \\n\\n)"
+    )
+    parser.add_argument(
+        "--max-parallel",
+        type=int,
+        default=2048,
+        help="tokens of one parallel forward; the rest of a longer text is stepped (default 2048)",
+    )
     common.add_seed_argument(parser, "seed of sampling and few-shot choice (default 1234)", default=1234)
     common.add_runtime_arguments(parser, device_default="cpu", device_help="cpu (default), cuda, auto", quiet=False)
     parser.add_argument("--output", default=None, metavar="FILE", help="also write the results as JSON")
@@ -68,15 +78,28 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.devices import resolve_device
 
     device = str(resolve_device(args.device))  # an unavailable --device is refused here, in one line
-    results = evaluate(args.ckpt, tasks, include_path=args.include_path, num_fewshot=args.num_fewshot,
-                       limit=args.limit, device=device, seed=args.seed,
-                       model_args={"prefix": args.prefix, "max_parallel": args.max_parallel})
+    results = evaluate(
+        args.ckpt,
+        tasks,
+        include_path=args.include_path,
+        num_fewshot=args.num_fewshot,
+        limit=args.limit,
+        device=device,
+        seed=args.seed,
+        model_args={"prefix": args.prefix, "max_parallel": args.max_parallel},
+    )
     print(make_table(results))
     if args.output:
         from drmlab.runs import write_json_atomic
 
-        write_json_atomic(args.output, json.loads(json.dumps(
-            {k: results[k] for k in ("results", "configs", "versions", "n-shot", "config") if k in results},
-            default=str)))
+        write_json_atomic(
+            args.output,
+            json.loads(
+                json.dumps(
+                    {k: results[k] for k in ("results", "configs", "versions", "n-shot", "config") if k in results},
+                    default=str,
+                )
+            ),
+        )
         print(f"written to {args.output}", file=sys.stderr)
     return 0

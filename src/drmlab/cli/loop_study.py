@@ -18,11 +18,13 @@ DEFAULT_SEEDS = "1,2,3"
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "loop-study", help="train looped arms with paired seeds (eps = 1/N against eps = 1)",
+        "loop-study",
+        help="train looped arms with paired seeds (eps = 1/N against eps = 1)",
         description="Train arms of the looped-residual study through the ablation protocol and tabulate "
-                    "validation CE against the loop count N for scaled and unscaled arms.",
+        "validation CE against the loop count N for scaled and unscaled arms.",
         epilog="example:\n  drmlab loop-study --arms A,B,C,I12u,I12 --seeds 1,2,3 --preset tiny --tokens 1M",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--arms", default=DEFAULT_ARMS, help=f"comma-separated LOOPED arms (default {DEFAULT_ARMS})")
     common.add_seeds_argument(parser, DEFAULT_SEEDS)
     common.add_preset_argument(parser)
@@ -32,10 +34,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     common.add_study_train_arguments(parser)
     common.add_set_argument(parser, "a train setting for every run, repeatable")
     common.add_bf16_argument(parser)
-    parser.add_argument("--eval-loops", default=None, metavar="N1,N2,...",
-                        help="also rescore every trained looped arm with its blocks applied N' times for each N' "
-                             "given (e.g. 2,4,8,16), eps frozen at the trained value and re-set to 1/N' "
-                             "(docs/looped.md section 4.1); vanilla arms are reported as not applicable")
+    parser.add_argument(
+        "--eval-loops",
+        default=None,
+        metavar="N1,N2,...",
+        help="also rescore every trained looped arm with its blocks applied N' times for each N' "
+        "given (e.g. 2,4,8,16), eps frozen at the trained value and re-set to 1/N' "
+        "(docs/looped.md section 4.1); vanilla arms are reported as not applicable",
+    )
     common.add_runtime_arguments(parser)
     parser.set_defaults(func=run)
     return parser
@@ -47,17 +53,30 @@ def run(args: argparse.Namespace) -> int:
 
     common.check_sweep_only(args)
     runtime = common.runtime(args, log=common.log_to_stderr)
-    spec = LoopSpec(models=common.split_list(args.arms, "arms"), seeds=common.parse_seeds(args.seeds),
-                    preset=args.preset, tokens=args.tokens,
-                    train=common.train_settings(args, common.parse_assignments(args.assignments)), data=args.data,
-                    tokenizer=args.tokenizer or "bytes", lr_grid=args.lr_grid, tune_tokens=args.tune_tokens,
-                    eval_loops=args.eval_loops)
+    spec = LoopSpec(
+        models=common.split_list(args.arms, "arms"),
+        seeds=common.parse_seeds(args.seeds),
+        preset=args.preset,
+        tokens=args.tokens,
+        train=common.train_settings(args, common.parse_assignments(args.assignments)),
+        data=args.data,
+        tokenizer=args.tokenizer or "bytes",
+        lr_grid=args.lr_grid,
+        tune_tokens=args.tune_tokens,
+        eval_loops=args.eval_loops,
+    )
     out = Path(args.out or f"studies/loop-{args.preset}")
     results, loop_table = run_study(spec, runtime, out, sweep_only=args.sweep_only)
     print(report.markdown(results))
     print(loop_table)
     extra = " (and eval_loops/, the per-run scores)" if (out / "eval_loops.png").exists() else ""
-    print(f"results in {out}/: " + common.written_files(out, ["results.md", "results.json", "loop.md"],
-                                                        ["curves.png", "seeds.png", "loss_vs_n.png", "lr_sweep.png",
-                                                         "eval_loops.png"]) + extra)
+    print(
+        f"results in {out}/: "
+        + common.written_files(
+            out,
+            ["results.md", "results.json", "loop.md"],
+            ["curves.png", "seeds.png", "loss_vs_n.png", "lr_sweep.png", "eval_loops.png"],
+        )
+        + extra
+    )
     return 0

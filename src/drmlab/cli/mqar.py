@@ -2,7 +2,7 @@
 
 Parses the flags into a :class:`~drmlab.experiments.mqar.study.MQARSpec` and a Runtime for
 :func:`~drmlab.experiments.mqar.study.run_study`, prints each run's line to stderr and the table to
-stdout. The defaults below mirror the study's (tests/test_cli.py checks they agree).
+stdout. The defaults below mirror the study's (tests/cli/test_cli.py checks they agree).
 ``--protocol distance`` runs :mod:`drmlab.experiments.mqar.distance` instead (docs/mqar.md section 8),
 ``--protocol zoology`` :mod:`drmlab.experiments.mqar.zoology` (section 10): the flags the protocols
 share default to None here and take each protocol's own default.
@@ -23,7 +23,7 @@ DEFAULT_SEEDS = "0,1"
 DEFAULT_STEPS, DEFAULT_BATCH_SIZE, DEFAULT_OUT = 1500, 256, "runs/mqar"
 PROTOCOLS = ("fixed", "distance", "zoology")
 ZOOLOGY_OUT = "runs/mqar-zoology"
-# --protocol distance (docs/mqar.md section 8; tests/test_mqar_distance.py checks they are the study's)
+# --protocol distance (docs/mqar.md section 8; tests/experiments/test_mqar_distance.py checks they are the study's)
 DISTANCE_MODELS = "J_NO_DIRECTION,SSM_CONTROL"
 DISTANCE_SEEDS = "1234"
 DISTANCE_LENGTHS = "40,512,4096,32768"
@@ -31,11 +31,27 @@ DISTANCE_STEPS, DISTANCE_BATCH_SIZE, DISTANCE_LR, DISTANCE_OUT = 2000, 32, 1e-3,
 DISTANCE_MILESTONES = "250,500,1000,2000"
 DISTANCE_N_EVAL, DISTANCE_EVAL_BATCH, DISTANCE_EVAL_SEED, DISTANCE_CHUNK = 512, 128, 0, 512
 # the fixed protocol's own flags: refused with --protocol distance unless left at these defaults
-FIXED_ONLY = {"kv": "--kv", "vocab_kv": "--vocab-kv", "queries": "--queries", "seq_len": "--seq-len",
-              "n_train": "--n-train", "n_test": "--n-test", "arm_model": "--arm-model", "lr_grid": "--lr-grid"}
-DISTANCE_ONLY = {"lengths": "--lengths", "milestones": "--milestones", "lr": "--lr", "n_eval": "--n-eval",
-                 "eval_batch": "--eval-batch", "eval_seed": "--eval-seed", "chunk": "--chunk", "read_all": "--read-all",
-                 "ckpt": "--ckpt"}
+FIXED_ONLY = {
+    "kv": "--kv",
+    "vocab_kv": "--vocab-kv",
+    "queries": "--queries",
+    "seq_len": "--seq-len",
+    "n_train": "--n-train",
+    "n_test": "--n-test",
+    "arm_model": "--arm-model",
+    "lr_grid": "--lr-grid",
+}
+DISTANCE_ONLY = {
+    "lengths": "--lengths",
+    "milestones": "--milestones",
+    "lr": "--lr",
+    "n_eval": "--n-eval",
+    "eval_batch": "--eval-batch",
+    "eval_seed": "--eval-seed",
+    "chunk": "--chunk",
+    "read_all": "--read-all",
+    "ckpt": "--ckpt",
+}
 
 
 ZOOLOGY_ONLY = {"widths": "--widths", "seq_lens": "--seq-lens", "epochs": "--epochs", "early_stop": "--early-stop"}
@@ -43,42 +59,73 @@ ZOOLOGY_ONLY = {"widths": "--widths", "seq_lens": "--seq-lens", "epochs": "--epo
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "mqar", help="multi-query associative recall probe (model x kv accuracy table)",
+        "mqar",
+        help="multi-query associative recall probe (model x kv accuracy table)",
         description="Train models on synthetic multi-query associative recall through the trainer and tabulate "
-                    "the test accuracy on the query positions (mean +- std over seeds) beside chance and the "
-                    "reference study's values (docs/mqar.md).",
+        "the test accuracy on the query positions (mean +- std over seeds) beside chance and the "
+        "reference study's values (docs/mqar.md).",
         epilog="anchor arms: " + " ".join(ANCHOR_ARM_NAMES) + "\nexamples:\n"
-               "  drmlab mqar                                   # L1/L4/L4u at d_state 64, kv 4 and 16, seeds 0,1\n"
-               "  drmlab mqar --models L4_ds64 --kv 4 --steps 300\n"
-               "  drmlab mqar --models GPT2,MAMBA,J --width 128 --kv 4,8,16\n"
-               "  drmlab mqar --protocol distance --lengths 40,512,4096,32768   # recall after L - 40 filler tokens\n"
-               "  drmlab mqar --protocol distance --ckpt runs/specialised --read-all",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=None,
-                        help=f"comma-separated registered models (NAME or NAME:ARM, e.g. LOOPED:B) and/or "
-                             f"anchor arms (default {DEFAULT_MODELS}; distance: {DISTANCE_MODELS})")
-    parser.add_argument("--kv", default=DEFAULT_KVS, help=f"comma-separated numbers of key-value pairs (default {DEFAULT_KVS})")
-    common.add_seeds_argument(parser, None, f"comma-separated run seeds (default {DEFAULT_SEEDS}; distance: {DISTANCE_SEEDS})")
+        "  drmlab mqar                                   # L1/L4/L4u at d_state 64, kv 4 and 16, seeds 0,1\n"
+        "  drmlab mqar --models L4_ds64 --kv 4 --steps 300\n"
+        "  drmlab mqar --models GPT2,MAMBA,J --width 128 --kv 4,8,16\n"
+        "  drmlab mqar --protocol distance --lengths 40,512,4096,32768   # recall after L - 40 filler tokens\n"
+        "  drmlab mqar --protocol distance --ckpt runs/specialised --read-all",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--models",
+        default=None,
+        help=f"comma-separated registered models (NAME or NAME:ARM, e.g. LOOPED:B) and/or "
+        f"anchor arms (default {DEFAULT_MODELS}; distance: {DISTANCE_MODELS})",
+    )
+    parser.add_argument(
+        "--kv", default=DEFAULT_KVS, help=f"comma-separated numbers of key-value pairs (default {DEFAULT_KVS})"
+    )
+    common.add_seeds_argument(
+        parser, None, f"comma-separated run seeds (default {DEFAULT_SEEDS}; distance: {DISTANCE_SEEDS})"
+    )
     common.add_preset_argument(parser, help="model preset for the non-width dimensions (default tiny)")
-    parser.add_argument("--width", type=int, default=None, help="model width: d_model / n_embd / d_token = d_state "
-                        "(docs/mqar.md section 5); default: the preset's (128 for the anchor arms)")
-    parser.add_argument("--arm-model", choices=ARM_MODELS, default="study",
-                        help="anchor arms: 'study' = untied head + torch default init (default); "
-                             "'registry' = LOOPED as registered (tied head, GPT-2 init)")
-    parser.add_argument("--steps", type=int, default=None,
-                        help=f"optimizer steps per run (default {DEFAULT_STEPS}; distance: {DISTANCE_STEPS})")
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help=f"sequences per step (default {DEFAULT_BATCH_SIZE}; distance: {DISTANCE_BATCH_SIZE})")
+    parser.add_argument(
+        "--width",
+        type=int,
+        default=None,
+        help="model width: d_model / n_embd / d_token = d_state "
+        "(docs/mqar.md section 5); default: the preset's (128 for the anchor arms)",
+    )
+    parser.add_argument(
+        "--arm-model",
+        choices=ARM_MODELS,
+        default="study",
+        help="anchor arms: 'study' = untied head + torch default init (default); "
+        "'registry' = LOOPED as registered (tied head, GPT-2 init)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"optimizer steps per run (default {DEFAULT_STEPS}; distance: {DISTANCE_STEPS})",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"sequences per step (default {DEFAULT_BATCH_SIZE}; distance: {DISTANCE_BATCH_SIZE})",
+    )
     parser.add_argument("--vocab-kv", type=int, default=64, help="number of keys = number of values (default 64)")
     parser.add_argument("--queries", type=int, default=None, help="queries per sequence (default kv)")
     parser.add_argument("--seq-len", type=int, default=None, help="sequence length (default 2*kv + queries + 4)")
-    parser.add_argument("--n-train", type=int, default=4096,
-                        help="training sequences (default 4096); 0 = a fresh batch every step")
+    parser.add_argument(
+        "--n-train", type=int, default=4096, help="training sequences (default 4096); 0 = a fresh batch every step"
+    )
     parser.add_argument("--n-test", type=int, default=1024, help="test sequences (default 1024)")
-    common.add_set_argument(parser, "a TrainConfig or model-config setting for every run (repeatable), e.g. lr=3e-4, "
-                                    "d_state=16")
-    common.add_lr_grid_argument(parser, "sweep these rates per model and kv first (first seed, scored on held-out "
-                                        "training sequences, never the test set), then train the seeds at the best one")
+    common.add_set_argument(
+        parser, "a TrainConfig or model-config setting for every run (repeatable), e.g. lr=3e-4, d_state=16"
+    )
+    common.add_lr_grid_argument(
+        parser,
+        "sweep these rates per model and kv first (first seed, scored on held-out "
+        "training sequences, never the test set), then train the seeds at the best one",
+    )
     common.add_out_argument(parser, f"output folder (default {DEFAULT_OUT}; distance: {DISTANCE_OUT})", metavar=None)
     common.add_tensorboard_argument(parser, "each run's directory (OUT/runs/MODEL_kvK_sS)")
     add_distance_arguments(parser)
@@ -89,33 +136,64 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
     """--protocol and the flags of the distance protocol (docs/mqar.md section 8)."""
-    parser.add_argument("--protocol", choices=PROTOCOLS, default="fixed",
-                        help="fixed: the kv-table probe above (default); distance: recall of 8 pairs after L - 40 "
-                             "filler tokens, trained on the 40-token control, read at --lengths; zoology: the "
-                             "Zoology MQAR protocol (Arora et al. 2024) at --widths x --seq-lens")
+    parser.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        default="fixed",
+        help="fixed: the kv-table probe above (default); distance: recall of 8 pairs after L - 40 "
+        "filler tokens, trained on the 40-token control, read at --lengths; zoology: the "
+        "Zoology MQAR protocol (Arora et al. 2024) at --widths x --seq-lens",
+    )
     zoo = parser.add_argument_group("--protocol zoology")
     zoo.add_argument("--widths", default=None, help="model widths (default 64,128,256,512)")
-    zoo.add_argument("--seq-lens", default=None, help="sequence lengths, each with its pairs and batch size: "
-                     "64 (4 pairs), 128 (8), 256 (16), 512 (64) (default all four)")
+    zoo.add_argument(
+        "--seq-lens",
+        default=None,
+        help="sequence lengths, each with its pairs and batch size: "
+        "64 (4 pairs), 128 (8), 256 (16), 512 (64) (default all four)",
+    )
     zoo.add_argument("--epochs", type=int, default=None, help="epochs over the training set (default 64)")
     zoo.add_argument("--early-stop", type=float, default=None, help="stop a run at this test accuracy (default 0.99)")
     group = parser.add_argument_group("--protocol distance")
-    group.add_argument("--lengths", default=None, help=f"example lengths L >= 40 (default {DISTANCE_LENGTHS}; "
-                       "the 40-token control is always read)")
-    group.add_argument("--milestones", default=None, help="training steps at which the control accuracy is measured "
-                       f"(default: those of {DISTANCE_MILESTONES} below --steps; --steps always is one)")
+    group.add_argument(
+        "--lengths",
+        default=None,
+        help=f"example lengths L >= 40 (default {DISTANCE_LENGTHS}; the 40-token control is always read)",
+    )
+    group.add_argument(
+        "--milestones",
+        default=None,
+        help="training steps at which the control accuracy is measured "
+        f"(default: those of {DISTANCE_MILESTONES} below --steps; --steps always is one)",
+    )
     group.add_argument("--lr", type=float, default=None, help=f"constant AdamW learning rate (default {DISTANCE_LR:g})")
-    group.add_argument("--n-eval", type=int, default=None,
-                       help=f"evaluation sequences per length, 8 targets each (default {DISTANCE_N_EVAL})")
-    group.add_argument("--eval-batch", type=int, default=None,
-                       help=f"sequences read together (default {DISTANCE_EVAL_BATCH})")
-    group.add_argument("--eval-seed", type=int, default=None, help=f"seed of the evaluation sequences (default {DISTANCE_EVAL_SEED})")
-    group.add_argument("--chunk", type=int, default=None, help=f"inputs up to this many tokens are one forward; longer "
-                       f"ones prefill this many and step the rest (default {DISTANCE_CHUNK})")
+    group.add_argument(
+        "--n-eval",
+        type=int,
+        default=None,
+        help=f"evaluation sequences per length, 8 targets each (default {DISTANCE_N_EVAL})",
+    )
+    group.add_argument(
+        "--eval-batch", type=int, default=None, help=f"sequences read together (default {DISTANCE_EVAL_BATCH})"
+    )
+    group.add_argument(
+        "--eval-seed", type=int, default=None, help=f"seed of the evaluation sequences (default {DISTANCE_EVAL_SEED})"
+    )
+    group.add_argument(
+        "--chunk",
+        type=int,
+        default=None,
+        help=f"inputs up to this many tokens are one forward; longer "
+        f"ones prefill this many and step the rest (default {DISTANCE_CHUNK})",
+    )
     group.add_argument("--read-all", action="store_true", help="read the long lengths even when the control failed")
-    group.add_argument("--ckpt", action="append", metavar="RUN_DIR",
-                       help="also evaluate this run directory's model (no training; repeatable); with --ckpt and no "
-                            "--models nothing is trained")
+    group.add_argument(
+        "--ckpt",
+        action="append",
+        metavar="RUN_DIR",
+        help="also evaluate this run directory's model (no training; repeatable); with --ckpt and no "
+        "--models nothing is trained",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,11 +209,23 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{', '.join(zoology_only)}: only with --protocol zoology")
     fixed_defaults(args)
     runtime = common.runtime(args, log=common.log_to_stderr)
-    spec = MQARSpec(models=common.split_list(args.models, "models"), kvs=common.parse_int_list(args.kv, "kv"),
-                    seeds=common.parse_seeds(args.seeds), preset=args.preset, width=args.width, steps=args.steps,
-                    batch_size=args.batch_size, vocab_kv=args.vocab_kv, queries=args.queries, seq_len=args.seq_len,
-                    n_train=args.n_train, n_test=args.n_test, arm_model=args.arm_model,
-                    settings=common.parse_assignments(args.assignments), lr_grid=args.lr_grid)
+    spec = MQARSpec(
+        models=common.split_list(args.models, "models"),
+        kvs=common.parse_int_list(args.kv, "kv"),
+        seeds=common.parse_seeds(args.seeds),
+        preset=args.preset,
+        width=args.width,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        vocab_kv=args.vocab_kv,
+        queries=args.queries,
+        seq_len=args.seq_len,
+        n_train=args.n_train,
+        n_test=args.n_test,
+        arm_model=args.arm_model,
+        settings=common.parse_assignments(args.assignments),
+        lr_grid=args.lr_grid,
+    )
     summary = run_study(spec, runtime, args.out)
     print(report.markdown(summary), end="")
     print(f"wrote {Path(args.out) / 'mqar.md'}, mqar.json, mqar.png")
@@ -144,7 +234,11 @@ def run(args: argparse.Namespace) -> int:
 
 def fixed_defaults(args: argparse.Namespace) -> None:
     """The fixed protocol's defaults for the flags the two protocols share; distance flags are refused."""
-    given = [flag for dest, flag in DISTANCE_ONLY.items() if getattr(args, dest) is not None and getattr(args, dest) is not False]
+    given = [
+        flag
+        for dest, flag in DISTANCE_ONLY.items()
+        if getattr(args, dest) is not None and getattr(args, dest) is not False
+    ]
     if given:
         raise ValueError(f"{', '.join(given)}: only with --protocol distance")
     args.models = args.models or DEFAULT_MODELS
@@ -163,15 +257,28 @@ def run_distance(args: argparse.Namespace) -> int:
     if given:
         raise ValueError(f"{', '.join(given)}: only with --protocol fixed")
     runtime = common.runtime(args, log=common.log_to_stderr)
-    models = (common.split_list(args.models, "models") if args.models
-              else [] if args.ckpt else common.split_list(DISTANCE_MODELS, "models"))
-    given = {key: getattr(args, key) for key in ("steps", "batch_size", "lr", "n_eval", "eval_batch", "eval_seed", "chunk")}
+    models = (
+        common.split_list(args.models, "models")
+        if args.models
+        else []
+        if args.ckpt
+        else common.split_list(DISTANCE_MODELS, "models")
+    )
+    given = {
+        key: getattr(args, key) for key in ("steps", "batch_size", "lr", "n_eval", "eval_batch", "eval_seed", "chunk")
+    }
     spec = DistanceSpec(  # a flag not given takes the spec's default (the DISTANCE_* values above)
-        models=models, seeds=common.parse_seeds(args.seeds or DISTANCE_SEEDS), ckpts=args.ckpt or (),
-        lengths=common.parse_int_list(args.lengths or DISTANCE_LENGTHS, "lengths"), preset=args.preset,
-        width=args.width, milestones=common.parse_int_list(args.milestones, "milestones") if args.milestones else None,
-        read_all=args.read_all, settings=common.parse_assignments(args.assignments),
-        **{key: value for key, value in given.items() if value is not None})
+        models=models,
+        seeds=common.parse_seeds(args.seeds or DISTANCE_SEEDS),
+        ckpts=args.ckpt or (),
+        lengths=common.parse_int_list(args.lengths or DISTANCE_LENGTHS, "lengths"),
+        preset=args.preset,
+        width=args.width,
+        milestones=common.parse_int_list(args.milestones, "milestones") if args.milestones else None,
+        read_all=args.read_all,
+        settings=common.parse_assignments(args.assignments),
+        **{key: value for key, value in given.items() if value is not None},
+    )
     out = Path(args.out or DISTANCE_OUT)
     summary = run_study(spec, runtime, out)
     print(distance_report.markdown(summary), end="")
@@ -183,8 +290,11 @@ def run_zoology(args: argparse.Namespace) -> int:
     """``--protocol zoology`` (docs/mqar.md section 10): :func:`~drmlab.experiments.mqar.zoology.run_zoology_study`."""
     from drmlab.experiments.mqar import zoology
 
-    refused = [flag for dest, flag in FIXED_ONLY.items()
-               if dest not in ("n_train", "n_test", "lr_grid") and getattr(args, dest) != args.fixed_only_defaults[dest]]
+    refused = [
+        flag
+        for dest, flag in FIXED_ONLY.items()
+        if dest not in ("n_train", "n_test", "lr_grid") and getattr(args, dest) != args.fixed_only_defaults[dest]
+    ]
     refused += [flag for dest, flag in DISTANCE_ONLY.items() if getattr(args, dest) not in (None, False)]
     if args.steps is not None:
         refused.append("--steps (zoology trains --epochs)")
@@ -194,18 +304,28 @@ def run_zoology(args: argparse.Namespace) -> int:
     seeds = common.parse_seeds(args.seeds) if args.seeds else [zoology.RECIPE.seed]
     if len(seeds) != 1:
         raise ValueError("--protocol zoology runs one seed per (model, width, length, rate): give --seeds S")
-    given = {"epochs": args.epochs, "early_stop": args.early_stop, "batch_size": args.batch_size,
-             "n_train": None if args.n_train == args.fixed_only_defaults["n_train"] else args.n_train,
-             "n_test": None if args.n_test == args.fixed_only_defaults["n_test"] else args.n_test,
-             "lr_grid": args.lr_grid}
+    given = {
+        "epochs": args.epochs,
+        "early_stop": args.early_stop,
+        "batch_size": args.batch_size,
+        "n_train": None if args.n_train == args.fixed_only_defaults["n_train"] else args.n_train,
+        "n_test": None if args.n_test == args.fixed_only_defaults["n_test"] else args.n_test,
+        "lr_grid": args.lr_grid,
+    }
     out = Path(args.out or ZOOLOGY_OUT)
     zoology.run_zoology_study(
         common.split_list(args.models, "models") if args.models else zoology.DEFAULT_MODELS,
         common.parse_int_list(args.widths, "widths") if args.widths else zoology.WIDTHS,
         common.parse_int_list(args.seq_lens, "seq-lens") if args.seq_lens else None,
-        out=out, preset=args.preset, seed=seeds[0], settings=common.parse_assignments(args.assignments),
-        device=runtime.device, quiet=runtime.quiet, log=runtime.log,
-        **{key: value for key, value in given.items() if value is not None})
+        out=out,
+        preset=args.preset,
+        seed=seeds[0],
+        settings=common.parse_assignments(args.assignments),
+        device=runtime.device,
+        quiet=runtime.quiet,
+        log=runtime.log,
+        **{key: value for key, value in given.items() if value is not None},
+    )
     print((out / "zoology.md").read_text(), end="")
     print(f"wrote {out / 'zoology.md'}, zoology.json")
     return 0

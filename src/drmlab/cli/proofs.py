@@ -26,26 +26,32 @@ def add_parser(subparsers) -> None:
         "proofs",
         help="run the looped-residual numerical proofs (1-5) and print their verdicts",
         description="Numerical proofs of correlated accumulation in looped residual blocks: "
-                    "1 Theta(N^2) accumulation, 2 layer- vs model-loop, 3 pre-LN, "
-                    "4 learning-rate transfer, 5 selective-SSM mixer. Each prints its table "
-                    "and a verdict (CONFIRMED or REFUTED by its stated criterion).",
+        "1 Theta(N^2) accumulation, 2 layer- vs model-loop, 3 pre-LN, "
+        "4 learning-rate transfer, 5 selective-SSM mixer. Each prints its table "
+        "and a verdict (CONFIRMED or REFUTED by its stated criterion).",
     )
-    p.add_argument("which", nargs="*", default=["all"], metavar="PROOF",
-                   help="proof numbers 1-5, or 'all' (default)")
-    p.add_argument("--json", metavar="PATH",
-                   help="write the result as JSON: one proof -> its object; several -> "
-                        '{"1": {...}, ..., "5": {...}}')
-    p.add_argument("--plot", metavar="PATH",
-                   help="write a PNG: per-arm numbers against N on log-log axes "
-                        "(one panel per proof)")
-    common.add_seed_argument(p, "override each selected proof's main seed (proof 4: data seed; proof 5: parameter seed)")
+    p.add_argument("which", nargs="*", default=["all"], metavar="PROOF", help="proof numbers 1-5, or 'all' (default)")
+    p.add_argument(
+        "--json",
+        metavar="PATH",
+        help='write the result as JSON: one proof -> its object; several -> {"1": {...}, ..., "5": {...}}',
+    )
+    p.add_argument(
+        "--plot", metavar="PATH", help="write a PNG: per-arm numbers against N on log-log axes (one panel per proof)"
+    )
+    common.add_seed_argument(
+        p, "override each selected proof's main seed (proof 4: data seed; proof 5: parameter seed)"
+    )
     p.add_argument("--d", type=int, default=None, help="override the width d")
-    p.add_argument("--ns", type=int, nargs="+", default=None, metavar="N",
-                   help="override the loop counts N")
-    common.add_set_argument(p, "override any other argument of a single proof's function (lists comma-separated, e.g. "
-                               "lrs=0.01,0.1,1)", metavar="NAME=VALUE")
-    p.add_argument("--remove-scaling", action="store_true",
-                   help="planted negative: every eps = 1 (each verdict should be REFUTED)")
+    p.add_argument("--ns", type=int, nargs="+", default=None, metavar="N", help="override the loop counts N")
+    common.add_set_argument(
+        p,
+        "override any other argument of a single proof's function (lists comma-separated, e.g. lrs=0.01,0.1,1)",
+        metavar="NAME=VALUE",
+    )
+    p.add_argument(
+        "--remove-scaling", action="store_true", help="planted negative: every eps = 1 (each verdict should be REFUTED)"
+    )
     p.set_defaults(func=run)
 
 
@@ -66,6 +72,7 @@ def selected(which: list[str]) -> list[int]:
 
 def parse_value(name: str, text: str, default):
     """``--set NAME=TEXT`` read as the type of the setting's default (lists comma-separated)."""
+
     def scalar(t, like):
         if isinstance(like, bool):
             if t.lower() in ("1", "true", "yes"):
@@ -122,8 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if len(results) > 1:
         print("summary: " + ", ".join(f"{r.proof} {r.verdict}" for r in results))
     if args.json:
-        payload = (results[0].to_json() if len(results) == 1
-                   else {str(r.proof): r.to_json() for r in results})
+        payload = results[0].to_json() if len(results) == 1 else {str(r.proof): r.to_json() for r in results}
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")

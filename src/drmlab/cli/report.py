@@ -15,16 +15,19 @@ from drmlab.cli import common
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "report", help="turn a run or study directory into one self-contained HTML page",
+        "report",
+        help="turn a run or study directory into one self-contained HTML page",
         description="Write one HTML page for a run directory (drmlab train) or a study directory (drmlab ablate, "
-                    "loop-study, mqar): curves and figures embedded as PNGs, tables, the promotion-gate verdicts, "
-                    "configuration and data provenance. The page loads nothing from elsewhere (no script, no network).",
+        "loop-study, mqar): curves and figures embedded as PNGs, tables, the promotion-gate verdicts, "
+        "configuration and data provenance. The page loads nothing from elsewhere (no script, no network).",
         epilog="examples:\n"
-               "  drmlab report runs/J-tiny-seed0                 # writes runs/J-tiny-seed0/report.html\n"
-               "  drmlab report studies/ablate-tiny --out ablate.html",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dir", metavar="DIR", help="a run directory (config.json) or a study directory "
-                                                   "(study.json or mqar.json)")
+        "  drmlab report runs/J-tiny-seed0                 # writes runs/J-tiny-seed0/report.html\n"
+        "  drmlab report studies/ablate-tiny --out ablate.html",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "dir", metavar="DIR", help="a run directory (config.json) or a study directory (study.json or mqar.json)"
+    )
     common.add_out_argument(parser, "where to write the page (default DIR/report.html)", metavar="FILE")
     parser.set_defaults(func=run)
     return parser

@@ -37,34 +37,70 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "specialise",
         help="specialise a J_NO_DIRECTION run into ASM_CM (fast-weight memory) with the distance curriculum",
         description="Copy a J_NO_DIRECTION run into ASM_CM (the new memory at its no-op init), then train it on "
-                    "the recall-over-distance curriculum mixed with language batches distilled from the frozen "
-                    "base; report recall per length with Wilson intervals and the language CE before and after.",
+        "the recall-over-distance curriculum mixed with language batches distilled from the frozen "
+        "base; report recall per length with Wilson intervals and the language CE before and after.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--base", required=True, metavar="RUN_DIR",
-                        help="a J_NO_DIRECTION run directory (or an ASM_CM one, to continue specialising it)")
+    parser.add_argument(
+        "--base",
+        required=True,
+        metavar="RUN_DIR",
+        help="a J_NO_DIRECTION run directory (or an ASM_CM one, to continue specialising it)",
+    )
     common.add_out_argument(parser, "the specialised run directory", required=True, metavar="RUN_DIR")
-    parser.add_argument("--curriculum", default=DEFAULT_CURRICULUM, metavar="L:STEPS,...",
-                        help=f"stages of length:optimizer steps, lengths increasing (default {DEFAULT_CURRICULUM})")
-    parser.add_argument("--steps-scale", type=float, default=1.0, metavar="X",
-                        help="multiply every stage's steps by X (rounded, at least 1), e.g. 0.25 for a CPU budget")
-    common.add_seed_argument(parser, "seed of the coin, language windows and MQAR examples (seed, seed+1, seed+2; "
-                                     "default: the base run's seed)")
-    parser.add_argument("--backbone-lr", type=float, default=1e-5, help="learning rate of every parameter but the "
-                                                                        "memory's (default 1e-5)")
-    parser.add_argument("--memory-lr", type=float, default=1e-4, help="learning rate of fast_weight_memory.* "
-                                                                      "(default 1e-4)")
-    parser.add_argument("--eval-sequences", type=int, default=None, metavar="N",
-                        help="sequences read per length after each stage (default: 32 batches of the length's MQAR "
-                             "batch size: 128 below 512, 64 below 1024, then 32)")
-    parser.add_argument("--eval-tokens", default=None, metavar="N",
-                        help="cap on the validation tokens rescored before and after, or all (default: the base run's)")
-    parser.add_argument("--checkpoint-every", type=int, default=100, metavar="STEPS",
-                        help="steps between checkpoints besides each stage's end (default 100; 0: stage ends only)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="delete the run already in --out (config, metrics, checkpoints, summary, specialise.json) "
-                             "and start again")
+    parser.add_argument(
+        "--curriculum",
+        default=DEFAULT_CURRICULUM,
+        metavar="L:STEPS,...",
+        help=f"stages of length:optimizer steps, lengths increasing (default {DEFAULT_CURRICULUM})",
+    )
+    parser.add_argument(
+        "--steps-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="multiply every stage's steps by X (rounded, at least 1), e.g. 0.25 for a CPU budget",
+    )
+    common.add_seed_argument(
+        parser,
+        "seed of the coin, language windows and MQAR examples (seed, seed+1, seed+2; default: the base run's seed)",
+    )
+    parser.add_argument(
+        "--backbone-lr",
+        type=float,
+        default=1e-5,
+        help="learning rate of every parameter but the memory's (default 1e-5)",
+    )
+    parser.add_argument(
+        "--memory-lr", type=float, default=1e-4, help="learning rate of fast_weight_memory.* (default 1e-4)"
+    )
+    parser.add_argument(
+        "--eval-sequences",
+        type=int,
+        default=None,
+        metavar="N",
+        help="sequences read per length after each stage (default: 32 batches of the length's MQAR "
+        "batch size: 128 below 512, 64 below 1024, then 32)",
+    )
+    parser.add_argument(
+        "--eval-tokens",
+        default=None,
+        metavar="N",
+        help="cap on the validation tokens rescored before and after, or all (default: the base run's)",
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=100,
+        metavar="STEPS",
+        help="steps between checkpoints besides each stage's end (default 100; 0: stage ends only)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete the run already in --out (config, metrics, checkpoints, summary, specialise.json) and start again",
+    )
     common.add_data_arguments(parser)
     common.add_runtime_arguments(parser)
     parser.set_defaults(func=run)
@@ -92,11 +128,22 @@ def run(args: argparse.Namespace) -> int:
     corpus = load_corpus_for(data, base_tokenizer, args.cache_dir)
     log = None if args.quiet else log_to_stderr
     try:
-        result = recipe.specialise(args.base, args.out, corpus, curriculum=stages, seed=args.seed,
-                                   backbone_lr=args.backbone_lr, memory_lr=args.memory_lr,
-                                   eval_sequences=args.eval_sequences, eval_tokens=eval_tokens, device=args.device,
-                                   checkpoint_every=args.checkpoint_every, overwrite=args.overwrite, log=log,
-                                   data_source=data)
+        result = recipe.specialise(
+            args.base,
+            args.out,
+            corpus,
+            curriculum=stages,
+            seed=args.seed,
+            backbone_lr=args.backbone_lr,
+            memory_lr=args.memory_lr,
+            eval_sequences=args.eval_sequences,
+            eval_tokens=eval_tokens,
+            device=args.device,
+            checkpoint_every=args.checkpoint_every,
+            overwrite=args.overwrite,
+            log=log,
+            data_source=data,
+        )
     except NonFiniteLossError as exc:
         print(f"drmlab specialise: error: {exc}", file=sys.stderr)
         return 1
@@ -112,19 +159,28 @@ def format_result(result: dict) -> str:
     """The stage evaluations as a table (accuracy [Wilson 95%] per length) and the verdicts."""
     stages = result["stages"]
     lengths = sorted({int(L) for st in stages for L in st["lengths"]})
-    lines = ["| after stage | steps | " + " | ".join(f"L = {L}" for L in lengths) + " | pass |",
-             "|---:|---:|" + "---|" * len(lengths) + "---|"]
+    lines = [
+        "| after stage | steps | " + " | ".join(f"L = {L}" for L in lengths) + " | pass |",
+        "|---:|---:|" + "---|" * len(lengths) + "---|",
+    ]
     for st in stages:
         cells = []
         for L in lengths:
             r = st["lengths"].get(str(L))
-            cells.append("" if r is None else f"{100 * r['acc']:.1f}% [{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}]")
-        lines.append(f"| {st['length']} | {st['first_step']}-{st['last_step']} | " + " | ".join(cells)
-                     + f" | {'yes' if st['pass'] else 'no'} |")
+            cells.append(
+                "" if r is None else f"{100 * r['acc']:.1f}% [{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}]"
+            )
+        lines.append(
+            f"| {st['length']} | {st['first_step']}-{st['last_step']} | "
+            + " | ".join(cells)
+            + f" | {'yes' if st['pass'] else 'no'} |"
+        )
     language = result["language"]
-    lines.append(f"language CE (validation, {result['after']['targets']:,} tokens): before {language['before']:.4f}, "
-                 f"after {language['after']:.4f}, regression {language['regression']:+.4f} "
-                 f"(limit {language['limit']}: {'pass' if language['pass'] else 'fail'})")
+    lines.append(
+        f"language CE (validation, {result['after']['targets']:,} tokens): before {language['before']:.4f}, "
+        f"after {language['after']:.4f}, regression {language['regression']:+.4f} "
+        f"(limit {language['limit']}: {'pass' if language['pass'] else 'fail'})"
+    )
     verdict = "PASS" if result["passed"] else "FAIL: " + "; ".join(result["reasons"])
     lines.append(f"specialisation: {verdict}")
     return "\n".join(lines)

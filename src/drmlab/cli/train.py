@@ -58,8 +58,10 @@ def _preset_table() -> str:
     lines = []
     for name, d in PRESET_DEFAULTS.items():
         tps = d["batch_size"] * d["grad_accum"] * d["seq_len"]
-        lines.append(f"  {name:6s} batch {d['batch_size']} x accum {d['grad_accum']} x seq {d['seq_len']} "
-                     f"= {tps:,} tok/step, lr {d['lr']:g}, default {d['tokens']:,} tokens")
+        lines.append(
+            f"  {name:6s} batch {d['batch_size']} x accum {d['grad_accum']} x seq {d['seq_len']} "
+            f"= {tps:,} tok/step, lr {d['lr']:g}, default {d['tokens']:,} tokens"
+        )
     return "\n".join(lines)
 
 
@@ -68,43 +70,76 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "train",
         help="train one model and write a run directory (metrics, checkpoint, summary)",
         description="Train one model with AdamW on next-token prediction, evaluate it on the validation "
-                    "split and write everything to a run directory.",
+        "split and write everything to a run directory.",
         epilog=EPILOG.format(presets=_preset_table()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", default=None, metavar="NAME",
-                        help=f"registered model name, e.g. J, SSM_CONTROL, GPT2 (default {DEFAULT_MODEL}; "
-                             "see `drmlab inspect --list`)")
-    common.add_preset_argument(parser, default=None, help=f"model size and training defaults (default {DEFAULT_PRESET})")
-    common.add_tokens_argument(parser, "token budget, e.g. 5M, 500k, 5_005_312 (rounded up to whole steps; default: "
-                                       "the preset's)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        metavar="NAME",
+        help=f"registered model name, e.g. J, SSM_CONTROL, GPT2 (default {DEFAULT_MODEL}; see `drmlab inspect --list`)",
+    )
+    common.add_preset_argument(
+        parser, default=None, help=f"model size and training defaults (default {DEFAULT_PRESET})"
+    )
+    common.add_tokens_argument(
+        parser, "token budget, e.g. 5M, 500k, 5_005_312 (rounded up to whole steps; default: the preset's)"
+    )
     common.add_out_argument(parser, "run directory (default runs/MODEL-PRESET-seedS)")
     common.add_data_arguments(parser)
     common.add_seed_argument(parser, "seed of the model init and the batch order (default 0)")
-    parser.add_argument("--batch-size", type=int, default=None, help="sequences per micro-batch, all processes together")
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="sequences per micro-batch, all processes together"
+    )
     parser.add_argument("--grad-accum", type=int, default=None, help="micro-batches per optimizer step")
     parser.add_argument("--seq-len", type=int, default=None, help="training window length in tokens")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate")
-    parser.add_argument("--schedule", choices=SCHEDULES, default=None,
-                        help="constant (the reference) or cosine (linear warm-up, cosine decay to 0.1 lr)")
-    parser.add_argument("--eval-every", default=None, metavar="TOKENS",
-                        help="tokens between sampled validation checks (default: a fifth of the budget; 0: never)")
-    parser.add_argument("--eval-tokens", default=None, metavar="N",
-                        help="cap on validation tokens scored at the end, or all (default: the whole validation stream)")
-    common.add_set_argument(parser, "override a train or model setting, repeatable (values are JSON: 3, 0.5, true, \"x\")")
+    parser.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default=None,
+        help="constant (the reference) or cosine (linear warm-up, cosine decay to 0.1 lr)",
+    )
+    parser.add_argument(
+        "--eval-every",
+        default=None,
+        metavar="TOKENS",
+        help="tokens between sampled validation checks (default: a fifth of the budget; 0: never)",
+    )
+    parser.add_argument(
+        "--eval-tokens",
+        default=None,
+        metavar="N",
+        help="cap on validation tokens scored at the end, or all (default: the whole validation stream)",
+    )
+    common.add_set_argument(
+        parser, 'override a train or model setting, repeatable (values are JSON: 3, 0.5, true, "x")'
+    )
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="delete the run already in --out (its config, metrics, checkpoints, summary, eval.json) and start again")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete the run already in --out (its config, metrics, checkpoints, summary, eval.json) and start again",
+    )
     common.add_bf16_argument(parser, "bf16 autocast for the training forward")
-    parser.add_argument("--compile", action="store_true", default=None,
-                        help="torch.compile the training forward as one graph (fullgraph=True, inductor; evaluation "
-                             "stays eager); a model that cannot compile is refused at the first step, naming the "
-                             "operation that broke the graph")
-    parser.add_argument("--fsdp", action="store_true",
-                        help="under torchrun: shard weights, gradients and optimizer state over the processes with "
-                             "FSDP2 (each block, then the root) instead of DDP; the run directory keeps the "
-                             "single-process format (no effect without torchrun; torchrun of one process shards over one rank)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        default=None,
+        help="torch.compile the training forward as one graph (fullgraph=True, inductor; evaluation "
+        "stays eager); a model that cannot compile is refused at the first step, naming the "
+        "operation that broke the graph",
+    )
+    parser.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="under torchrun: shard weights, gradients and optimizer state over the processes with "
+        "FSDP2 (each block, then the root) instead of DDP; the run directory keeps the "
+        "single-process format (no effect without torchrun; torchrun of one process shards over one rank)",
+    )
     common.add_tensorboard_argument(parser)
+    common.add_accept_edited_config_argument(parser)
     common.add_runtime_arguments(parser)
     parser.set_defaults(func=run)
     return parser
@@ -132,7 +167,9 @@ def resolve_settings(args: argparse.Namespace, saved: dict | None):
         "seq_len": args.seq_len,
         "lr": args.lr,
         "schedule": args.schedule,
-        "eval_every": None if args.eval_every is None else (0 if str(args.eval_every) == "0" else parse_tokens(args.eval_every)),
+        "eval_every": None
+        if args.eval_every is None
+        else (0 if str(args.eval_every) == "0" else parse_tokens(args.eval_every)),
         "eval_tokens": None if str(args.eval_tokens).lower() in ("none", "all") else parse_tokens(args.eval_tokens),
         "bf16": args.bf16,
         "compile": args.compile,
@@ -163,31 +200,44 @@ def run(args: argparse.Namespace) -> int:
         resumed = RunDir(args.out)
         if not resumed.has_config():
             raise FileNotFoundError(f"nothing to resume: {resumed.config_path} does not exist")
+        common.accept_edited_config(args, args.out)
         saved = resumed.read_config()
     name, preset, data, tokenizer, model_overrides, cfg = resolve_settings(args, saved)
     out = Path(args.out or f"runs/{name}-{preset}-seed{cfg.seed}")
     if main_process and not args.resume and not args.overwrite and RunDir(out).holds_run():
-        raise FileExistsError(f"{out} already holds {RunDir(out).describe()}; use --resume to continue it, "
-                              "--overwrite to delete it and start again, or another --out")
+        raise FileExistsError(
+            f"{out} already holds {RunDir(out).describe()}; use --resume to continue it, "
+            "--overwrite to delete it and start again, or another --out"
+        )
 
     corpus = load_corpus_for(data, tokenizer, args.cache_dir)
     model = build_model(name, preset, vocab_size=corpus.vocab_size, seed=cfg.seed, **model_overrides)
     common.check_seq_len(model, cfg.seq_len)
     run_info = RunInfo(name, preset, model_overrides, data=DataInfo.of(corpus, data))
     val_bytes = corpus.meta.get("val_bytes") if isinstance(corpus.meta, dict) else None
-    evaluate = rescorer(corpus.val, cfg.seq_len, batch_size=cfg.eval_batch_size, max_targets=cfg.eval_tokens,
-                        count_bytes=byte_counter(corpus.val, corpus.tokenizer, val_bytes))
+    evaluate = rescorer(
+        corpus.val,
+        cfg.seq_len,
+        batch_size=cfg.eval_batch_size,
+        max_targets=cfg.eval_tokens,
+        count_bytes=byte_counter(corpus.val, corpus.tokenizer, val_bytes),
+    )
     if not args.quiet:
-        print(f"training {name} ({preset}, {count_parameters(model):,} parameters) on "
-              f"{cfg.total_steps * cfg.tokens_per_step:,} tokens ({cfg.total_steps} steps of {cfg.tokens_per_step:,}), "
-              f"seed {cfg.seed}, writing to {out}", file=sys.stderr)
+        print(
+            f"training {name} ({preset}, {count_parameters(model):,} parameters) on "
+            f"{cfg.total_steps * cfg.tokens_per_step:,} tokens ({cfg.total_steps} steps of {cfg.tokens_per_step:,}), "
+            f"seed {cfg.seed}, writing to {out}",
+            file=sys.stderr,
+        )
     summary, code = _train_reporting_stops(args, model, corpus, cfg, out, run_info, evaluate)
     if summary is None or not main_process:
         return code
     if summary.get("val_ce") is not None:
-        print(f"{name} {preset} seed {cfg.seed}: val CE {summary['val_ce']:.4f} nats/token, "
-              f"{summary['val_bpb']:.4f} bits/byte, ppl {summary['val_ppl']:.3f} over {summary['val_targets']:,} tokens; "
-              f"{summary['tokens']:,} tokens trained at {summary['tokens_per_s'] or 0:,.0f} tok/s")
+        print(
+            f"{name} {preset} seed {cfg.seed}: val CE {summary['val_ce']:.4f} nats/token, "
+            f"{summary['val_bpb']:.4f} bits/byte, ppl {summary['val_ppl']:.3f} over {summary['val_targets']:,} tokens; "
+            f"{summary['tokens']:,} tokens trained at {summary['tokens_per_s'] or 0:,.0f} tok/s"
+        )
     print(f"results in {out}/: summary.json, metrics.jsonl, config.json, checkpoints/")
     return 0
 
@@ -199,16 +249,34 @@ def _train_reporting_stops(args, model, corpus, cfg, out: Path, run_info, evalua
     from drmlab.training.trainer import NonFiniteLossError, TrainingInterrupted, train
 
     try:
-        summary = train(model, corpus.train, corpus.val, cfg, out, resume=args.resume, run_info=run_info,
-                        evaluate=evaluate, device=args.device, quiet=args.quiet, overwrite=args.overwrite,
-                        fsdp=args.fsdp, tensorboard=args.tensorboard)
+        summary = train(
+            model,
+            corpus.train,
+            corpus.val,
+            cfg,
+            out,
+            resume=args.resume,
+            run_info=run_info,
+            evaluate=evaluate,
+            device=args.device,
+            quiet=args.quiet,
+            overwrite=args.overwrite,
+            fsdp=args.fsdp,
+            tensorboard=args.tensorboard,
+        )
     except NonFiniteLossError as exc:
-        print(f"drmlab train: error: {exc}\n  to continue from the kept checkpoint with a fix: "
-              f"drmlab train --resume --out {out} --lr LOWER (or --set warmup_fraction=0.05)", file=sys.stderr)
+        print(
+            f"drmlab train: error: {exc}\n  to continue from the kept checkpoint with a fix: "
+            f"drmlab train --resume --out {out} --lr LOWER (or --set warmup_fraction=0.05)",
+            file=sys.stderr,
+        )
         return None, 1
     except CompileError as exc:
-        retry = (f"drmlab train --resume --out {out} --set compile=false" if RunDir(out).has_checkpoint()
-                 else "the same command without --compile, with --overwrite (this run wrote no checkpoint)")
+        retry = (
+            f"drmlab train --resume --out {out} --set compile=false"
+            if RunDir(out).has_checkpoint()
+            else "the same command without --compile, with --overwrite (this run wrote no checkpoint)"
+        )
         print(f"drmlab train: error: {exc}\n  to train it uncompiled: {retry}", file=sys.stderr)
         return None, 2
     except TrainingInterrupted as exc:

@@ -154,7 +154,9 @@ def audit_streams(train: bytes, val: bytes, window: int = WINDOW, stride: int = 
     )
 
 
-def documents_touched(offsets: np.ndarray, doc_starts: np.ndarray, doc_ends: np.ndarray, window: int = WINDOW) -> set[int]:
+def documents_touched(
+    offsets: np.ndarray, doc_starts: np.ndarray, doc_ends: np.ndarray, window: int = WINDOW
+) -> set[int]:
     """Indices of the documents (given by their [start, end) byte spans in a stream, sorted) that
     overlap any window ``[o, o + window)`` for ``o`` in ``offsets``."""
     touched: set[int] = set()

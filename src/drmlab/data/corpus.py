@@ -93,9 +93,11 @@ def _documents(raw: RawSource, mode: str) -> tuple[list[tuple[str, str]], int]:
     """(name, text) documents before deduplication, and how many blank ones were dropped."""
     docs, n_blank = [], 0
     for name, text in raw.files:
-        pieces = [(name, text)] if mode == "file" else [
-            (f"{name}#{i}", p.strip("\n")) for i, p in enumerate(_PARAGRAPH_BREAK.split(text))
-        ]
+        pieces = (
+            [(name, text)]
+            if mode == "file"
+            else [(f"{name}#{i}", p.strip("\n")) for i, p in enumerate(_PARAGRAPH_BREAK.split(text))]
+        )
         for piece_name, piece in pieces:
             if piece.strip():
                 docs.append((piece_name, piece))
@@ -119,7 +121,11 @@ def _slug(raw: RawSource, tok: Tokenizer) -> str:
 
 
 def _check_params(val_fraction, split_seed, documents, on_overlap) -> None:
-    if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real) or not 0.0 < float(val_fraction) < 1.0:
+    if (
+        isinstance(val_fraction, bool)
+        or not isinstance(val_fraction, numbers.Real)
+        or not 0.0 < float(val_fraction) < 1.0
+    ):
         raise ValueError(f"val_fraction must be a number strictly between 0 and 1, got {val_fraction!r}")
     if isinstance(split_seed, bool) or not isinstance(split_seed, numbers.Integral) or split_seed < 0:
         raise ValueError(f"split_seed must be a non-negative integer, got {split_seed!r}")
@@ -261,11 +267,15 @@ def load_corpus(
     if manifest is not None:
         if manifest.get("key") != key or manifest.get("format") != FORMAT:
             raise CorruptShardError(f"cache manifest {folder / 'manifest.json'} does not belong to this corpus; {hint}")
-        shards = {split: open_shard(folder, manifest["shards"][split], verify=verify, hint=hint) for split in ("train", "val")}
+        shards = {
+            split: open_shard(folder, manifest["shards"][split], verify=verify, hint=hint) for split in ("train", "val")
+        }
         want = dtype_for_vocab(tok.vocab_size)
         for split, arr in shards.items():
             if arr.dtype != want:
-                raise CorruptShardError(f"cache shard {folder / manifest['shards'][split]['file']} holds {arr.dtype}, expected {want}; {hint}")
+                raise CorruptShardError(
+                    f"cache shard {folder / manifest['shards'][split]['file']} holds {arr.dtype}, expected {want}; {hint}"
+                )
         meta = {**manifest["meta"], **current, **_paths_meta(folder, manifest)}
         return TokenCorpus(shards["train"], shards["val"], tok, meta, folder, from_cache=True)
 

@@ -75,9 +75,7 @@ def stdlib_files(root: str | os.PathLike | None = None) -> list[tuple[str, Path]
     root = Path(root) if root is not None else stdlib_root()
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [
-            d for d in dirnames if d not in STDLIB_EXCLUDED_DIRS and not d.startswith(("config-", "."))
-        ]
+        dirnames[:] = [d for d in dirnames if d not in STDLIB_EXCLUDED_DIRS and not d.startswith(("config-", "."))]
         for f in filenames:
             if f.endswith(".py") and not f.startswith("_sysconfigdata"):
                 p = Path(dirpath) / f
@@ -106,7 +104,7 @@ def _read_many(kind: str, spec: str, entries: list[tuple[str, Path]], info: dict
             skipped.append(name)
             continue
         h_content.update(raw)
-        h_listing.update(f"{name}\t{len(raw)}\n".encode("utf-8"))
+        h_listing.update(f"{name}\t{len(raw)}\n".encode())
         files.append((name, text))
         total += len(raw)
     return RawSource(kind, spec, files, h_content.hexdigest(), h_listing.hexdigest(), total, skipped, info)
@@ -130,10 +128,9 @@ def _read_file(spec: str, path: Path) -> RawSource:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(
-            f"{path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
-            "convert it to UTF-8 first"
+            f"{path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); convert it to UTF-8 first"
         ) from None
-    listing = hashlib.sha256(f"{path.name}\t{len(raw)}\n".encode("utf-8")).hexdigest()
+    listing = hashlib.sha256(f"{path.name}\t{len(raw)}\n".encode()).hexdigest()
     info = {"path": str(path.resolve())}
     return RawSource("file", spec, [(path.name, text)], hashlib.sha256(raw).hexdigest(), listing, len(raw), [], info)
 
@@ -208,7 +205,7 @@ def _read_hf(spec: str) -> RawSource:
         "hf_column": column,
         "hf_fingerprint": getattr(ds, "_fingerprint", None),
     }
-    listing = hashlib.sha256(f"{name}\t{config}\t{column}\t{len(files)}\n".encode("utf-8")).hexdigest()
+    listing = hashlib.sha256(f"{name}\t{config}\t{column}\t{len(files)}\n".encode()).hexdigest()
     return RawSource("hf", spec, files, h_content.hexdigest(), listing, total, skipped, info)
 
 
@@ -218,7 +215,9 @@ def read_source(source: str | os.PathLike | None = None) -> RawSource:
     if source is None or (isinstance(source, str) and source == "stdlib"):
         return _read_stdlib("stdlib")
     if not isinstance(source, (str, os.PathLike)):
-        raise ValueError(f"source must be None, 'stdlib', a path, a glob or 'hf:NAME[:CONFIG]', got {type(source).__name__}")
+        raise ValueError(
+            f"source must be None, 'stdlib', a path, a glob or 'hf:NAME[:CONFIG]', got {type(source).__name__}"
+        )
     spec = os.fspath(source)
     if not spec:
         raise ValueError("source is an empty string; use None or 'stdlib' for the default corpus")

@@ -25,8 +25,8 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -186,9 +186,7 @@ def gpt2_from_bytes(vocab_bpe: bytes, encoder_json: bytes, origin: str = "bytes"
     ):
         got = _sha256(data)
         if got != want:
-            raise ValueError(
-                f"{fname} from {origin} is not the GPT-2 file: sha256 {got}, expected {want}"
-            )
+            raise ValueError(f"{fname} from {origin} is not the GPT-2 file: sha256 {got}, expected {want}")
     tiktoken = _import_tiktoken()
     try:
         from tiktoken_ext.openai_public import r50k_pat_str as pattern
@@ -213,9 +211,7 @@ def gpt2_from_dir(directory: str | os.PathLike) -> TiktokenTokenizer:
     missing = [str(p) for p in paths.values() if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"GPT-2 tokenizer files not found: {', '.join(missing)}")
-    return gpt2_from_bytes(
-        paths[GPT2_VOCAB_BPE].read_bytes(), paths[GPT2_ENCODER_JSON].read_bytes(), origin=str(d)
-    )
+    return gpt2_from_bytes(paths[GPT2_VOCAB_BPE].read_bytes(), paths[GPT2_ENCODER_JSON].read_bytes(), origin=str(d))
 
 
 def _has_gpt2_files(d: Path) -> bool:

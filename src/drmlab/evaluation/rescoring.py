@@ -15,7 +15,7 @@ and ``ppl`` (exp(ce), per token). The same checkpoint gives the same numbers on 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -122,13 +122,27 @@ def byte_counter(tokens: np.ndarray, tokenizer=None, total_bytes: int | None = N
     return count
 
 
-def rescorer(tokens: np.ndarray, seq_len: int, *, batch_size: int = 8, max_targets: int | None = None,
-             count_bytes: Callable[[int], int] | None = None) -> Callable[[torch.nn.Module, torch.device, bool], dict]:
+def rescorer(
+    tokens: np.ndarray,
+    seq_len: int,
+    *,
+    batch_size: int = 8,
+    max_targets: int | None = None,
+    count_bytes: Callable[[int], int] | None = None,
+) -> Callable[[torch.nn.Module, torch.device, bool], dict]:
     """The final evaluation of a training run, ``evaluate(model, device, progress)``: :func:`rescore`
     of ``tokens`` with these settings (what :func:`drmlab.training.train` takes as ``evaluate``)."""
 
     def evaluate(model: torch.nn.Module, device: torch.device, progress: bool = False) -> dict:
-        return rescore(model, tokens, seq_len, batch_size=batch_size, max_targets=max_targets,
-                       count_bytes=count_bytes, device=device, progress=progress)
+        return rescore(
+            model,
+            tokens,
+            seq_len,
+            batch_size=batch_size,
+            max_targets=max_targets,
+            count_bytes=count_bytes,
+            device=device,
+            progress=progress,
+        )
 
     return evaluate

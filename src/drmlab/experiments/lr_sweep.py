@@ -81,8 +81,10 @@ def choose(scores: dict[float, float | None], lower_is_better: bool = True) -> d
 def markdown(sweeps: dict[str, dict], score_name: str) -> list[str]:
     """The sweep table: one row per model, one column per rate, the choice in bold, edge flags."""
     grid = sorted({float(lr) for s in sweeps.values() for lr in s["scores"]})
-    lines = ["| model | " + " | ".join(f"lr {lr:g}" for lr in grid) + " | chosen |",
-             "|---|" + "---:|" * len(grid) + "---|"]
+    lines = [
+        "| model | " + " | ".join(f"lr {lr:g}" for lr in grid) + " | chosen |",
+        "|---|" + "---:|" * len(grid) + "---|",
+    ]
     for model, s in sweeps.items():
         scores = {float(lr): v for lr, v in s["scores"].items()}
         cells = []
@@ -97,10 +99,16 @@ def markdown(sweeps: dict[str, dict], score_name: str) -> list[str]:
         if s.get("lr") is None:
             chosen = "none (every rate diverged)" if s.get("complete") else "pending"
         else:
-            chosen = f"{s['lr']:g}" + (f" (edge of the grid: the best may be {'lower' if s['edge_side'] == 'low' else 'higher'})"
-                                       if s["edge"] else "")
+            chosen = f"{s['lr']:g}" + (
+                f" (edge of the grid: the best may be {'lower' if s['edge_side'] == 'low' else 'higher'})"
+                if s["edge"]
+                else ""
+            )
         lines.append(f"| {model} | " + " | ".join(cells) + f" | {chosen} |")
-    lines += ["", f"Scores: {score_name}. A choice at the edge of the grid is flagged: the best rate may lie beyond it."]
+    lines += [
+        "",
+        f"Scores: {score_name}. A choice at the edge of the grid is flagged: the best rate may lie beyond it.",
+    ]
     return lines
 
 

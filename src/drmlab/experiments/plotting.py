@@ -5,7 +5,7 @@ drawing error) the tables are still written and the reason goes to the report's 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 def pyplot():

@@ -42,8 +42,9 @@ class Runtime:
     wait_seconds: float = WAIT_SECONDS  # between looks at runs another process holds
 
     def __post_init__(self):
-        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
-                                         or self.threads <= 0):
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads <= 0
+        ):
             raise ValueError(f"threads must be a positive integer, got {self.threads!r}")
 
     def say(self, message: str) -> None:

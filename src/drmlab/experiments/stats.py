@@ -15,8 +15,13 @@ GATE_MIN_WIN_FRACTION = 2 / 3
 GATE_MAX_STD = 0.03
 GATE_MIN_SEEDS = 3
 # The rule as the studies record it next to their verdicts (results.json's "gate_rule").
-GATE_RULE = {"min_seeds": GATE_MIN_SEEDS, "min_gain": GATE_MIN_GAIN, "min_win_fraction": GATE_MIN_WIN_FRACTION,
-             "max_std": GATE_MAX_STD, "std": "population"}
+GATE_RULE = {
+    "min_seeds": GATE_MIN_SEEDS,
+    "min_gain": GATE_MIN_GAIN,
+    "min_win_fraction": GATE_MIN_WIN_FRACTION,
+    "max_std": GATE_MAX_STD,
+    "std": "population",
+}
 
 
 def mean(values: list[float]) -> float:
@@ -57,5 +62,13 @@ def gate(candidate: dict[int, float], baseline: dict[int, float]) -> dict:
         reasons.append(f"wins {wins} of {len(seeds)} (needs {need_wins})")
     if cand_std > GATE_MAX_STD:
         reasons.append(f"std {cand_std:.4f} > {GATE_MAX_STD}")
-    return dict(result, gain=gain, wins=wins, wins_needed=need_wins, candidate_std=cand_std,
-                per_seed_gain={s: b - c for s, c, b in zip(seeds, cand, base)}, promoted=not reasons, reasons=reasons)
+    return dict(
+        result,
+        gain=gain,
+        wins=wins,
+        wins_needed=need_wins,
+        candidate_std=cand_std,
+        per_seed_gain={s: b - c for s, c, b in zip(seeds, cand, base)},
+        promoted=not reasons,
+        reasons=reasons,
+    )

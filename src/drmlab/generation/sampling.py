@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import codecs
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -20,8 +20,13 @@ def prefill(model, tokens: torch.Tensor) -> tuple[torch.Tensor, object]:
     return out.logits[:, -1], out.state
 
 
-def sample_next(logits: torch.Tensor, generator: torch.Generator, temperature: float = 1.0,
-                top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor,
+    generator: torch.Generator,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
     """Draw one token per row from logits [B, vocab]; temperature 0 is greedy."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -58,10 +63,19 @@ class GenerationResult:
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompt: str, max_new_tokens: int = 200, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-             on_text: Callable[[str], None] | None = None, use_prefill: bool = True,
-             keep_logits: bool = False) -> GenerationResult:
+def generate(
+    model,
+    tokenizer,
+    prompt: str,
+    max_new_tokens: int = 200,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    on_text: Callable[[str], None] | None = None,
+    use_prefill: bool = True,
+    keep_logits: bool = False,
+) -> GenerationResult:
     """Continue ``prompt`` by ``max_new_tokens`` tokens sampled from ``model``.
 
     ``on_text`` receives decoded text as tokens arrive (incomplete UTF-8 is held back).
@@ -75,8 +89,10 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 200, temperatu
         raise ValueError("the prompt encodes to no tokens; give at least one character")
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if vocab is not None and max(ids) >= vocab:
-        raise ValueError(f"the prompt contains token id {max(ids)} but the model's vocabulary has {vocab} ids "
-                         f"(tokenizer {tokenizer.name!r} does not match this model)")
+        raise ValueError(
+            f"the prompt contains token id {max(ids)} but the model's vocabulary has {vocab} ids "
+            f"(tokenizer {tokenizer.name!r} does not match this model)"
+        )
     model.eval()
     device = next(model.parameters()).device
     tokens = torch.tensor([ids], dtype=torch.long, device=device)
@@ -108,6 +124,10 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 200, temperatu
         if tail:
             on_text(tail)
     return GenerationResult(
-        text=tokenizer.decode(new), prompt_tokens=ids, new_tokens=new,
-        tokens_per_s=len(new) / elapsed if elapsed > 0 and new else 0.0, prefill_s=prefill_s, logits=kept,
+        text=tokenizer.decode(new),
+        prompt_tokens=ids,
+        new_tokens=new,
+        tokens_per_s=len(new) / elapsed if elapsed > 0 and new else 0.0,
+        prefill_s=prefill_s,
+        logits=kept,
     )

@@ -126,8 +126,15 @@ def _gamma_frame(metric, z, velocity, frame, full):
     return vmap(lambda a: christoffel_contract(metric, z, velocity, a), in_dims=1, out_dims=1)(frame)
 
 
-def transport(metric: Metric, path: Callable[[float], tuple[torch.Tensor, torch.Tensor]], frame: torch.Tensor,
-              steps: int, dense_christoffel: bool = False, t0: float = 0.0, t1: float = 1.0) -> torch.Tensor:
+def transport(
+    metric: Metric,
+    path: Callable[[float], tuple[torch.Tensor, torch.Tensor]],
+    frame: torch.Tensor,
+    steps: int,
+    dense_christoffel: bool = False,
+    t0: float = 0.0,
+    t1: float = 1.0,
+) -> torch.Tensor:
     """Parallel transport of the columns of frame [d, m] along path(t) -> (x(t), x'(t)), t in [t0, t1],
     by ``steps`` Runge-Kutta-4 steps of dA/dt = -Gamma(x)[x', A]. With ``dense_christoffel`` the full
     tensor of :func:`christoffel` is used (small d), else the contracted form."""
@@ -176,16 +183,22 @@ def _log(metric, x, y):
     return delta + 0.5 * christoffel_contract(metric, x, delta, delta)
 
 
-def schild_transport(metric: Metric, points: torch.Tensor, vector: torch.Tensor, rungs_per_segment: int = 1,
-                     scale: float = 1.0, renormalize: bool = True) -> torch.Tensor:
+def schild_transport(
+    metric: Metric,
+    points: torch.Tensor,
+    vector: torch.Tensor,
+    rungs_per_segment: int = 1,
+    scale: float = 1.0,
+    renormalize: bool = True,
+) -> torch.Tensor:
     """Schild's ladder: transport ``vector`` [d] along the polyline points [K + 1, d].
 
-    Each rung from x to the next point y: a = exp_x(eps A), m = the geodesic midpoint of a and y,
-    b = exp_x(2 log_x(m)); the transported vector is log_y(b) / eps. eps makes the rung as long as
-    the step, |eps A|_G = ``scale`` |y - x|_G: the second-order exp and log err by O(h^3), which
-    the division by eps would amplify were the rung much shorter than the step. The ladder is first
-order: its G-norm drifts by O(h) in total, so with ``renormalize`` each rung restores the norm
-(parallel transport is an isometry) and what is left is the direction's error."""
+        Each rung from x to the next point y: a = exp_x(eps A), m = the geodesic midpoint of a and y,
+        b = exp_x(2 log_x(m)); the transported vector is log_y(b) / eps. eps makes the rung as long as
+        the step, |eps A|_G = ``scale`` |y - x|_G: the second-order exp and log err by O(h^3), which
+        the division by eps would amplify were the rung much shorter than the step. The ladder is first
+    order: its G-norm drifts by O(h) in total, so with ``renormalize`` each rung restores the norm
+    (parallel transport is an isometry) and what is left is the direction's error."""
     a_vec = vector
     for k in range(points.shape[0] - 1):
         for j in range(rungs_per_segment):
@@ -210,8 +223,15 @@ def _orthonormal_pair(metric, z, u, w):
     return e1, w2 / metric.inner(z, w2, w2).sqrt()
 
 
-def holonomy_angle(metric: Metric, path, base: torch.Tensor, u: torch.Tensor, w: torch.Tensor, steps: int,
-                   dense_christoffel: bool = False) -> float:
+def holonomy_angle(
+    metric: Metric,
+    path,
+    base: torch.Tensor,
+    u: torch.Tensor,
+    w: torch.Tensor,
+    steps: int,
+    dense_christoffel: bool = False,
+) -> float:
     """Signed rotation (radians, in (-pi, pi]) of a vector of span(u, w) transported once around the
     closed ``path`` starting and ending at ``base``, measured in the G-orthonormal frame (e1 along u)."""
     e1, e2 = _orthonormal_pair(metric, base, u, w)
@@ -225,8 +245,15 @@ def parallelogram(base: torch.Tensor, u: torch.Tensor, w: torch.Tensor, size: fl
     return polyline(corners)
 
 
-def sectional_curvature(metric: Metric, base: torch.Tensor, u: torch.Tensor, w: torch.Tensor, size: float,
-                        steps_per_side: int = 8, dense_christoffel: bool = False) -> dict:
+def sectional_curvature(
+    metric: Metric,
+    base: torch.Tensor,
+    u: torch.Tensor,
+    w: torch.Tensor,
+    size: float,
+    steps_per_side: int = 8,
+    dense_christoffel: bool = False,
+) -> dict:
     """Holonomy estimate of the sectional curvature of span(u, w) at base: angle / G-area of the
     parallelogram of side ``size`` (error O(size) as the loop shrinks)."""
     loop = parallelogram(base, u, w, size)
@@ -236,7 +263,7 @@ def sectional_curvature(metric: Metric, base: torch.Tensor, u: torch.Tensor, w: 
         a = transport(metric, loop, a, steps_per_side, dense_christoffel, t0=side, t1=side + 1)
     angle = math.atan2(float(metric.inner(base, a[:, 0], e2)), float(metric.inner(base, a[:, 0], e1)))
     guu, gww, guw = (float(metric.inner(base, x, y)) for x, y in ((u, u), (w, w), (u, w)))
-    area = size ** 2 * math.sqrt(max(guu * gww - guw ** 2, 0.0))
+    area = size**2 * math.sqrt(max(guu * gww - guw**2, 0.0))
     return {"angle": angle, "area": area, "curvature": angle / area if area > 0 else float("nan")}
 
 
@@ -249,7 +276,7 @@ def geodesic_residual(metric: Metric, points: torch.Tensor) -> dict:
     rel = []
     for k in range(1, n):
         v = (points[k + 1] - points[k - 1]) / (2 * h)
-        a = (points[k + 1] - 2 * points[k] + points[k - 1]) / h ** 2
+        a = (points[k + 1] - 2 * points[k] + points[k - 1]) / h**2
         r = a + christoffel_contract(metric, points[k], v, v)
         speed2 = float(metric.inner(points[k], v, v))
         rel.append(math.sqrt(max(float(metric.inner(points[k], r, r)), 0.0)) / max(speed2, 1e-300))

@@ -49,9 +49,15 @@ class GeodesicResult:
     geodesic_equation: dict | None = None
 
     def as_dict(self) -> dict:
-        return {"converged": self.converged, "iterations": self.iterations, "residual": self.residual,
-                "residual_abs": self.residual_abs, "action": self.action, "length": self.length,
-                "geodesic_equation": self.geodesic_equation}
+        return {
+            "converged": self.converged,
+            "iterations": self.iterations,
+            "residual": self.residual,
+            "residual_abs": self.residual_abs,
+            "action": self.action,
+            "length": self.length,
+            "geodesic_equation": self.geodesic_equation,
+        }
 
 
 def _evaluation_points(points: torch.Tensor, rule: str) -> torch.Tensor:
@@ -78,9 +84,18 @@ def segment_lengths(metric: Metric, points: torch.Tensor, rule: str = "left") ->
     return (delta * vmap(metric.apply)(_evaluation_points(points, rule), delta)).sum(-1).clamp_min(0).sqrt()
 
 
-def solve_geodesic(metric: Metric, a: torch.Tensor, b: torch.Tensor, segments: int, rule: str = "midpoint",
-                   method: str = "newton", tol: float = 1e-7, max_iter: int = 500, init: torch.Tensor | None = None,
-                   equation_residual: bool = True) -> GeodesicResult:
+def solve_geodesic(
+    metric: Metric,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    segments: int,
+    rule: str = "midpoint",
+    method: str = "newton",
+    tol: float = 1e-7,
+    max_iter: int = 500,
+    init: torch.Tensor | None = None,
+    equation_residual: bool = True,
+) -> GeodesicResult:
     """The discrete geodesic from a to b [d] with ``segments`` segments (start: the straight line, or
     ``init`` [K + 1, d]). Converged when |dS/dz| <= tol x its value at the start (or <= 1e-14).
 
@@ -114,13 +129,24 @@ def solve_geodesic(metric: Metric, a: torch.Tensor, b: torch.Tensor, segments: i
         # is 2 c times the path Laplacian: the conjugate gradients' preconditioner
         start_delta = start[1:] - start[:-1]
         c = float(discrete_action(metric, start, rule)) / max(float(start_delta.square().sum()), 1e-300)
-        interior, iterations = _newton(action, interior.detach(), tol * scale, max_iter,
-                                       precondition=_laplacian_preconditioner(segments - 1, 2 * c, a.dtype))
+        interior, iterations = _newton(
+            action,
+            interior.detach(),
+            tol * scale,
+            max_iter,
+            precondition=_laplacian_preconditioner(segments - 1, 2 * c, a.dtype),
+        )
     else:
         for _restart in range(LBFGS_RESTARTS):  # a stalled line search restarts from a fresh history
-            optimizer = torch.optim.LBFGS([interior], lr=1.0, max_iter=max_iter, history_size=50,
-                                          tolerance_grad=max(tol * scale / math.sqrt(interior.numel()), 1e-16),
-                                          tolerance_change=0.0, line_search_fn="strong_wolfe")
+            optimizer = torch.optim.LBFGS(
+                [interior],
+                lr=1.0,
+                max_iter=max_iter,
+                history_size=50,
+                tolerance_grad=max(tol * scale / math.sqrt(interior.numel()), 1e-16),
+                tolerance_change=0.0,
+                line_search_fn="strong_wolfe",
+            )
 
             def closure():  # the gradient set directly: no training-style backward outside training/
                 value = action(interior)
@@ -144,17 +170,30 @@ def solve_geodesic(metric: Metric, a: torch.Tensor, b: torch.Tensor, segments: i
             equation = geodesic_residual(metric, points)
         except NotImplementedError:
             equation = None
-    return GeodesicResult(points, converged, iterations, residual, residual_abs,
-                          value if converged else None, length if converged else None, equation)
+    return GeodesicResult(
+        points,
+        converged,
+        iterations,
+        residual,
+        residual_abs,
+        value if converged else None,
+        length if converged else None,
+        equation,
+    )
 
 
-DENSE_NEWTON_MAX = 2000  # unknowns up to which Newton forms the Hessian; above, conjugate gradients on Hessian-vector products
+DENSE_NEWTON_MAX = (
+    2000  # unknowns up to which Newton forms the Hessian; above, conjugate gradients on Hessian-vector products
+)
 
 
 def _laplacian_preconditioner(points: int, scale: float, dtype):
     """r [points * d] -> (scale T)^-1 r, T the tridiagonal path Laplacian (2 on the diagonal, -1 beside)."""
-    lap = 2 * torch.eye(points, dtype=dtype) - torch.diag(torch.ones(points - 1, dtype=dtype), 1) \
+    lap = (
+        2 * torch.eye(points, dtype=dtype)
+        - torch.diag(torch.ones(points - 1, dtype=dtype), 1)
         - torch.diag(torch.ones(points - 1, dtype=dtype), -1)
+    )
     inverse = torch.linalg.inv(lap) / max(scale, 1e-300)
 
     def apply(r: torch.Tensor) -> torch.Tensor:
@@ -186,8 +225,12 @@ def _newton(action, x: torch.Tensor, gtol: float, max_iter: int, precondition=No
             h = hessian(f)(flat)
             step = torch.linalg.solve(h + 1e-14 * torch.eye(n, dtype=x.dtype, device=x.device), gk)
         else:
-            step = _conjugate_gradients(lambda v, at=flat: jvp(g, (at,), (v,))[1], gk,
-                                        tol=min(0.5, gnorm ** 0.5) * gnorm, precondition=precondition)
+            step = _conjugate_gradients(
+                lambda v, at=flat: jvp(g, (at,), (v,))[1],
+                gk,
+                tol=min(0.5, gnorm**0.5) * gnorm,
+                precondition=precondition,
+            )
         base, t = float(f(flat)), 1.0
         while t > 1e-10:
             trial = flat - t * step
@@ -229,5 +272,9 @@ def path_versus_geodesic(metric: Metric, path: torch.Tensor, rule: str = "left",
     path_action = float(discrete_action(metric, path, rule))
     geo = solve_geodesic(metric, path[0], path[-1], path.shape[0] - 1, rule=rule, **solver)
     ratio = path_action / geo.action if geo.converged and geo.action and geo.action > 0 else None
-    return {"path_action": path_action, "path_length": float(segment_lengths(metric, path, rule).sum()),
-            "geodesic": geo.as_dict(), "action_ratio": ratio}
+    return {
+        "path_action": path_action,
+        "path_length": float(segment_lengths(metric, path, rule).sum()),
+        "geodesic": geo.as_dict(),
+        "action_ratio": ratio,
+    }

@@ -123,8 +123,9 @@ def exact_rank(gamma: torch.Tensor, U: torch.Tensor) -> int:
     return kernel_split(gamma, U).rank
 
 
-def damped_pinv_apply(gamma: torch.Tensor, U: torch.Tensor, v: torch.Tensor, damping: float = 0.0,
-                      split: KernelSplit | None = None) -> torch.Tensor:
+def damped_pinv_apply(
+    gamma: torch.Tensor, U: torch.Tensor, v: torch.Tensor, damping: float = 0.0, split: KernelSplit | None = None
+) -> torch.Tensor:
     """G^+_lambda v for v [..., d] (the module docstring's formula); damping lambda >= 0."""
     if damping < 0:
         raise ValueError(f"damping must be >= 0, got {damping}")
@@ -146,8 +147,9 @@ def damped_pinv_apply(gamma: torch.Tensor, U: torch.Tensor, v: torch.Tensor, dam
     return w - x @ a_d.mT
 
 
-def naturalize_degenerate(u: torch.Tensor, gamma: torch.Tensor, U: torch.Tensor, strength: float,
-                          damping: float) -> torch.Tensor:
+def naturalize_degenerate(
+    u: torch.Tensor, gamma: torch.Tensor, U: torch.Tensor, strength: float, damping: float
+) -> torch.Tensor:
     """Naturalisation through the damped pseudo-inverse: (1 - s) u + s G^+_lambda u.
 
     The kernel part of u is removed by the pseudo-inverse (a direction of zero cost carries no

@@ -59,8 +59,10 @@ class ModelView:
 
 def unsupported_line(model) -> str:
     name = getattr(model, "model_name", type(model).__name__)
-    return (f"{name} is not a DRM-family model: it has no latent state the geometry instruments read, so none of "
-            f"{', '.join(INSTRUMENTS)} applies")
+    return (
+        f"{name} is not a DRM-family model: it has no latent state the geometry instruments read, so none of "
+        f"{', '.join(INSTRUMENTS)} applies"
+    )
 
 
 @torch.no_grad()
@@ -82,9 +84,12 @@ def model_view(model, tokens: torch.Tensor) -> ModelView:
 
     metric_fn = directions_fn = None
     if model.metric is not None:
+
         def metric_fn(z):
             return model.metric(model.read(z))
+
     if model.direction_field is not None:
+
         def directions_fn(z):
             return model.direction_field(model.read(z))
 
@@ -99,11 +104,22 @@ def model_view(model, tokens: torch.Tensor) -> ModelView:
     elif directions_fn is None:
         missing["connection.transport"] = f"{model.model_name} has no learned directions (holonomy still applies)"
     return ModelView(
-        name=model.model_name, d_state=d, vocab_size=c.vocab_size, block_size=block,
-        states=states.detach(), block_starts=torch.stack(starts, dim=1).detach(),
+        name=model.model_name,
+        d_state=d,
+        vocab_size=c.vocab_size,
+        block_size=block,
+        states=states.detach(),
+        block_starts=torch.stack(starts, dim=1).detach(),
         velocities=None if velocities is None else velocities.detach(),
-        metric_fn=metric_fn, directions_fn=directions_fn, logits_fn=logits_fn,
-        metric_config={"metric_rank": c.metric_rank, "metric_eps": c.metric_eps, "metric_damping": c.metric_damping,
-                       "has_metric": c.has_metric, "dt": c.dt},
+        metric_fn=metric_fn,
+        directions_fn=directions_fn,
+        logits_fn=logits_fn,
+        metric_config={
+            "metric_rank": c.metric_rank,
+            "metric_eps": c.metric_eps,
+            "metric_damping": c.metric_damping,
+            "has_metric": c.has_metric,
+            "dt": c.dt,
+        },
         not_applicable=missing,
     )

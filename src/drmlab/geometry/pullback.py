@@ -86,8 +86,12 @@ class PullbackEstimate:
     samples: int
 
 
-def pullback_estimate(f: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor, samples: int = 64,
-                      generator: torch.Generator | None = None) -> PullbackEstimate:
+def pullback_estimate(
+    f: Callable[[torch.Tensor], torch.Tensor],
+    z: torch.Tensor,
+    samples: int = 64,
+    generator: torch.Generator | None = None,
+) -> PullbackEstimate:
     """Unbiased G_pb from ``samples`` tokens y ~ p(z) per state: mean of g_y g_y^T, g_y = grad_z log p_y.
 
     Each score is one vector-Jacobian product, so the cost is S backward passes of f and d^2 memory,
@@ -103,7 +107,7 @@ def pullback_estimate(f: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor
     scores = []
     for s in range(samples):
         cot = -p.clone()
-        cot.scatter_add_(-1, ys[:, s: s + 1], torch.ones_like(ys[:, s: s + 1], dtype=p.dtype))
+        cot.scatter_add_(-1, ys[:, s : s + 1], torch.ones_like(ys[:, s : s + 1], dtype=p.dtype))
         scores.append(pull(cot)[0])
     g = torch.stack(scores, dim=1)  # [N, S, d]
     outer = g.unsqueeze(-1) * g.unsqueeze(-2)  # [N, S, d, d]
@@ -113,16 +117,24 @@ def pullback_estimate(f: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor
     return PullbackEstimate(mean, stderr, rel, samples)
 
 
-def pullback_auto(f, z, vocab_size: int, max_exact_vocab: int = MAX_EXACT_VOCAB, samples: int = 64,
-                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, str]:
+def pullback_auto(
+    f,
+    z,
+    vocab_size: int,
+    max_exact_vocab: int = MAX_EXACT_VOCAB,
+    samples: int = 64,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, str]:
     """(G_pb [N, d, d], how it was computed): exact up to ``max_exact_vocab``, else the estimator,
     and the note says so with its relative standard error."""
     if vocab_size <= max_exact_vocab:
         return pullback_metric(f, z), "exact (autodiff Jacobian)"
     est = pullback_estimate(f, z, samples, generator)
-    return est.matrix, (f"estimated: the vocabulary ({vocab_size:,}) is above {max_exact_vocab:,}, so the "
-                        f"Fisher-identity estimator with {samples} samples per state is used (relative standard "
-                        f"error {float(est.relative_error.mean()):.3f})")
+    return est.matrix, (
+        f"estimated: the vocabulary ({vocab_size:,}) is above {max_exact_vocab:,}, so the "
+        f"Fisher-identity estimator with {samples} samples per state is used (relative standard "
+        f"error {float(est.relative_error.mean()):.3f})"
+    )
 
 
 def principal_angles(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -143,8 +155,7 @@ def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a * b).sum()) / denom if denom > 0 else float("nan")
 
 
-def metric_agreement(g_learned: torch.Tensor, g_pullback: torch.Tensor, velocities: torch.Tensor,
-                     k: int) -> dict:
+def metric_agreement(g_learned: torch.Tensor, g_pullback: torch.Tensor, velocities: torch.Tensor, k: int) -> dict:
     """Agreement of a learned metric with the pullback at the same states.
 
     g_learned, g_pullback [N, d, d]; velocities [N, d] (one per state, e.g. the model's steps).

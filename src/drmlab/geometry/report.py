@@ -18,28 +18,61 @@ def _fmt(x) -> str:
 def write_tables(record: dict) -> str:
     """Markdown: one table of costs, then one per instrument."""
     ins = record["instruments"]
-    lines = [f"# Geometry of {record['model']} ({record.get('run', 'in memory')})", "",
-             (f"{record['windows']} windows, {record['tokens']} tokens, d_state {record['d_state']}, "
-              f"vocabulary {record['vocab_size']}; float64."), ""]
+    lines = [
+        f"# Geometry of {record['model']} ({record.get('run', 'in memory')})",
+        "",
+        (
+            f"{record['windows']} windows, {record['tokens']} tokens, d_state {record['d_state']}, "
+            f"vocabulary {record['vocab_size']}; float64."
+        ),
+        "",
+    ]
     lines += [f"- {note}" for note in record["notes"]] + ([""] if record["notes"] else [])
     lines += ["| instrument | seconds |", "|---|---:|"]
     lines += [f"| {name} | {_fmt(r['seconds'])} |" for name, r in ins.items()] + [""]
     if "metric" in ins:
         m = ins["metric"]
-        lines += ["## Learned metric G(z) at block starts", "", "| quantity | value |", "|---|---:|",
-                  f"| states | {m['states']} |", f"| exact rank (exact kernel) | {m['exact_rank']} |",
-                  f"| kernel dimension | {m['kernel_dim']} |"]
-        lines += [f"| numerical rank, {k.replace('rank_', '')} (approx.) | {_fmt(v)} |" for k, v in m["numerical_rank_approx"].items()]
-        lines += [f"| condition number (mean) | {_fmt(m['condition_number_mean'])} |",
-                  f"| damped pseudo-inverse vs Woodbury (max rel.) | {_fmt(m['pinv_vs_woodbury_max_rel'])} |", ""]
+        lines += [
+            "## Learned metric G(z) at block starts",
+            "",
+            "| quantity | value |",
+            "|---|---:|",
+            f"| states | {m['states']} |",
+            f"| exact rank (exact kernel) | {m['exact_rank']} |",
+            f"| kernel dimension | {m['kernel_dim']} |",
+        ]
+        lines += [
+            f"| numerical rank, {k.replace('rank_', '')} (approx.) | {_fmt(v)} |"
+            for k, v in m["numerical_rank_approx"].items()
+        ]
+        lines += [
+            f"| condition number (mean) | {_fmt(m['condition_number_mean'])} |",
+            f"| damped pseudo-inverse vs Woodbury (max rel.) | {_fmt(m['pinv_vs_woodbury_max_rel'])} |",
+            "",
+        ]
     if "pullback" in ins:
         p = ins["pullback"]
-        lines += ["## Decoder pullback metric J^T (diag p - p p^T) J", "", f"{p['how']}; {p['states']} states.", "",
-                  "| quantity | value |", "|---|---:|", f"| exact rank bound min(d, V - 1) | {p['exact_rank_bound']} |"]
-        lines += [f"| numerical rank, {k.replace('rank_', '')} (approx.) | {_fmt(v)} |" for k, v in p["numerical_rank_approx"].items()]
+        lines += [
+            "## Decoder pullback metric J^T (diag p - p p^T) J",
+            "",
+            f"{p['how']}; {p['states']} states.",
+            "",
+            "| quantity | value |",
+            "|---|---:|",
+            f"| exact rank bound min(d, V - 1) | {p['exact_rank_bound']} |",
+        ]
+        lines += [
+            f"| numerical rank, {k.replace('rank_', '')} (approx.) | {_fmt(v)} |"
+            for k, v in p["numerical_rank_approx"].items()
+        ]
         lines += [f"| trace (mean) | {_fmt(p['trace_mean'])} |", ""]
     if "strata" in ins:
-        lines += ["## Rank strata", "", "| metric | strata | occupancy | changes | mean dwell |", "|---|---|---|---:|---:|"]
+        lines += [
+            "## Rank strata",
+            "",
+            "| metric | strata | occupancy | changes | mean dwell |",
+            "|---|---|---|---:|---:|",
+        ]
         for key, s in ins["strata"].items():
             if isinstance(s, dict):
                 occ = ", ".join(f"{k}: {v:.2f}" for k, v in s["occupancy"].items())
@@ -47,35 +80,69 @@ def write_tables(record: dict) -> str:
         lines.append("")
     if "agreement" in ins:
         a = ins["agreement"]
-        lines += ["## Learned metric against the pullback", "", "| quantity | value |", "|---|---:|",
-                  f"| steps | {a['steps']} |", f"| log-energy Pearson | {_fmt(a['energy_log_pearson'])} |",
-                  f"| energy Spearman | {_fmt(a['energy_spearman'])} |",
-                  f"| largest principal angle, top-{a['subspace_k']} (rad) | {_fmt(a['principal_angle_largest_mean_rad'])} |",
-                  f"| same for random subspaces (rad) | {_fmt(a['random_subspace_largest_angle_rad'])} |", ""]
+        lines += [
+            "## Learned metric against the pullback",
+            "",
+            "| quantity | value |",
+            "|---|---:|",
+            f"| steps | {a['steps']} |",
+            f"| log-energy Pearson | {_fmt(a['energy_log_pearson'])} |",
+            f"| energy Spearman | {_fmt(a['energy_spearman'])} |",
+            f"| largest principal angle, top-{a['subspace_k']} (rad) | {_fmt(a['principal_angle_largest_mean_rad'])} |",
+            f"| same for random subspaces (rad) | {_fmt(a['random_subspace_largest_angle_rad'])} |",
+            "",
+        ]
     if "connection" in ins:
         c = ins["connection"]
-        lines += ["## Connection", "", "| block start | loop side | holonomy angle (rad) | G-area | curvature estimate |",
-                  "|---:|---:|---:|---:|---:|"]
-        lines += [f"| {h['block']} | {_fmt(h['size'])} | {_fmt(h['angle'])} | {_fmt(h['area'])} | {_fmt(h['curvature'])} |"
-                  for h in c["holonomy"]]
+        lines += [
+            "## Connection",
+            "",
+            "| block start | loop side | holonomy angle (rad) | G-area | curvature estimate |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {h['block']} | {_fmt(h['size'])} | {_fmt(h['angle'])} | {_fmt(h['area'])} | {_fmt(h['curvature'])} |"
+            for h in c["holonomy"]
+        ]
         if c.get("transport"):
-            lines += ["", "| block -> next | angle to V_i(next), transported (rad) | untransported (rad) |", "|---|---:|---:|"]
-            lines += [f"| {t['block']} -> {t['block'] + 1} | {_fmt(t['angle_transported_mean_rad'])} | "
-                      f"{_fmt(t['angle_untransported_mean_rad'])} |" for t in c["transport"]]
+            lines += [
+                "",
+                "| block -> next | angle to V_i(next), transported (rad) | untransported (rad) |",
+                "|---|---:|---:|",
+            ]
+            lines += [
+                f"| {t['block']} -> {t['block'] + 1} | {_fmt(t['angle_transported_mean_rad'])} | "
+                f"{_fmt(t['angle_untransported_mean_rad'])} |"
+                for t in c["transport"]
+            ]
         lines.append("")
     if "geodesics" in ins:
-        lines += ["## The model's block paths against geodesics", "", ins["geodesics"]["note"] + ".", "",
-                  "| block | path action | geodesic action | ratio | converged | residual |", "|---:|---:|---:|---:|---|---:|"]
+        lines += [
+            "## The model's block paths against geodesics",
+            "",
+            ins["geodesics"]["note"] + ".",
+            "",
+            "| block | path action | geodesic action | ratio | converged | residual |",
+            "|---:|---:|---:|---:|---|---:|",
+        ]
         for g in ins["geodesics"]["blocks"]:
             geo = g["geodesic"]
-            lines.append(f"| {g['block']} | {_fmt(g['path_action'])} | {_fmt(geo['action'])} | {_fmt(g['action_ratio'])} | "
-                         f"{geo['converged']} | {_fmt(geo['residual'])} |")
+            lines.append(
+                f"| {g['block']} | {_fmt(g['path_action'])} | {_fmt(geo['action'])} | {_fmt(g['action_ratio'])} | "
+                f"{geo['converged']} | {_fmt(geo['residual'])} |"
+            )
         lines.append("")
     if "topology" in ins:
         t = ins["topology"]
-        lines += ["## Persistent homology of the visited states", "",
-                  (f"{t['landmarks']} landmarks, diameter {_fmt(t['diameter'])}, threshold {_fmt(t['threshold'])}: "
-                   f"bars longer than the threshold {t['betti_at_threshold']}; longest H1 {_fmt(t['longest_h1'])}."), ""]
+        lines += [
+            "## Persistent homology of the visited states",
+            "",
+            (
+                f"{t['landmarks']} landmarks, diameter {_fmt(t['diameter'])}, threshold {_fmt(t['threshold'])}: "
+                f"bars longer than the threshold {t['betti_at_threshold']}; longest H1 {_fmt(t['longest_h1'])}."
+            ),
+            "",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -92,8 +159,15 @@ def write_plots(record: dict, cache: dict, folder: Path) -> list[Path]:
     if spectra:
         fig, ax = plt.subplots(figsize=(5, 3.5))
         for name, values in spectra:
-            ax.semilogy(sorted((max(v, 1e-300) for v in values), reverse=True), label="G" if name == "metric" else "G_pb")
-        ax.set_xlabel("index"), ax.set_ylabel("eigenvalue"), ax.legend(), ax.set_title("spectra at the first block start")
+            ax.semilogy(
+                sorted((max(v, 1e-300) for v in values), reverse=True), label="G" if name == "metric" else "G_pb"
+            )
+        (
+            ax.set_xlabel("index"),
+            ax.set_ylabel("eigenvalue"),
+            ax.legend(),
+            ax.set_title("spectra at the first block start"),
+        )
         files.append(_save(fig, folder / "spectra.png"))
     if "energies" in cache:
         e_l, e_p = cache["energies"]

@@ -97,7 +97,8 @@ def measure_metric(view: ModelView) -> dict:
         "kernel_dim": sorted({s.kernel_dim for s in splits}),
         "floor_zero_coordinates_max": int(max(int(s.zero.sum()) for s in splits)),
         "numerical_rank_approx": {k: float(v.double().mean()) for k, v in ranks.items()},
-        "eigenvalue_min": float(sigma[:, 0].min()), "eigenvalue_max": float(sigma[:, -1].max()),
+        "eigenvalue_min": float(sigma[:, 0].min()),
+        "eigenvalue_max": float(sigma[:, -1].max()),
         "condition_number_mean": float((sigma[:, -1] / sigma[:, 0]).mean()),
         "pinv_vs_woodbury_max_rel": float((pinv - wood).abs().max() / wood.abs().max()),
         "damping": lam,
@@ -121,16 +122,24 @@ def measure_pullback(view: ModelView, budget: GeometryBudget, cache: dict) -> di
     from .pullback import pullback_auto
 
     z, chosen = _pullback_states(view, budget.pullback_states)
-    g_pb, how = pullback_auto(view.logits_fn, z, view.vocab_size, budget.max_exact_vocab, budget.estimator_samples,
-                              torch.Generator().manual_seed(0))
+    g_pb, how = pullback_auto(
+        view.logits_fn,
+        z,
+        view.vocab_size,
+        budget.max_exact_vocab,
+        budget.estimator_samples,
+        torch.Generator().manual_seed(0),
+    )
     cache["pullback"], cache["pullback_states"], cache["pullback_layout"] = g_pb, z, chosen.shape[:2]
     sigma = torch.linalg.eigvalsh(g_pb)
     ranks = numerical_rank(sigma, RANK_TOLERANCES)
     return {
-        "states": int(z.shape[0]), "how": how,
+        "states": int(z.shape[0]),
+        "how": how,
         "exact_rank_bound": min(view.d_state, view.vocab_size - 1),
         "numerical_rank_approx": {k: float(v.double().mean()) for k, v in ranks.items()},
-        "trace_mean": float(sigma.sum(-1).mean()), "eigenvalue_max": float(sigma[:, -1].max()),
+        "trace_mean": float(sigma.sum(-1).mean()),
+        "eigenvalue_max": float(sigma[:, -1].max()),
         "_spectrum_first": sigma[0].tolist(),
     }
 
@@ -157,8 +166,14 @@ def measure_strata(view: ModelView, budget: GeometryBudget, rtol: float = 1e-4) 
         out["metric_exact"] = stratify(exact_ranks(gamma, u).view(layout))
         sigma = torch.linalg.eigvalsh(_dense_metric(view, z))
         out["metric_numerical_approx"] = stratify(numerical_ranks(sigma, rtol).view(layout))
-    g_pb, how = pullback_auto(view.logits_fn, z, view.vocab_size, budget.max_exact_vocab, budget.estimator_samples,
-                              torch.Generator().manual_seed(1))
+    g_pb, how = pullback_auto(
+        view.logits_fn,
+        z,
+        view.vocab_size,
+        budget.max_exact_vocab,
+        budget.estimator_samples,
+        torch.Generator().manual_seed(1),
+    )
     out["pullback_how"] = how
     out["pullback_numerical_approx"] = stratify(numerical_ranks(torch.linalg.eigvalsh(g_pb), rtol).view(layout))
     return out
@@ -193,7 +208,8 @@ def measure_agreement(view: ModelView, cache: dict) -> dict:
         "steps": int(v.shape[0]),
         "energy_log_pearson": _pearson(e_learned.clamp_min(tiny).log(), e_pb.clamp_min(tiny).log()),
         "energy_spearman": _pearson(_ranks(e_learned), _ranks(e_pb)),
-        "energy_learned_mean": float(e_learned.mean()), "energy_pullback_mean": float(e_pb.mean()),
+        "energy_learned_mean": float(e_learned.mean()),
+        "energy_pullback_mean": float(e_pb.mean()),
     }
     cache["energies"] = (e_learned, e_pb)
     g_pb, zs = cache["pullback"], cache["pullback_states"]
@@ -233,12 +249,15 @@ def _model_metric(view: ModelView) -> tuple:
         g, u = view.metric_fn(z)
         return g + lam, u
 
-    return LowRankMetric(damped), (f"the metric's floor vanishes (a degenerate metric): connection and geodesics "
-                                   f"are measured on G + {lam:g} I")
+    return LowRankMetric(damped), (
+        f"the metric's floor vanishes (a degenerate metric): connection and geodesics are measured on G + {lam:g} I"
+    )
 
 
 def _g_angle(metric, z, a, b) -> float:
-    cos = float(metric.inner(z, a, b)) / math.sqrt(max(float(metric.inner(z, a, a)) * float(metric.inner(z, b, b)), 1e-300))
+    cos = float(metric.inner(z, a, b)) / math.sqrt(
+        max(float(metric.inner(z, a, a)) * float(metric.inner(z, b, b)), 1e-300)
+    )
     return math.acos(max(-1.0, min(1.0, abs(cos))))
 
 
@@ -277,8 +296,13 @@ def measure_connection(view: ModelView, budget: GeometryBudget) -> dict:
         z1 = path[-1]
         angles = [_g_angle(metric, z1, moved[:, i], v_end[i]) for i in range(v_end.shape[0])]
         raw = [_g_angle(metric, z1, v_start[i], v_end[i]) for i in range(v_end.shape[0])]
-        row = {"block": k, "segments": int(path.shape[0] - 1), "angle_transported_mean_rad": sum(angles) / len(angles),
-               "angle_untransported_mean_rad": sum(raw) / len(raw), "angle_transported_rad": angles}
+        row = {
+            "block": k,
+            "segments": int(path.shape[0] - 1),
+            "angle_transported_mean_rad": sum(angles) / len(angles),
+            "angle_untransported_mean_rad": sum(raw) / len(raw),
+            "angle_transported_rad": angles,
+        }
         if k == 0:
             ladder = schild_transport(metric, path, v_start[0])
             row["schild_vs_ode_angle_rad"] = _g_angle(metric, z1, ladder, moved[:, 0])
@@ -298,8 +322,10 @@ def measure_geodesics(view: ModelView, budget: GeometryBudget) -> dict:
         path = view.block_path(0, k)
         result = path_versus_geodesic(metric, path, rule="left", max_iter=budget.geodesic_max_iter)
         rows.append({"block": k, **result})
-    return {"blocks": rows, "note": "the action ratio is a diagnostic, not evidence of geodesic emergence"
-            + (f"; {note}" if note else "")}
+    return {
+        "blocks": rows,
+        "note": "the action ratio is a diagnostic, not evidence of geodesic emergence" + (f"; {note}" if note else ""),
+    }
 
 
 def measure_topology(view: ModelView, budget: GeometryBudget) -> dict:
@@ -317,15 +343,20 @@ def measure_topology(view: ModelView, budget: GeometryBudget) -> dict:
     diagrams = persistence(cloud, max_dim=1, max_edge=diameter)
     threshold = budget.topology_threshold * diameter
     spread = bootstrap_persistence(cloud, resamples=budget.topology_resamples, max_dim=1, max_edge=diameter)
-    return {"landmarks": len(idx), "diameter": diameter, "threshold": threshold,
-            "betti_at_threshold": betti_at(diagrams, threshold),
-            "longest_h1": float(max((d - b for b, d in diagrams[1]), default=0.0)),
-            "bootstrap_top_persistence": spread,
-            "_diagrams": {k: v.tolist() for k, v in diagrams.items()}}
+    return {
+        "landmarks": len(idx),
+        "diameter": diameter,
+        "threshold": threshold,
+        "betti_at_threshold": betti_at(diagrams, threshold),
+        "longest_h1": float(max((d - b for b, d in diagrams[1]), default=0.0)),
+        "bootstrap_top_persistence": spread,
+        "_diagrams": {k: v.tolist() for k, v in diagrams.items()},
+    }
 
 
-def geometry_of_model(model, tokens: torch.Tensor, budget: GeometryBudget | None = None,
-                      only: tuple[str, ...] | None = None) -> dict:
+def geometry_of_model(
+    model, tokens: torch.Tensor, budget: GeometryBudget | None = None, only: tuple[str, ...] | None = None
+) -> dict:
     """Every applicable instrument on ``model`` and tokens [B, T]; the model should be in float64.
 
     Returns {'model', 'windows', 'tokens', 'instruments': {name: result with 'seconds'},
@@ -335,20 +366,30 @@ def geometry_of_model(model, tokens: torch.Tensor, budget: GeometryBudget | None
     budget = budget or GeometryBudget()
     t0 = time.perf_counter()
     view = model_view(model, tokens)
-    record: dict = {"model": view.name, "windows": int(tokens.shape[0]), "tokens": int(tokens.numel()),
-                    "d_state": view.d_state, "vocab_size": view.vocab_size, "budget": asdict(budget),
-                    "instruments": {}, "not_applicable": dict(view.not_applicable), "notes": [],
-                    "view_seconds": time.perf_counter() - t0}
+    record: dict = {
+        "model": view.name,
+        "windows": int(tokens.shape[0]),
+        "tokens": int(tokens.numel()),
+        "d_state": view.d_state,
+        "vocab_size": view.vocab_size,
+        "budget": asdict(budget),
+        "instruments": {},
+        "not_applicable": dict(view.not_applicable),
+        "notes": [],
+        "view_seconds": time.perf_counter() - t0,
+    }
     if not have_gudhi():
         record["not_applicable"]["topology"] = "gudhi is not installed (pip install 'drmlab[geometry]')"
     cache: dict = {}
-    plan = [("metric", lambda: measure_metric(view)),
-            ("pullback", lambda: measure_pullback(view, budget, cache)),
-            ("strata", lambda: measure_strata(view, budget)),
-            ("agreement", lambda: measure_agreement(view, cache)),
-            ("connection", lambda: measure_connection(view, budget)),
-            ("geodesics", lambda: measure_geodesics(view, budget)),
-            ("topology", lambda: measure_topology(view, budget))]
+    plan = [
+        ("metric", lambda: measure_metric(view)),
+        ("pullback", lambda: measure_pullback(view, budget, cache)),
+        ("strata", lambda: measure_strata(view, budget)),
+        ("agreement", lambda: measure_agreement(view, cache)),
+        ("connection", lambda: measure_connection(view, budget)),
+        ("geodesics", lambda: measure_geodesics(view, budget)),
+        ("topology", lambda: measure_topology(view, budget)),
+    ]
     for name, measure in plan:
         if name in record["not_applicable"] or (only is not None and name not in only):
             continue
@@ -357,7 +398,9 @@ def geometry_of_model(model, tokens: torch.Tensor, budget: GeometryBudget | None
         result["seconds"] = time.perf_counter() - start
         record["instruments"][name] = result
     if record["not_applicable"]:
-        record["notes"].append("not applicable: " + "; ".join(f"{k} ({v})" for k, v in record["not_applicable"].items()))
+        record["notes"].append(
+            "not applicable: " + "; ".join(f"{k} ({v})" for k, v in record["not_applicable"].items())
+        )
     if "pullback" in record["instruments"] and record["instruments"]["pullback"]["how"].startswith("estimated"):
         record["notes"].append(record["instruments"]["pullback"]["how"])
     record["seconds"] = time.perf_counter() - t0
@@ -378,7 +421,9 @@ def _validation_windows(config: dict, tokens: int, data=None, tokenizer=None, ca
         raise ValueError(f"the run was trained with the {config.get('tokenizer')} tokenizer, not {tok}")
     corpus = load_corpus(source=source, tokenizer=tok, cache_dir=cache_dir)
     if corpus.vocab_size != config.get("vocab_size", corpus.vocab_size):
-        raise ValueError(f"the corpus vocabulary ({corpus.vocab_size}) differs from the run's ({config.get('vocab_size')})")
+        raise ValueError(
+            f"the corpus vocabulary ({corpus.vocab_size}) differs from the run's ({config.get('vocab_size')})"
+        )
     seq_len = int(config["train"]["seq_len"])
     stream = torch.from_numpy(np.array(corpus.val[: max(tokens, 1)], dtype=np.int64))
     if len(stream) < 2:
@@ -388,8 +433,16 @@ def _validation_windows(config: dict, tokens: int, data=None, tokenizer=None, ca
     return stream[: count * seq_len].view(count, seq_len)
 
 
-def run_geometry(run_dir, tokens: int = 512, out=None, device: str = "cpu", data=None, tokenizer=None,
-                 cache_dir=None, budget: GeometryBudget | None = None) -> tuple[dict, list[Path]]:
+def run_geometry(
+    run_dir,
+    tokens: int = 512,
+    out=None,
+    device: str = "cpu",
+    data=None,
+    tokenizer=None,
+    cache_dir=None,
+    budget: GeometryBudget | None = None,
+) -> tuple[dict, list[Path]]:
     """Load the run's checkpoint, measure it on its validation stream, write the outputs.
 
     Returns (the record, the files written). The model runs in float64 on ``device``."""
@@ -403,8 +456,14 @@ def run_geometry(run_dir, tokens: int = 512, out=None, device: str = "cpu", data
     windows = _validation_windows(config, tokens, data, tokenizer, cache_dir).to(next(model.parameters()).device)
     record = geometry_of_model(model, windows, budget)
     cache = record.pop("_cache")
-    record.update({"run": str(run_dir), "step": int(state.get("step", 0)), "preset": config.get("preset"),
-                   "instruments_known": list(INSTRUMENTS)})
+    record.update(
+        {
+            "run": str(run_dir),
+            "step": int(state.get("step", 0)),
+            "preset": config.get("preset"),
+            "instruments_known": list(INSTRUMENTS),
+        }
+    )
     folder = Path(out) if out is not None else Path(run_dir) / "geometry"
     folder.mkdir(parents=True, exist_ok=True)
     files = [folder / "geometry.json", folder / "tables.md"]

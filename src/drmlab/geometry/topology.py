@@ -61,8 +61,9 @@ def landmarks(points: np.ndarray, count: int, seed: int = 0) -> np.ndarray:
     return np.array(chosen)
 
 
-def persistence(points: np.ndarray, max_dim: int = 1, method: str = "rips", max_edge: float | None = None
-                ) -> dict[int, np.ndarray]:
+def persistence(
+    points: np.ndarray, max_dim: int = 1, method: str = "rips", max_edge: float | None = None
+) -> dict[int, np.ndarray]:
     """{dimension: diagram [n, 2] of (birth, death)} for dimensions 0..max_dim (death inf for the
     essential classes). ``max_edge`` bounds the Rips filtration (default: the diameter)."""
     gudhi = require_gudhi()
@@ -96,8 +97,16 @@ def betti_at(diagrams: dict[int, np.ndarray], threshold: float) -> dict[int, int
     return {dim: len(long_bars(d, threshold)) for dim, d in diagrams.items()}
 
 
-def bootstrap_persistence(points: np.ndarray, resamples: int = 10, fraction: float = 0.8, max_dim: int = 1,
-                          method: str = "rips", top: int = 3, seed: int = 0, **kwargs) -> dict:
+def bootstrap_persistence(
+    points: np.ndarray,
+    resamples: int = 10,
+    fraction: float = 0.8,
+    max_dim: int = 1,
+    method: str = "rips",
+    top: int = 3,
+    seed: int = 0,
+    **kwargs,
+) -> dict:
     """Mean and standard deviation, over ``resamples`` subsamples of ``fraction`` of the points, of
     the ``top`` largest finite persistences in each dimension (missing bars count as 0)."""
     rng = np.random.default_rng(seed)

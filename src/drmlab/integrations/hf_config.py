@@ -119,9 +119,15 @@ CONFIG_CLASSES: dict[str, type[DrmlabConfig]] = {
 }
 
 
-def config_for(registry_name: str, preset: str, vocab_size: int = 256, seed: int = 0,
-               overrides: dict | None = None, tokenizer_name: str | None = "bytes",
-               fields: dict | None = None) -> DrmlabConfig:
+def config_for(
+    registry_name: str,
+    preset: str,
+    vocab_size: int = 256,
+    seed: int = 0,
+    overrides: dict | None = None,
+    tokenizer_name: str | None = "bytes",
+    fields: dict | None = None,
+) -> DrmlabConfig:
     """The config of ``build_model(registry_name, preset, vocab_size, seed, **overrides)``, of the
     family's class. ``fields`` (the model's dataclass config) is computed by a build on the meta
     device when not given."""
@@ -133,7 +139,13 @@ def config_for(registry_name: str, preset: str, vocab_size: int = 256, seed: int
     if fields is None:
         fields = json_normal(config_fields(name, preset, vocab_size=int(vocab_size), **overrides))
     return CONFIG_CLASSES[family_of(name)](
-        registry_name=name, preset=preset, vocab_size=int(vocab_size), build_seed=int(seed),
-        overrides=json_normal(overrides), model_fields=fields, tokenizer_name=tokenizer_name,
-        drmlab_version=__version__, architectures=[f"{CONFIG_CLASSES[family_of(name)].__name__[:-6]}ForCausalLM"],
+        registry_name=name,
+        preset=preset,
+        vocab_size=int(vocab_size),
+        build_seed=int(seed),
+        overrides=json_normal(overrides),
+        model_fields=fields,
+        tokenizer_name=tokenizer_name,
+        drmlab_version=__version__,
+        architectures=[f"{CONFIG_CLASSES[family_of(name)].__name__[:-6]}ForCausalLM"],
     )

@@ -76,8 +76,9 @@ def gpt2_tokenizer_fast(folder: str | Path):
     backend = Tokenizer(models.BPE.from_file(str(folder / "encoder.json"), str(folder / "vocab.bpe")))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                                   model_max_length=int(1e30))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|endoftext|>", bos_token="<|endoftext|>", model_max_length=int(1e30)
+    )
 
 
 def write_tokenizer(tokenizer_name: str, out: Path) -> str:
@@ -91,8 +92,10 @@ def write_tokenizer(tokenizer_name: str, out: Path) -> str:
 
         origin = Path(str(get_tokenizer("gpt2").origin))
         if not ((origin / "encoder.json").is_file() and (origin / "vocab.bpe").is_file()):
-            return (f"no tokenizer files: the GPT-2 files came from {origin}, not a folder; set DRMLAB_GPT2_DIR to "
-                    "a folder holding encoder.json and vocab.bpe to include them")
+            return (
+                f"no tokenizer files: the GPT-2 files came from {origin}, not a folder; set DRMLAB_GPT2_DIR to "
+                "a folder holding encoder.json and vocab.bpe to include them"
+            )
         gpt2_tokenizer_fast(origin).save_pretrained(str(out))
         for name in ("encoder.json", "vocab.bpe"):
             shutil.copyfile(origin / name, out / name)
@@ -110,12 +113,16 @@ def _check_run(run_dir: Path):
     if (run_dir / "config.json").is_file() and not run.has_checkpoint():
         config = read_json(run_dir / "config.json")
         if isinstance(config, dict) and "model_type" in config:
-            raise NotARunError(f"{run_dir} is a Hugging Face model directory (model_type {config['model_type']!r}), "
-                               "not a drmlab run directory: there is nothing to export")
+            raise NotARunError(
+                f"{run_dir} is a Hugging Face model directory (model_type {config['model_type']!r}), "
+                "not a drmlab run directory: there is nothing to export"
+            )
     if not (run_dir / "config.json").is_file() or not run.has_checkpoint():
         missing = [name for name in ("config.json", "checkpoint.json") if not (run_dir / name).is_file()]
-        raise NotARunError(f"{run_dir} is not a drmlab run directory (no {' or '.join(missing)}); "
-                           "give the --out folder of a drmlab train")
+        raise NotARunError(
+            f"{run_dir} is not a drmlab run directory (no {' or '.join(missing)}); "
+            "give the --out folder of a drmlab train"
+        )
     return run
 
 
@@ -136,9 +143,14 @@ def export_run(run_dir: str | Path, out: str | Path, *, overwrite: bool = False)
         check_model_type(out)  # only a drmlab export is replaced
     model, config, state = run.load_model("cpu")
     tokenizer_name = config.get("tokenizer") or "bytes"
-    hf_model = DrmlabForCausalLM.from_drmlab(model, config["model"], config["preset"],
-                                             seed=int(config["train"]["seed"]), overrides=config.get("overrides") or {},
-                                             tokenizer_name=tokenizer_name)
+    hf_model = DrmlabForCausalLM.from_drmlab(
+        model,
+        config["model"],
+        config["preset"],
+        seed=int(config["train"]["seed"]),
+        overrides=config.get("overrides") or {},
+        tokenizer_name=tokenizer_name,
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -148,11 +160,16 @@ def export_run(run_dir: str | Path, out: str | Path, *, overwrite: bool = False)
         pointer = read_json(run.pointer_path)
         record = {
             "run_dir": str(run_dir.resolve()),
-            "model": config["model"], "preset": config["preset"], "overrides": config.get("overrides") or {},
-            "seed": int(config["train"]["seed"]), "tokenizer": tokenizer_name,
-            "step": int(state["step"]), "tokens_trained": int(state.get("tokens", 0)),
+            "model": config["model"],
+            "preset": config["preset"],
+            "overrides": config.get("overrides") or {},
+            "seed": int(config["train"]["seed"]),
+            "tokenizer": tokenizer_name,
+            "step": int(state["step"]),
+            "tokens_trained": int(state.get("tokens", 0)),
             "checkpoint_sha256": pointer["files"]["model.safetensors"]["sha256"],
-            "val_ce": summary.get("val_ce"), "val_bpb": summary.get("val_bpb"),
+            "val_ce": summary.get("val_ce"),
+            "val_bpb": summary.get("val_bpb"),
         }
         write_json_atomic(tmp / EXPORT_RECORD, record)
         if out.exists():
@@ -162,9 +179,15 @@ def export_run(run_dir: str | Path, out: str | Path, *, overwrite: bool = False)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    return {"out": str(out), "model": config["model"], "preset": config["preset"], "step": int(state["step"]),
-            "model_type": hf_model.config.model_type, "tokenizer": tokenizer_line,
-            "files": sorted(p.name for p in out.iterdir())}
+    return {
+        "out": str(out),
+        "model": config["model"],
+        "preset": config["preset"],
+        "step": int(state["step"]),
+        "model_type": hf_model.config.model_type,
+        "tokenizer": tokenizer_line,
+        "files": sorted(p.name for p in out.iterdir()),
+    }
 
 
 def read_export_record(path: str | Path) -> dict | None:

@@ -54,8 +54,10 @@ from drmlab.integrations.hf_config import (
 )
 
 if int(transformers.__version__.split(".")[0]) < 5:  # pragma: no cover - depends on the environment
-    raise ImportError(f"drmlab's Hugging Face classes need transformers>=5 (found {transformers.__version__}): "
-                      "pip install -U 'transformers>=5'")
+    raise ImportError(
+        f"drmlab's Hugging Face classes need transformers>=5 (found {transformers.__version__}): "
+        "pip install -U 'transformers>=5'"
+    )
 
 from drmlab.training.trainer import IGNORE_INDEX  # noqa: E402  (-100: a label that is not scored, as in transformers)
 
@@ -73,8 +75,9 @@ def map_batch_rows(state, fn):
     if isinstance(state, torch.Tensor):
         return fn(state)
     if dataclasses.is_dataclass(state) and not isinstance(state, type):
-        return dataclasses.replace(state, **{f.name: map_batch_rows(getattr(state, f.name), fn)
-                                             for f in dataclasses.fields(state) if f.init})
+        return dataclasses.replace(
+            state, **{f.name: map_batch_rows(getattr(state, f.name), fn) for f in dataclasses.fields(state) if f.init}
+        )
     if isinstance(state, (tuple, list)):
         items = [map_batch_rows(item, fn) for item in state]
         return type(state)(items) if not hasattr(state, "_fields") else type(state)(*items)
@@ -156,17 +159,25 @@ class DrmlabForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: DrmlabConfig, module: torch.nn.Module | None = None):
         super().__init__(config)
         if type(self).config_class is not DrmlabConfig and not isinstance(config, type(self).config_class):
-            raise ForeignModelError(f"{type(self).__name__} takes a {type(self).config_class.__name__}, "
-                                    f"got a {type(config).__name__} (model_type {config.model_type!r})")
+            raise ForeignModelError(
+                f"{type(self).__name__} takes a {type(self).config_class.__name__}, "
+                f"got a {type(config).__name__} (model_type {config.model_type!r})"
+            )
         family = family_of(config.registry_name)
         if config.family and family != config.family:
-            raise ForeignModelError(f"model {config.registry_name!r} belongs to the {family} family, not to "
-                                    f"{config.model_type!r}")
+            raise ForeignModelError(
+                f"model {config.registry_name!r} belongs to the {family} family, not to {config.model_type!r}"
+            )
         if module is None:
             from drmlab.models import build_model
 
-            module = build_model(config.registry_name, config.preset, vocab_size=int(config.vocab_size),
-                                 seed=int(config.build_seed), **dict(config.overrides or {}))
+            module = build_model(
+                config.registry_name,
+                config.preset,
+                vocab_size=int(config.vocab_size),
+                seed=int(config.build_seed),
+                **dict(config.overrides or {}),
+            )
         self._check_fields(config, module)
         self.model = module
         self.post_init()
@@ -177,16 +188,27 @@ class DrmlabForCausalLM(PreTrainedModel, GenerationMixin):
         saved, built = json_normal(config.model_fields or {}), model_fields(module)
         if saved and built != saved:
             differ = sorted(k for k in set(saved) | set(built) if saved.get(k, "<absent>") != built.get(k, "<absent>"))
-            shown = ", ".join(f"{k}: saved {saved.get(k, '<absent>')!r}, built {built.get(k, '<absent>')!r}"
-                              for k in differ[:3])
-            raise ValueError(f"the config of {config.registry_name} preset {config.preset} differs from what this "
-                             f"drmlab builds from its name, preset and overrides ({shown}"
-                             f"{', ...' if len(differ) > 3 else ''}); it was saved by another drmlab version "
-                             f"({config.drmlab_version})")
+            shown = ", ".join(
+                f"{k}: saved {saved.get(k, '<absent>')!r}, built {built.get(k, '<absent>')!r}" for k in differ[:3]
+            )
+            raise ValueError(
+                f"the config of {config.registry_name} preset {config.preset} differs from what this "
+                f"drmlab builds from its name, preset and overrides ({shown}"
+                f"{', ...' if len(differ) > 3 else ''}); it was saved by another drmlab version "
+                f"({config.drmlab_version})"
+            )
 
     @classmethod
-    def from_drmlab(cls, module: torch.nn.Module, registry_name: str, preset: str, *, seed: int = 0,
-                    overrides: dict | None = None, tokenizer_name: str | None = "bytes") -> "DrmlabForCausalLM":
+    def from_drmlab(
+        cls,
+        module: torch.nn.Module,
+        registry_name: str,
+        preset: str,
+        *,
+        seed: int = 0,
+        overrides: dict | None = None,
+        tokenizer_name: str | None = "bytes",
+    ) -> DrmlabForCausalLM:
         """Wrap ``module``, built as ``build_model(registry_name, preset, seed=seed, **overrides)`` and
         perhaps trained since, in the family's class (its weights are kept, not copied)."""
         vocab = int(getattr(getattr(module, "config", None), "vocab_size", 256))
@@ -228,31 +250,48 @@ class DrmlabForCausalLM(PreTrainedModel, GenerationMixin):
             if not (path / "model.safetensors").is_file() and not (path / "model.safetensors.index.json").is_file():
                 pickles = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
                 found = f" ({', '.join(pickles[:3])} is a pickle, never loaded)" if pickles else ""
-                raise FileNotFoundError(f"{path} holds no model.safetensors{found}: drmlab loads weights only "
-                                        "from safetensors")
+                raise FileNotFoundError(
+                    f"{path} holds no model.safetensors{found}: drmlab loads weights only from safetensors"
+                )
         if kwargs.get("use_safetensors") is False:
-            raise ValueError("use_safetensors=False: drmlab loads weights only from safetensors (a pickle can run code)")
+            raise ValueError(
+                "use_safetensors=False: drmlab loads weights only from safetensors (a pickle can run code)"
+            )
         kwargs["use_safetensors"] = True
         want_info = kwargs.pop("output_loading_info", False)
-        model, info = super(DrmlabForCausalLM, cls).from_pretrained(
-            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs)
-        problems = {k: sorted(v) for k, v in info.items() if k in ("missing_keys", "unexpected_keys",
-                                                                   "mismatched_keys") and v}
+        model, info = super().from_pretrained(
+            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+        )
+        problems = {
+            k: sorted(v) for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v
+        }
         if problems:
-            detail = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, v[:3]))}{', ...' if len(v) > 3 else ''}"
-                               for k, v in problems.items())
-            raise ValueError(f"{pretrained_model_name_or_path}: the weights do not fit the model its config.json "
-                             f"describes ({detail})")
+            detail = "; ".join(
+                f"{k.replace('_', ' ')}: {', '.join(map(str, v[:3]))}{', ...' if len(v) > 3 else ''}"
+                for k, v in problems.items()
+            )
+            raise ValueError(
+                f"{pretrained_model_name_or_path}: the weights do not fit the model its config.json "
+                f"describes ({detail})"
+            )
         return (model, info) if want_info else model
 
     # -- the forward
 
-    def forward(self, input_ids: torch.LongTensor | None = None, cache: DecodeStateCache | None = None,
-                attention_mask: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
-                use_cache: bool | None = None, return_dict: bool | None = None,
-                past_key_values: DecodeStateCache | None = None, inputs_embeds: torch.Tensor | None = None,
-                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
-                **unused) -> DrmlabCausalLMOutput:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        cache: DecodeStateCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        return_dict: bool | None = None,
+        past_key_values: DecodeStateCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **unused,
+    ) -> DrmlabCausalLMOutput:
         """Logits [B, T, vocab] of ``input_ids`` [B, T]; with a ``cache``, ``input_ids`` are the tokens
         after the ones it has seen and are stepped through it; without one and ``use_cache``, the
         parallel prefill makes one. ``labels`` (Hugging Face's convention: the inputs, shifted here)
@@ -263,15 +302,18 @@ class DrmlabForCausalLM(PreTrainedModel, GenerationMixin):
         if output_attentions or output_hidden_states:
             raise ValueError(f"{type(self).__name__} has no attention weights or hidden states to output")
         if attention_mask is not None and not bool(attention_mask.bool().all()):
-            raise ValueError(f"{type(self).__name__} cannot skip padding (attention_mask holds zeros): a recurrent "
-                             "state reads every token; give prompts of one length, or one prompt at a time")
+            raise ValueError(
+                f"{type(self).__name__} cannot skip padding (attention_mask holds zeros): a recurrent "
+                "state reads every token; give prompts of one length, or one prompt at a time"
+            )
         extra = sorted(k for k, v in unused.items() if v is not None and k not in ("position_ids", "logits_to_keep"))
         if extra:
             raise ValueError(f"{type(self).__name__}.forward got arguments it does not take: {', '.join(extra)}")
         if cache is not None:
             if not isinstance(cache, DecodeStateCache):
-                raise ValueError(f"{type(self).__name__} takes its own DecodeStateCache as cache, got "
-                                 f"{type(cache).__name__}")
+                raise ValueError(
+                    f"{type(self).__name__} takes its own DecodeStateCache as cache, got {type(cache).__name__}"
+                )
             steps = []
             state = cache.state
             for t in range(input_ids.shape[1]):
@@ -291,8 +333,9 @@ class DrmlabForCausalLM(PreTrainedModel, GenerationMixin):
             if out is None:
                 raise ValueError("labels are scored on a parallel forward, not while stepping a cache")
             targets = labels[:, 1:].reshape(-1).to(logits.device)
-            loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets,
-                                   ignore_index=IGNORE_INDEX)
+            loss = F.cross_entropy(
+                logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets, ignore_index=IGNORE_INDEX
+            )
             aux = out.aux.get("loss_aux") if out.aux else None
             if aux is not None:
                 loss = loss + aux.float()
@@ -322,8 +365,13 @@ class DrmlabResolventForCausalLM(DrmlabForCausalLM):
 
 MODEL_CLASSES: dict[str, type[DrmlabForCausalLM]] = {
     cls.config_class.family: cls
-    for cls in (DrmlabDRMForCausalLM, DrmlabGPT2ForCausalLM, DrmlabLoopedForCausalLM, DrmlabMambaForCausalLM,
-                DrmlabResolventForCausalLM)
+    for cls in (
+        DrmlabDRMForCausalLM,
+        DrmlabGPT2ForCausalLM,
+        DrmlabLoopedForCausalLM,
+        DrmlabMambaForCausalLM,
+        DrmlabResolventForCausalLM,
+    )
 }
 
 
@@ -352,11 +400,15 @@ def check_model_type(path: str | Path, expected: str | None = None) -> str:
     path = Path(path)
     found = read_model_type(path)
     if found not in MODEL_TYPES.values():
-        raise ForeignModelError(f"{path} holds a Hugging Face model of type {found!r}, not a drmlab export "
-                                f"(model types {', '.join(MODEL_TYPES.values())})")
+        raise ForeignModelError(
+            f"{path} holds a Hugging Face model of type {found!r}, not a drmlab export "
+            f"(model types {', '.join(MODEL_TYPES.values())})"
+        )
     if expected is not None and found != expected:
-        raise ForeignModelError(f"{path} holds a {found!r} model, not {expected!r}: load it with "
-                                "AutoModelForCausalLM.from_pretrained or drmlab.hf.load_pretrained")
+        raise ForeignModelError(
+            f"{path} holds a {found!r} model, not {expected!r}: load it with "
+            "AutoModelForCausalLM.from_pretrained or drmlab.hf.load_pretrained"
+        )
     return found
 
 
@@ -389,7 +441,19 @@ def register() -> None:
 register()
 
 __all__ = [
-    "DecodeStateCache", "DrmlabCausalLMOutput", "DrmlabForCausalLM", "DrmlabDRMForCausalLM", "DrmlabGPT2ForCausalLM",
-    "DrmlabLoopedForCausalLM", "DrmlabMambaForCausalLM", "DrmlabResolventForCausalLM", "ForeignModelError",
-    "MODEL_CLASSES", "check_model_type", "load_pretrained", "map_batch_rows", "read_model_type", "register",
+    "DecodeStateCache",
+    "DrmlabCausalLMOutput",
+    "DrmlabForCausalLM",
+    "DrmlabDRMForCausalLM",
+    "DrmlabGPT2ForCausalLM",
+    "DrmlabLoopedForCausalLM",
+    "DrmlabMambaForCausalLM",
+    "DrmlabResolventForCausalLM",
+    "ForeignModelError",
+    "MODEL_CLASSES",
+    "check_model_type",
+    "load_pretrained",
+    "map_batch_rows",
+    "read_model_type",
+    "register",
 ]

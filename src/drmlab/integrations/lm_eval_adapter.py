@@ -14,7 +14,7 @@ depends on the family:
   forward over the first ``max_parallel`` tokens (default 2,048), which also returns the decode
   state (:func:`drmlab.generation.prefill`), then exact ``model.step`` calls carrying that state
   over the rest. Nothing is truncated or windowed: every token is predicted from all tokens before
-  it (stepping equals the parallel forward, ``tests/test_step_equivalence.py``);
+  it (stepping equals the parallel forward, ``tests/models/test_step_equivalence.py``);
 * **a learned position table** (GPT2, LOOPED with learned positions: ``has_position_limit``) of L
   rows: ``loglikelihood`` keeps the last L tokens of context + continuation (the harness's own
   Hugging Face model does the same); ``loglikelihood_rolling`` cuts the text into non-overlapping
@@ -80,8 +80,9 @@ class StreamScore:
 
 
 @torch.no_grad()
-def score_tokens(model, ids: list[int], first_target: int, *, window: int | None = None,
-                 max_parallel: int = DEFAULT_MAX_PARALLEL) -> StreamScore:
+def score_tokens(
+    model, ids: list[int], first_target: int, *, window: int | None = None, max_parallel: int = DEFAULT_MAX_PARALLEL
+) -> StreamScore:
     """-log p(ids[j] | ids[:j]) summed over j >= ``first_target`` (>= 1).
 
     ``window=None``: one carried state over all of ``ids`` (a parallel forward over the first
@@ -97,9 +98,9 @@ def score_tokens(model, ids: list[int], first_target: int, *, window: int | None
     with torch.autocast(device_type=device.type, enabled=False):
         if window is not None:
             for start in range(0, inputs.numel(), window):
-                logits = model(inputs[None, start:start + window]).logits[0]
+                logits = model(inputs[None, start : start + window]).logits[0]
                 keep = slice(max(0, first_target - 1 - start), None)
-                score.add(logits[keep], targets[start:start + window][keep])
+                score.add(logits[keep], targets[start : start + window][keep])
             return score
         head = min(inputs.numel(), max_parallel)
         out = model(inputs[None, :head], return_state=head < inputs.numel())
@@ -107,9 +108,9 @@ def score_tokens(model, ids: list[int], first_target: int, *, window: int | None
         score.add(out.logits[0][keep], targets[:head][keep])
         state = out.state
         for t in range(head, inputs.numel()):
-            logits_t, state = model.step(inputs[t:t + 1], state)
+            logits_t, state = model.step(inputs[t : t + 1], state)
             if t + 1 >= first_target:
-                score.add(logits_t, targets[t:t + 1])
+                score.add(logits_t, targets[t : t + 1])
     return score
 
 
@@ -132,16 +133,32 @@ class DrmlabLM(LM):
     (of sampling, default 1234), ``max_gen_toks`` (default 256). ``batch_size`` is accepted and
     unused: requests are scored one at a time."""
 
-    def __init__(self, pretrained: str | None = None, *, model=None, tokenizer=None, device: str | None = "cpu",
-                 prefix: str = DEFAULT_PREFIX, max_parallel: int = DEFAULT_MAX_PARALLEL, seed: int = 1234,
-                 max_gen_toks: int = 256, batch_size=1, max_batch_size=None, dtype: str = "float32", **unknown):
+    def __init__(
+        self,
+        pretrained: str | None = None,
+        *,
+        model=None,
+        tokenizer=None,
+        device: str | None = "cpu",
+        prefix: str = DEFAULT_PREFIX,
+        max_parallel: int = DEFAULT_MAX_PARALLEL,
+        seed: int = 1234,
+        max_gen_toks: int = 256,
+        batch_size=1,
+        max_batch_size=None,
+        dtype: str = "float32",
+        **unknown,
+    ):
         super().__init__()
         if unknown:
-            raise ValueError(f"model 'drmlab' takes no argument(s) {', '.join(sorted(unknown))}; it takes pretrained, "
-                             "device, prefix, max_parallel, seed, max_gen_toks, dtype")
+            raise ValueError(
+                f"model 'drmlab' takes no argument(s) {', '.join(sorted(unknown))}; it takes pretrained, "
+                "device, prefix, max_parallel, seed, max_gen_toks, dtype"
+            )
         if (pretrained is None) == (model is None):
-            raise ValueError("model 'drmlab' needs pretrained=DIR (a drmlab run directory or export), or model= "
-                             "and tokenizer=")
+            raise ValueError(
+                "model 'drmlab' needs pretrained=DIR (a drmlab run directory or export), or model= and tokenizer="
+            )
         if device and str(device).startswith("cuda") and not torch.cuda.is_available():
             # the harness's command line asks for cuda:0 when --device is not given; like its own
             # Hugging Face model, run on the CPU then (drmlab lm-eval checks --device itself)
@@ -153,8 +170,11 @@ class DrmlabLM(LM):
             from drmlab.integrations.loading import load_checkpoint_or_export
 
             loaded = load_checkpoint_or_export(pretrained, device)
-            model, tokenizer, self.info = loaded.model, loaded.tokenizer, {
-                "model": loaded.name, "preset": loaded.preset, "source": loaded.kind, "path": str(loaded.path)}
+            model, tokenizer, self.info = (
+                loaded.model,
+                loaded.tokenizer,
+                {"model": loaded.name, "preset": loaded.preset, "source": loaded.kind, "path": str(loaded.path)},
+            )
         else:
             if tokenizer is None:
                 raise ValueError("model= needs tokenizer= (a drmlab tokenizer)")
@@ -191,7 +211,7 @@ class DrmlabLM(LM):
             context, continuation = context[:-spaces], context[-spaces:] + continuation
         whole = self.tokenizer.encode(context + continuation)
         context_ids = self.tokenizer.encode(context)
-        return context_ids, whole[len(context_ids):]
+        return context_ids, whole[len(context_ids) :]
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         results = []
@@ -206,9 +226,10 @@ class DrmlabLM(LM):
             ids = context_ids + continuation_ids
             if self.limit is not None:
                 if len(continuation_ids) > self.limit:
-                    raise ValueError(f"a continuation of {len(continuation_ids)} tokens exceeds the model's "
-                                     f"{self.limit} positions")
-                ids = ids[-(self.limit + 1):]
+                    raise ValueError(
+                        f"a continuation of {len(continuation_ids)} tokens exceeds the model's {self.limit} positions"
+                    )
+                ids = ids[-(self.limit + 1) :]
             score = score_tokens(self.model, ids, len(ids) - len(continuation_ids), max_parallel=self.max_parallel)
             result = (-score.nats, score.greedy)
             self.cache_hook.add_partial("loglikelihood", (context, continuation), result)
@@ -223,8 +244,9 @@ class DrmlabLM(LM):
             if len(ids) == len(self.prefix_ids):
                 results.append(0.0)
                 continue
-            score = score_tokens(self.model, ids, len(self.prefix_ids), window=self.limit,
-                                 max_parallel=self.max_parallel)
+            score = score_tokens(
+                self.model, ids, len(self.prefix_ids), window=self.limit, max_parallel=self.max_parallel
+            )
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), -score.nats)
             results.append(-score.nats)
         return results
@@ -252,15 +274,20 @@ class DrmlabLM(LM):
         ids = self.tokenizer.encode(context) or list(self.prefix_ids)
         if self.limit is not None:  # keep room for the continuation in the position table
             max_new = min(max_new, self.limit - 1)
-            ids = ids[-(self.limit - max_new):]
+            ids = ids[-(self.limit - max_new) :]
         generator = torch.Generator().manual_seed(seed)
         logits, state = prefill_long(self.model, ids, self.max_parallel)
         eot = getattr(self.tokenizer, "eot_id", None)
         new: list[int] = []
         text = ""
         for _ in range(max_new):
-            token = sample_next(logits, generator, temperature, None if top_k is None else int(top_k),
-                                None if top_p is None else float(top_p))
+            token = sample_next(
+                logits,
+                generator,
+                temperature,
+                None if top_k is None else int(top_k),
+                None if top_p is None else float(top_p),
+            )
             if eot is not None and int(token[0]) == eot:
                 break
             new.append(int(token[0]))
@@ -269,7 +296,7 @@ class DrmlabLM(LM):
                 break
             logits, state = self.model.step(token, state)
         cuts = [text.index(stop) for stop in until if stop and stop in text]
-        return text[:min(cuts)] if cuts else text
+        return text[: min(cuts)] if cuts else text
 
 
 def register() -> None:
@@ -319,8 +346,10 @@ def task_manager(tasks: list[str], include_path: list[str] | None = None):
         manager = TaskManager(include_path=paths or None)
     missing = [t for t in tasks if t not in manager.all_tasks]
     if missing:
-        raise TaskUnavailableError(f"unknown task {missing[0]!r}{suggest(missing[0], manager.all_tasks)}; "
-                                   "`lm-eval ls tasks` lists the harness's tasks, --include-path adds your own YAML")
+        raise TaskUnavailableError(
+            f"unknown task {missing[0]!r}{suggest(missing[0], manager.all_tasks)}; "
+            "`lm-eval ls tasks` lists the harness's tasks, --include-path adds your own YAML"
+        )
     return manager
 
 
@@ -334,21 +363,42 @@ def load_tasks(tasks: list[str], manager) -> list:
             built = manager.load([task])
         except Exception as exc:  # datasets / huggingface_hub raise many kinds for a missing network
             text = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            network = any(w in text.lower() for w in ("offline", "connection", "network", "couldn't reach",
-                                                       "resolve", "timed out", "internet", "hub"))
+            network = any(
+                w in text.lower()
+                for w in (
+                    "offline",
+                    "connection",
+                    "network",
+                    "couldn't reach",
+                    "resolve",
+                    "timed out",
+                    "internet",
+                    "hub",
+                )
+            )
             if network or _offline():
                 where = "switched off (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE)" if _offline() else "unreachable"
                 raise TaskUnavailableError(
                     f"task {task!r} needs its data from the network, which is {where} ({text[:160]}); run it once "
-                    "online to fill the Hugging Face cache, or give a local task with --include-path") from None
+                    "online to fill the Hugging Face cache, or give a local task with --include-path"
+                ) from None
             raise
         loaded.extend(built["groups"].values() if built["groups"] else built["tasks"].values())
     return loaded
 
 
-def evaluate(ckpt, tasks: list[str], *, include_path: list[str] | None = None, num_fewshot: int | None = None,
-             limit: float | None = None, device: str = "cpu", model_args: dict | None = None, seed: int = 1234,
-             log_samples: bool = False) -> dict:
+def evaluate(
+    ckpt,
+    tasks: list[str],
+    *,
+    include_path: list[str] | None = None,
+    num_fewshot: int | None = None,
+    limit: float | None = None,
+    device: str = "cpu",
+    model_args: dict | None = None,
+    seed: int = 1234,
+    log_samples: bool = False,
+) -> dict:
     """Run the harness tasks ``tasks`` on ``ckpt`` (a drmlab run directory or export, or a
     :class:`DrmlabLM`); returns the harness's results dict (``results["results"][task][metric]``).
 
@@ -374,8 +424,13 @@ def evaluate(ckpt, tasks: list[str], *, include_path: list[str] | None = None, n
     np.random.seed(seed)
     torch.manual_seed(seed)
     results = evaluator.evaluate(lm=lm, task_dict=loaded, limit=limit, log_samples=log_samples)
-    results["config"] = {"model": "drmlab", **lm.get_model_info(), "num_fewshot": num_fewshot, "limit": limit,
-                         "seed": seed}
+    results["config"] = {
+        "model": "drmlab",
+        **lm.get_model_info(),
+        "num_fewshot": num_fewshot,
+        "limit": limit,
+        "seed": seed,
+    }
     return results
 
 

@@ -42,12 +42,15 @@ def load_checkpoint_or_export(path: str | Path, device: str | None = "cpu") -> L
         tokenizer = get_tokenizer(config.get("tokenizer") or "bytes")
         return LoadedModel(model, tokenizer, config["model"], config["preset"], "run", path)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} is neither a drmlab run directory (no checkpoint.json) nor a Hugging Face "
-                                "export (no config.json)")
+        raise FileNotFoundError(
+            f"{path} is neither a drmlab run directory (no checkpoint.json) nor a Hugging Face export (no config.json)"
+        )
     config = read_json(path / "config.json")
     if not isinstance(config, dict) or "model_type" not in config:
-        raise FileNotFoundError(f"{path} is not a drmlab run directory (no checkpoint.json) and its config.json "
-                                "names no Hugging Face model_type")
+        raise FileNotFoundError(
+            f"{path} is not a drmlab run directory (no checkpoint.json) and its config.json "
+            "names no Hugging Face model_type"
+        )
     from drmlab.integrations.hf_models import check_model_type, load_pretrained
 
     check_model_type(path)
@@ -57,5 +60,6 @@ def load_checkpoint_or_export(path: str | Path, device: str | None = "cpu") -> L
         tokenizer = get_tokenizer("gpt2", gpt2_dir=path)
     else:
         tokenizer = get_tokenizer(name)
-    return LoadedModel(hf_model.model.eval(), tokenizer, hf_model.config.registry_name, hf_model.config.preset,
-                       "export", path)
+    return LoadedModel(
+        hf_model.model.eval(), tokenizer, hf_model.config.registry_name, hf_model.config.preset, "export", path
+    )

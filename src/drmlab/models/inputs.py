@@ -63,14 +63,17 @@ def _check_ids(tokens: torch.Tensor, vocab_size: int, model: str | None) -> None
     lo, hi = (int(v) for v in torch.aminmax(tokens))
     if lo < 0 or hi >= vocab_size:
         bad = lo if lo < 0 else hi
-        raise ModelInputError(f"{_who(model)}token id {bad} is outside the vocabulary [0, {vocab_size}) "
-                              f"(tokens of shape {tuple(tokens.shape)})")
+        raise ModelInputError(
+            f"{_who(model)}token id {bad} is outside the vocabulary [0, {vocab_size}) "
+            f"(tokens of shape {tuple(tokens.shape)})"
+        )
 
 
 def _check_dtype(tokens: torch.Tensor, model: str | None) -> None:
     if tokens.dtype not in TOKEN_DTYPES:
-        raise ModelInputError(f"{_who(model)}tokens must be an integer tensor of token ids (torch.long), "
-                              f"got dtype {tokens.dtype}")
+        raise ModelInputError(
+            f"{_who(model)}tokens must be an integer tensor of token ids (torch.long), got dtype {tokens.dtype}"
+        )
 
 
 def check_tokens(tokens: torch.Tensor, vocab_size: int, model: str | None = None) -> None:
@@ -78,17 +81,21 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int, model: str | None = None
     ``B >= 1``, ``T >= 1`` and every id in ``[0, vocab_size)``; ``model`` names the model in the
     message."""
     if not isinstance(tokens, torch.Tensor):
-        raise ModelInputError(f"{_who(model)}tokens must be a torch.Tensor of shape [batch, time], "
-                              f"got {type(tokens).__name__}")
+        raise ModelInputError(
+            f"{_who(model)}tokens must be a torch.Tensor of shape [batch, time], got {type(tokens).__name__}"
+        )
     if tokens.dim() != 2:
-        raise ModelInputError(f"{_who(model)}tokens must have shape [batch, time] (rank 2), "
-                              f"got shape {tuple(tokens.shape)}")
+        raise ModelInputError(
+            f"{_who(model)}tokens must have shape [batch, time] (rank 2), got shape {tuple(tokens.shape)}"
+        )
     _check_dtype(tokens, model)
     batch, time = tokens.shape
     if batch < 1 or time < 1:
-        raise ModelInputError(f"{_who(model)}tokens must have batch >= 1 and time >= 1 (shape [batch, time]), "
-                              f"got shape {tuple(tokens.shape)}: an empty "
-                              f"{'batch' if batch < 1 else 'sequence'} has nothing to predict")
+        raise ModelInputError(
+            f"{_who(model)}tokens must have batch >= 1 and time >= 1 (shape [batch, time]), "
+            f"got shape {tuple(tokens.shape)}: an empty "
+            f"{'batch' if batch < 1 else 'sequence'} has nothing to predict"
+        )
     _check_ids(tokens, vocab_size, model)
 
 
@@ -98,15 +105,17 @@ def check_batch_size(batch_size: int, model: str | None = None) -> None:
         raise ModelInputError(f"{_who(model)}init_state needs a batch size >= 1, got {batch_size!r}")
 
 
-def check_step_tokens(tokens_t: torch.Tensor, vocab_size: int, state_batch: int | None,
-                      model: str | None = None) -> None:
+def check_step_tokens(
+    tokens_t: torch.Tensor, vocab_size: int, state_batch: int | None, model: str | None = None
+) -> None:
     """Raise :class:`ModelInputError` unless ``tokens_t`` is an integer ``[B]`` tensor (one token
     per sequence) with ids in ``[0, vocab_size)`` and ``B == state_batch``, the batch of the
     decoding state it continues (:func:`leading_batch` reads it from the state's tensors; None: a
     state that holds no batch yet, which any batch may continue)."""
     if not isinstance(tokens_t, torch.Tensor) or tokens_t.dim() != 1:
-        raise ModelInputError(f"{_who(model)}step expects tokens of shape [batch] (one token per sequence), "
-                              f"got shape {_shape(tokens_t)}")
+        raise ModelInputError(
+            f"{_who(model)}step expects tokens of shape [batch] (one token per sequence), got shape {_shape(tokens_t)}"
+        )
     _check_dtype(tokens_t, model)
     if state_batch is not None and tokens_t.shape[0] != state_batch:
         raise ModelInputError(f"{_who(model)}state holds batch {state_batch}, tokens have batch {tokens_t.shape[0]}")

@@ -13,7 +13,7 @@ def accept_legacy_names(module: nn.Module, renames: tuple[tuple[str, str], ...])
 
     def rename(_module, state_dict, prefix, *_):
         for key in [k for k in state_dict if k.startswith(prefix)]:
-            new_key = key[len(prefix):]
+            new_key = key[len(prefix) :]
             for old, new in renames:
                 new_key = new_key.replace(old, new)
             if prefix + new_key != key:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 import torch
 
 
-
 @dataclass
 class ModelOutput:
     """``logits`` [B, T, vocab]: logits[:, t] predicts token t + 1.

@@ -11,7 +11,7 @@ name may carry a named arm, ``NAME:ARM`` (e.g. ``LOOPED:B`` = ``build_model("LOO
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn

@@ -9,8 +9,9 @@ that can.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -34,8 +35,8 @@ class Backend:
 
     name: str
     impl: Any
-    unavailable: Callable[[torch.device, torch.dtype], Optional[str]]
-    auto_devices: Optional[tuple[str, ...]] = None
+    unavailable: Callable[[torch.device, torch.dtype], str | None]
+    auto_devices: tuple[str, ...] | None = None
 
 
 class BackendTable:
@@ -55,7 +56,7 @@ class BackendTable:
         """The backends that can run on ``device`` with compute dtype ``dtype``, in order."""
         return [name for name, b in self.backends.items() if b.unavailable(device, dtype) is None]
 
-    def choose(self, name: Optional[str], device: torch.device, dtype: torch.dtype) -> Backend:
+    def choose(self, name: str | None, device: torch.device, dtype: torch.dtype) -> Backend:
         """The backend ``name`` (None or ``"auto"``: the first one that can run here).
 
         Raises ValueError for an unknown name and :class:`BackendUnavailable` when the named
@@ -69,13 +70,15 @@ class BackendTable:
                     return backend
             raise BackendUnavailable(f"{self.operator}: no backend runs on {device.type} {dtype}")
         if name not in self.backends:
-            raise ValueError(f"{self.operator}: unknown backend {name!r}; use 'auto' or one of "
-                             f"{', '.join(map(repr, self.names))}")
+            raise ValueError(
+                f"{self.operator}: unknown backend {name!r}; use 'auto' or one of {', '.join(map(repr, self.names))}"
+            )
         backend = self.backends[name]
         reason = backend.unavailable(device, dtype)
         if reason is not None:
             others = ", ".join(map(repr, self.runnable(device, dtype))) or "none"
             raise BackendUnavailable(
                 f"{self.operator}: backend {name!r} is not available on {device.type} {dtype} "
-                f"({reason}); available here: {others}")
+                f"({reason}); available here: {others}"
+            )
         return backend

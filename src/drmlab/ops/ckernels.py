@@ -40,8 +40,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 __all__ = [
     "CKernel",
@@ -58,8 +58,7 @@ __all__ = [
 DISABLE_ENV = "DRMLAB_NO_CKERNEL"
 REQUIRE_ENV = "DRMLAB_REQUIRE_CKERNEL"
 CACHE_ENV = "DRMLAB_CACHE_DIR"
-CFLAGS = ["-O3", "-std=c99", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno",
-          "-fno-trapping-math"]
+CFLAGS = ["-O3", "-std=c99", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math"]
 LDLIBS = ["-lm"]
 COMPILE_TIMEOUT_S = 120
 
@@ -86,7 +85,7 @@ def required_by_env() -> bool:
     return _env_flag(REQUIRE_ENV)
 
 
-def find_compiler() -> Optional[str]:
+def find_compiler() -> str | None:
     """The C compiler to use: ``$CC`` when it resolves, else cc, gcc or clang; None if none."""
     cc = os.environ.get("CC", "").strip()
     if cc:
@@ -118,7 +117,7 @@ def cache_dirs() -> list[Path]:
     return dirs
 
 
-def unsafe_reason(path: Path) -> Optional[str]:
+def unsafe_reason(path: Path) -> str | None:
     """Why ``path`` (a cache directory or a shared object in it) must not be compiled into or loaded
     from, or None: it must belong to this user and be writable by nobody else, or another user could
     plant a library that this process would then execute. A directory must not be a symbolic link
@@ -155,7 +154,7 @@ def _process_cache_dir() -> Path:
     return _PROCESS_DIR
 
 
-_PROCESS_DIR: Optional[Path] = None
+_PROCESS_DIR: Path | None = None
 
 
 def compile_shared_object(cc: str, source: Path, dest: Path) -> None:
@@ -167,8 +166,7 @@ def compile_shared_object(cc: str, source: Path, dest: Path) -> None:
     try:
         proc = subprocess.run(
             [cc, *CFLAGS, "-o", tmp, str(source), *LDLIBS],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT_S,
         )
@@ -183,14 +181,22 @@ def compile_shared_object(cc: str, source: Path, dest: Path) -> None:
 def _shared_object_name(name: str, cc: str, source: Path) -> str:
     try:
         version = subprocess.run(
-            [cc, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, timeout=30,
+            [cc, "--version"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=30,
         ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise RuntimeError(f"cannot run {cc}: {exc}") from exc
     key = hashlib.sha256()
-    for part in (source.read_bytes(), cc.encode(), version.encode(),
-                 " ".join(CFLAGS + LDLIBS).encode(), f"{platform.machine()}|{sys.platform}".encode()):
+    for part in (
+        source.read_bytes(),
+        cc.encode(),
+        version.encode(),
+        " ".join(CFLAGS + LDLIBS).encode(),
+        f"{platform.machine()}|{sys.platform}".encode(),
+    ):
         key.update(part)
     return f"drm_{name}_{key.hexdigest()[:20]}.so"
 
@@ -209,11 +215,11 @@ class CKernel:
         self.prepare = prepare
         self._lock = threading.Lock()
         self._tried = False
-        self._lib: Optional[ctypes.CDLL] = None
-        self._path: Optional[str] = None
-        self._error: Optional[str] = None
+        self._lib: ctypes.CDLL | None = None
+        self._path: str | None = None
+        self._error: str | None = None
 
-    def library(self) -> Optional[ctypes.CDLL]:
+    def library(self) -> ctypes.CDLL | None:
         """The loaded and prepared library; None when disabled or unavailable.  Raises
         :class:`CKernelUnavailable` instead of returning None when ``DRMLAB_REQUIRE_CKERNEL`` is
         set (and the kernel is not disabled)."""
@@ -226,8 +232,8 @@ class CKernel:
                     self._tried = True
         if self._lib is None and required_by_env():
             raise CKernelUnavailable(
-                f"the {self.name} C kernel is required ({REQUIRE_ENV}=1) but unavailable: "
-                f"{self._error}")
+                f"the {self.name} C kernel is required ({REQUIRE_ENV}=1) but unavailable: {self._error}"
+            )
         return self._lib
 
     def available(self) -> bool:

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional, Sequence
 
 import torch
 
 __all__ = ["thread_count", "run_pieces"]
 
 _lock = threading.Lock()
-_pool: Optional[ThreadPoolExecutor] = None
+_pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 
 

@@ -20,6 +20,7 @@ Importing this package does not import torch.
 from drmlab.resolvent.reference import (
     NonFinite,
     Switches,
+    __all__,  # the public names are the reference's
     blend,
     chain_label,
     gate,
@@ -27,4 +28,3 @@ from drmlab.resolvent.reference import (
     path_product,
     readout,
 )
-from drmlab.resolvent.reference import __all__  # the public names are the reference's

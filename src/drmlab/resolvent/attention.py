@@ -32,9 +32,7 @@ PATHS = ("auto", "dense", "sdpa", "flash", "flex", "scan")
 # ----------------------------------------------------------------------------- choosing a path
 
 
-def select_path(
-    phase: torch.Tensor | None, beta: Switch, qk: Switch, g: Switch
-) -> str:
+def select_path(phase: torch.Tensor | None, beta: Switch, qk: Switch, g: Switch) -> str:
     """The path ``resolvent_attention(path="auto")`` takes for these gates and switches (before
     the CUDA-only swap of a phase-free ``flash`` for ``flex``)."""
     if fixed_at(g, 0.0) and fixed_at(beta, 1.0):
@@ -65,8 +63,13 @@ def _choose_path(path: str, q: torch.Tensor, phase, beta, qk, g, free: bool) -> 
     if path != "auto":
         return path
     chosen = select_path(phase, beta, qk, g)
-    if (chosen == "flash" and free and q.device.type == "cuda"
-            and compute_dtype(q.dtype) == torch.float32 and _has_flex()):
+    if (
+        chosen == "flash"
+        and free
+        and q.device.type == "cuda"
+        and compute_dtype(q.dtype) == torch.float32
+        and _has_flex()
+    ):
         chosen = "flex"  # never run on a GPU when written: see drmlab.resolvent.flex
     return chosen
 
@@ -76,18 +79,15 @@ def _choose_path(path: str, q: torch.Tensor, phase, beta, qk, g, free: bool) -> 
 
 def _check_shapes(q, k, v, magnitude, phase, path) -> None:
     if q.dim() != 4 or k.shape != q.shape:
-        raise ValueError(f"q and k must be one [B, H, S, d] shape, got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}")
+        raise ValueError(f"q and k must be one [B, H, S, d] shape, got {tuple(q.shape)}, {tuple(k.shape)}")
     B, H, S, d = q.shape
     if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"v must be [B, H, S, e] with [B, H, S] = {tuple(q.shape[:3])}, "
-                         f"got {tuple(v.shape)}")
+        raise ValueError(f"v must be [B, H, S, e] with [B, H, S] = {tuple(q.shape[:3])}, got {tuple(v.shape)}")
     for name, t in (("magnitude", magnitude), ("phase", phase)):
         if t is None:
             continue
         if t.dim() != 3 or t.shape[0] != B or t.shape[1] not in (1, H) or t.shape[2] != S:
-            raise ValueError(f"{name} must be [B, H or 1, S] = [{B}, {H} or 1, {S}], got "
-                             f"{tuple(t.shape)}")
+            raise ValueError(f"{name} must be [B, H or 1, S] = [{B}, {H} or 1, {S}], got {tuple(t.shape)}")
     if S > 0 and d == 0:
         raise ValueError("head_dim = 0 with a non-empty sequence")
     if path not in PATHS:
@@ -122,8 +122,7 @@ def _run_path(chosen, q, k, v, magnitude, phase, beta, qk, g, free, block_q, blo
         if chosen == "flex":
             return flex_resolvent(q, k, v, magnitude, beta_t, qk_t, g_t, cdt, block_q)
         if chosen == "flash":
-            return flash_resolvent(q, k, v, magnitude, phase, beta_t, qk_t, g_t, cdt, free,
-                                   block_q, block_k, block_bh)
+            return flash_resolvent(q, k, v, magnitude, phase, beta_t, qk_t, g_t, cdt, free, block_q, block_k, block_bh)
         return scan_resolvent(v, magnitude, phase, beta_t, g_t, cdt, free)
 
 

@@ -7,8 +7,16 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["Switch", "blend_gates", "compute_dtype", "as_switch", "fixed_at", "gate_sums", "expand_heads",
-           "rescale_by_lse"]
+__all__ = [
+    "Switch",
+    "blend_gates",
+    "compute_dtype",
+    "as_switch",
+    "fixed_at",
+    "gate_sums",
+    "expand_heads",
+    "rescale_by_lse",
+]
 
 Switch = float | int | torch.Tensor
 

@@ -221,8 +221,7 @@ class _GatedFlash(torch.autograd.Function):
         dk1 = torch.zeros(BH, S, d + 1, dtype=dt, device=dev)
         dv = torch.zeros(BH, S, e, dtype=dt, device=dev)
         for c in _chunks(BH, bh):
-            _flash_bwd_chunk(qf[c], kf[c], vf[c], Lf[c], sf[c], lsef[c], dof[c], delta[c],
-                             bq, bk, dq[c], dk1[c], dv[c])
+            _flash_bwd_chunk(qf[c], kf[c], vf[c], Lf[c], sf[c], lsef[c], dof[c], delta[c], bq, bk, dq[c], dk1[c], dv[c])
         # x_ij = ... + L_i - L_j: the row part of dL is sum_j ds_ij = dlse_i; the key part,
         # -sum_i ds_ij, was collected by the ones column of [q, 1] in dk1[..., d].
         dL = dlsef - dk1[..., d]

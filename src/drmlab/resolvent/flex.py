@@ -51,8 +51,7 @@ def segment_block_mask(start: torch.Tensor, block_size: int):
     def live(b, h, q_idx, kv_idx):
         return (kv_idx <= q_idx) & (kv_idx >= start[b, h, q_idx])
 
-    return BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=block_size,
-                                    mask_mod=live, seq_lengths=(S, S))
+    return BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=block_size, mask_mod=live, seq_lengths=(S, S))
 
 
 _COMPILED: dict = {}
@@ -92,11 +91,11 @@ def gated_flex_attention(
     from torch.nn.attention.flex_attention import AuxRequest
 
     B, H, S, _ = q.shape
-    if q.device.type == "cpu" and torch.is_grad_enabled() and any(
-        t.requires_grad for t in (q, k, v, L)
-    ):
-        raise ValueError("path='flex' has no backward on the CPU in this torch (flex_attention "
-                         "refuses it); use path='flash', or run under torch.no_grad()")
+    if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, L)):
+        raise ValueError(
+            "path='flex' has no backward on the CPU in this torch (flex_attention "
+            "refuses it); use path='flash', or run under torch.no_grad()"
+        )
     dt = q.dtype
     L = L.expand(B, H, S).contiguous()
     start = start.expand(B, H, S).contiguous()
@@ -108,9 +107,11 @@ def gated_flex_attention(
         L_lo = (L - L_hi.to(L.dtype)).to(dt)
 
     if L_hi is None:
+
         def gate_bias(score, b, h, q_idx, kv_idx):
             return score + (L_lo[b, h, q_idx] - L_lo[b, h, kv_idx])
     else:
+
         def gate_bias(score, b, h, q_idx, kv_idx):
             hi = L_hi[b, h, q_idx] - L_hi[b, h, kv_idx]
             lo = L_lo[b, h, q_idx] - L_lo[b, h, kv_idx]
@@ -121,8 +122,7 @@ def gated_flex_attention(
     with warnings.catch_warnings():
         # eager flex on a CPU warns that it is unfused; that is this path's documented CPU role
         warnings.filterwarnings("ignore", message=".*flex_attention.*")
-        o, aux = flex(q, k, v, score_mod=gate_bias, block_mask=mask, scale=1.0,
-                      return_aux=AuxRequest(lse=True))
+        o, aux = flex(q, k, v, score_mod=gate_bias, block_mask=mask, scale=1.0, return_aux=AuxRequest(lse=True))
     return o, aux.lse.to(dt)
 
 
@@ -133,8 +133,9 @@ def flex_resolvent(q, k, v, magnitude, beta, qk, g, cdt, block_size):
     m, _ = blend_gates(magnitude.to(cdt), None, g)
     L, start, _ = gate_sums(m, None)
     qs = q.to(cdt) * (qk[..., None, None] / math.sqrt(d))
-    o, lse = gated_flex_attention(qs, k.to(cdt), v.to(cdt), expand_heads(L, B, H),
-                                  expand_heads(start, B, H), block_size)
+    o, lse = gated_flex_attention(
+        qs, k.to(cdt), v.to(cdt), expand_heads(L, B, H), expand_heads(start, B, H), block_size
+    )
     if not fixed_at(beta, 1.0):
         o = rescale_by_lse(o, beta, lse)
     return o, None

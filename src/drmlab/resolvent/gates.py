@@ -8,7 +8,7 @@ the reference's, which freezes; ``"hard_concrete"``; ``"sigmoid"``, the default)
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -63,12 +63,13 @@ class GateHead(nn.Module):
         n_heads: int = 1,
         parameterisation: str = DEFAULT_PARAMETERISATION,
         phase: bool = True,
-        magnitude_bias: Optional[float] = None,
+        magnitude_bias: float | None = None,
     ) -> None:
         super().__init__()
         if parameterisation not in PARAMETERISATIONS:
-            raise ValueError(f"unknown gate parameterisation {parameterisation!r}; use one of "
-                             f"{sorted(PARAMETERISATIONS)}")
+            raise ValueError(
+                f"unknown gate parameterisation {parameterisation!r}; use one of {sorted(PARAMETERISATIONS)}"
+            )
         self.parameterisation = parameterisation
         self.magnitude = nn.Linear(d_model, n_heads)
         self.phase = nn.Linear(d_model, n_heads) if phase else None
@@ -78,7 +79,7 @@ class GateHead(nn.Module):
             if self.phase is not None:
                 self.phase.bias.zero_()
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         u = PARAMETERISATIONS[self.parameterisation](self.magnitude(x)).transpose(1, 2)
         theta = None if self.phase is None else self.phase(x).transpose(1, 2)
         return u, theta

@@ -37,9 +37,9 @@ class Switches:
     qk: float
     g: float
 
-    SOFTMAX: ClassVar["Switches"]
-    UNNORMALIZED_KERNEL: ClassVar["Switches"]
-    PATH_PRODUCT: ClassVar["Switches"]
+    SOFTMAX: ClassVar[Switches]
+    UNNORMALIZED_KERNEL: ClassVar[Switches]
+    PATH_PRODUCT: ClassVar[Switches]
 
 
 Switches.SOFTMAX = Switches(beta=1.0, qk=1.0, g=0.0)

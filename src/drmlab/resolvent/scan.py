@@ -30,8 +30,9 @@ def scan_resolvent(v, magnitude, phase, beta, g, cdt, phase_free):
     y = linear_scan(f.reshape(B * H, S, 1), u.reshape(B * H, S, e)).reshape(B, H, S, e)
     if not fixed_at(beta, 0.0):
         bm = m.shape[1]
-        z = linear_scan(m.reshape(B * bm, S, 1), torch.ones((), dtype=cdt, device=v.device)
-                        .expand(B * bm, S, 1)).reshape(B, bm, S)
+        z = linear_scan(
+            m.reshape(B * bm, S, 1), torch.ones((), dtype=cdt, device=v.device).expand(B * bm, S, 1)
+        ).reshape(B, bm, S)
         y = y * torch.exp(-beta[..., None] * torch.log(z))[..., None]
     if th is None:
         return y, None

@@ -15,8 +15,8 @@ Everything that reads or writes a run goes through :class:`RunDir`, a facade ove
 
 from __future__ import annotations
 
-from .config_seal import EditedConfigError
 from .checkpoint import CHECKPOINT_FORMAT, CorruptCheckpointError, sha256_file, tied_names
+from .config_seal import EditedConfigError
 from .jsonio import jsonable, read_json, write_json_atomic
 from .layout import (
     CHECKPOINTS_DIR,

@@ -304,8 +304,10 @@ def _files_problem(folder: Path, files: dict, only: tuple[str, ...] | None = Non
             return f"{path} is missing; the checkpoint in {folder.parent.parent} is incomplete"
         size = path.stat().st_size
         if size != expected["bytes"]:
-            return (f"{path} has {size:,} bytes, the checkpoint recorded {expected['bytes']:,} "
-                    "(truncated or replaced); it cannot be loaded")
+            return (
+                f"{path} has {size:,} bytes, the checkpoint recorded {expected['bytes']:,} "
+                "(truncated or replaced); it cannot be loaded"
+            )
         if sha256_file(path) != expected["sha256"]:
             return f"{path} does not match its recorded sha256 (the file is damaged); it cannot be loaded"
     return None
@@ -368,7 +370,8 @@ def _resolve_once(run: Path, only: tuple[str, ...] | None) -> tuple[Path, dict, 
         if problem is None and manifest is None:
             raise CorruptCheckpointError(
                 f"{folder / MANIFEST_FILE} is missing or damaged although the files match {path}; the two are "
-                f"the same record: copy {path} over it to use this checkpoint")
+                f"the same record: copy {path} over it to use this checkpoint"
+            )
         if manifest is not None and _files_problem(folder, manifest["files"], only) is None:
             return folder, manifest, f"{POINTER_FILE} is damaged; {manifest['dir']}'s manifest verifies"
         problem = problem or f"{path} differs from {folder / MANIFEST_FILE}, which does not verify"

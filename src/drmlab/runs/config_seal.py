@@ -63,5 +63,7 @@ def edits(path: Path, seal_path: Path, config) -> list[str]:
 
 def refusal(path: Path, changed: list[str]) -> EditedConfigError:
     shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")
-    return EditedConfigError(f"{path} was edited after the run wrote it ({shown}); restore it, or pass "
-                             "--accept-edited-config to use it as it is (the edit is then recorded)")
+    return EditedConfigError(
+        f"{path} was edited after the run wrote it ({shown}); restore it, or pass "
+        "--accept-edited-config to use it as it is (the edit is then recorded)"
+    )

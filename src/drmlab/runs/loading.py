@@ -1,7 +1,7 @@
 """A run directory's model: built from its config.json, its checkpoint's weights loaded (README, "Runs that
 never lose work": checked on load; docs/architecture.md section 1).
 
-The one module of :mod:`drmlab.runs` that imports :mod:`drmlab.models` (tests/test_runs_package.py checks
+The one module of :mod:`drmlab.runs` that imports :mod:`drmlab.models` (tests/runs/test_runs_package.py checks
 it): the rest of the package reads and writes files and knows nothing of the registry. Weights holding NaN
 or infinity are refused, so ``eval`` and ``generate`` never report numbers of a diverged model.
 """

@@ -31,7 +31,7 @@ class RunLock:
         self.path = path
         self.handle = None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         try:
             return self._acquire()
         except OSError as exc:
@@ -39,7 +39,7 @@ class RunLock:
                 raise
             raise disk_error(exc, self.path) from None
 
-    def _acquire(self) -> "RunLock":
+    def _acquire(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(self.path, "a+")
         try:

@@ -54,7 +54,7 @@ class RunDir:
         return str(self.path)
 
     # the folder
-    def create(self) -> "RunDir":
+    def create(self) -> RunDir:
         make_dir(self.path)
         return self
 
@@ -192,7 +192,8 @@ class RunDir:
         """A pointer, or a checkpoint folder of this run that a lost pointer can be recovered from."""
         folder = self.path / CHECKPOINTS_DIR
         return self.pointer_path.is_file() or (
-            folder.is_dir() and any(checkpoint.own_manifest(entry) is not None for entry in folder.iterdir()))
+            folder.is_dir() and any(checkpoint.own_manifest(entry) is not None for entry in folder.iterdir())
+        )
 
     def read_pointer(self) -> dict:
         return checkpoint.read_pointer(self.path)

@@ -78,14 +78,20 @@ class BatchSource:
     def global_batch(self, seed: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def batch(self, seed: int, step: int, micro: int, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, seed: int, step: int, micro: int, rank: int = 0, world_size: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, targets = (torch.as_tensor(t).long() for t in self.global_batch(seed, step, micro))
         if inputs.dim() != 2 or inputs.shape != targets.shape:
-            raise ValueError(f"{type(self).__name__} must give inputs and targets of one shape [B, T], got "
-                             f"{tuple(inputs.shape)} and {tuple(targets.shape)}")
+            raise ValueError(
+                f"{type(self).__name__} must give inputs and targets of one shape [B, T], got "
+                f"{tuple(inputs.shape)} and {tuple(targets.shape)}"
+            )
         rows = inputs.shape[0]
         if rows % world_size:
-            raise ValueError(f"{type(self).__name__} gave {rows} rows, not divisible by the number of processes {world_size}")
+            raise ValueError(
+                f"{type(self).__name__} gave {rows} rows, not divisible by the number of processes {world_size}"
+            )
         share = rows // world_size
         return inputs[rank * share : (rank + 1) * share], targets[rank * share : (rank + 1) * share]
 
@@ -96,9 +102,19 @@ class LMWindows(BatchSource):
     def __init__(self, stream: np.ndarray, batch_size: int, seq_len: int):
         self.stream, self.batch_size, self.seq_len = stream, batch_size, seq_len
 
-    def batch(self, seed: int, step: int, micro: int, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        window = train_batch(self.stream, seed=seed, step=step, micro=micro, batch_size=self.batch_size,
-                             seq_len=self.seq_len, rank=rank, world_size=world_size)
+    def batch(
+        self, seed: int, step: int, micro: int, rank: int = 0, world_size: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        window = train_batch(
+            self.stream,
+            seed=seed,
+            step=step,
+            micro=micro,
+            batch_size=self.batch_size,
+            seq_len=self.seq_len,
+            rank=rank,
+            world_size=world_size,
+        )
         return window[:, :-1], window[:, 1:]
 
     def global_batch(self, seed: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,5 +129,7 @@ class FixedSetBatches(BatchSource):
         self.inputs, self.targets, self.batch_size = inputs, targets, batch_size
 
     def global_batch(self, seed: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.from_numpy(np.random.default_rng([seed, step, micro]).integers(0, self.inputs.shape[0], size=self.batch_size))
+        rows = torch.from_numpy(
+            np.random.default_rng([seed, step, micro]).integers(0, self.inputs.shape[0], size=self.batch_size)
+        )
         return self.inputs[rows], self.targets[rows]

@@ -6,7 +6,7 @@ The model is compiled with ``fullgraph=True``: a graph break is an error instead
 fall-back to Python between partial graphs, so what trains is what was compiled.  The scans run
 inside the custom operators ``drmlab::linear_scan`` and ``drmlab::selective_scan``
 (:mod:`drmlab.ops.linear_scan.op`, :mod:`drmlab.ops.selective_scan.op`), one opaque node each;
-every registered model compiles this way (``tests/test_compile.py``).  Dynamo's errors
+every registered model compiles this way (``tests/training/test_compile.py``).  Dynamo's errors
 (:class:`torch._dynamo.exc.TorchDynamoException`: a graph break, a data-dependent branch, a
 backend that failed) become :class:`CompileError`, whose message is one line: the kind of break,
 the function or operation it names, and the innermost line of drmlab (or user) code that called
@@ -43,7 +43,7 @@ def _short_path(filename: str) -> str:
     """``.../src/drmlab/models/drm/model.py`` -> ``drmlab/models/drm/model.py``."""
     marker = "/drmlab/"
     at = filename.rfind(marker)
-    return filename[at + 1:] if at >= 0 else filename
+    return filename[at + 1 :] if at >= 0 else filename
 
 
 def graph_break_reason(exc: BaseException) -> str:
@@ -56,7 +56,7 @@ def graph_break_reason(exc: BaseException) -> str:
     detail = ""
     for line in lines:
         if line.startswith("Explanation:"):
-            detail = line[len("Explanation:"):].strip()
+            detail = line[len("Explanation:") :].strip()
             break
     if not detail and len(lines) > 1 and not lines[1].startswith(("from user code", "Set TORCHDYNAMO")):
         detail = lines[1]
@@ -83,5 +83,6 @@ def compile_errors(what: str):
     try:
         yield
     except torch._dynamo.exc.TorchDynamoException as exc:
-        raise CompileError(f"{what} cannot be compiled as one graph (torch.compile, fullgraph=True): "
-                           f"{graph_break_reason(exc)}") from exc
+        raise CompileError(
+            f"{what} cannot be compiled as one graph (torch.compile, fullgraph=True): {graph_break_reason(exc)}"
+        ) from exc

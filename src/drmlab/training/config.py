@@ -29,30 +29,30 @@ class TrainConfig:
     takes ``ceil(tokens / tokens_per_step)`` steps, so ``tokens`` is rounded up to whole steps.
     """
 
-    tokens: int = 1_000_000          # token budget (targets), rounded up to whole optimizer steps
-    batch_size: int = 32             # sequences per micro-batch, all processes together
-    grad_accum: int = 1              # micro-batches per optimizer step (loss divided by this)
-    seq_len: int = 256               # training window; each row is seq_len + 1 tokens
-    seed: int = 0                    # drives the model init and the batch order
-    lr: float = 1e-3                 # peak learning rate
-    schedule: str = "constant"       # "constant" or "cosine" (linear warm-up, cosine decay)
+    tokens: int = 1_000_000  # token budget (targets), rounded up to whole optimizer steps
+    batch_size: int = 32  # sequences per micro-batch, all processes together
+    grad_accum: int = 1  # micro-batches per optimizer step (loss divided by this)
+    seq_len: int = 256  # training window; each row is seq_len + 1 tokens
+    seed: int = 0  # drives the model init and the batch order
+    lr: float = 1e-3  # peak learning rate
+    schedule: str = "constant"  # "constant" or "cosine" (linear warm-up, cosine decay)
     warmup_fraction: float | None = None  # share of steps warming up; None: 0 (constant), 0.05 (cosine)
-    min_lr_ratio: float = 0.1        # cosine: final lr = min_lr_ratio * lr
-    weight_decay: float = 0.01       # AdamW decoupled decay
-    decay_all_params: bool = True    # the reference decays every tensor; False skips 1-D ones (norms, biases)
+    min_lr_ratio: float = 0.1  # cosine: final lr = min_lr_ratio * lr
+    weight_decay: float = 0.01  # AdamW decoupled decay
+    decay_all_params: bool = True  # the reference decays every tensor; False skips 1-D ones (norms, biases)
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
-    grad_clip: float = 1.0           # global gradient-norm clip; 0 disables
-    bf16: bool = False               # bf16 autocast for the training forward (weights stay fp32)
-    compile: bool = False            # torch.compile the training forward as one graph (fullgraph=True, inductor)
-    eval_every: int | None = None    # tokens between sampled evaluations; None: tokens / 5; 0: never
-    eval_windows: int = 32           # validation windows of seq_len in the sampled evaluation (fixed set)
-    eval_tokens: int | None = None   # cap on targets in the final rescoring; None: whole validation stream
-    eval_batch_size: int = 8         # windows per forward when evaluating
+    grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
+    bf16: bool = False  # bf16 autocast for the training forward (weights stay fp32)
+    compile: bool = False  # torch.compile the training forward as one graph (fullgraph=True, inductor)
+    eval_every: int | None = None  # tokens between sampled evaluations; None: tokens / 5; 0: never
+    eval_windows: int = 32  # validation windows of seq_len in the sampled evaluation (fixed set)
+    eval_tokens: int | None = None  # cap on targets in the final rescoring; None: whole validation stream
+    eval_batch_size: int = 8  # windows per forward when evaluating
     checkpoint_every: int | None = None  # tokens between checkpoints; None: at every sampled evaluation
-    divergence_nats: float = 1.0     # a loss this far above the uniform guess, ln(vocab), counts as diverging
-    divergence_steps: int = 20       # ... for this many steps in a row stops the run; 0: never
+    divergence_nats: float = 1.0  # a loss this far above the uniform guess, ln(vocab), counts as diverging
+    divergence_steps: int = 20  # ... for this many steps in a row stops the run; 0: never
     # token counts at which the whole final evaluation (the rescoring) also runs during training, as
     # ``milestone`` rows of metrics.jsonl (the upstream milestone view: 1M, 2M, 5M tokens); None: none
     milestones: list | None = None
@@ -89,16 +89,19 @@ class TrainConfig:
             fraction = 0.05 if self.schedule == "cosine" else 0.0
         return int(round(fraction * self.total_steps))
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         """Raise ValueError naming the first bad field (wrong type, out of range, not finite); return self."""
+
         def number(key, low=None, high=None, *, open_low=False, open_high=False, integer=False, optional=False):
             value = getattr(self, key)
             if value is None and optional:
                 return
             kinds = (int,) if integer else (int, float)
             if isinstance(value, bool) or not isinstance(value, kinds) or (not integer and not math.isfinite(value)):
-                raise ValueError(f"{key} must be {'an integer' if integer else 'a finite number'}"
-                                 f"{' or null' if optional else ''}, got {value!r}")
+                raise ValueError(
+                    f"{key} must be {'an integer' if integer else 'a finite number'}"
+                    f"{' or null' if optional else ''}, got {value!r}"
+                )
             if low is not None and (value <= low if open_low else value < low):
                 raise ValueError(f"{key} must be {'>' if open_low else '>='} {low}, got {value!r}")
             if high is not None and (value >= high if open_high else value > high):
@@ -124,19 +127,26 @@ class TrainConfig:
                 raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
         if self.milestones is not None:
             marks = self.milestones
-            if (not isinstance(marks, (list, tuple)) or
-                    any(isinstance(m, bool) or not isinstance(m, int) or m <= 0 for m in marks)):
+            if not isinstance(marks, (list, tuple)) or any(
+                isinstance(m, bool) or not isinstance(m, int) or m <= 0 for m in marks
+            ):
                 raise ValueError(f"milestones must be a list of positive token counts, got {marks!r}")
             if list(marks) != sorted(set(marks)) or (marks and marks[-1] >= self.tokens):
-                raise ValueError(f"milestones must increase and stay below the budget of {self.tokens:,} tokens "
-                                 f"(the final evaluation scores the end), got {list(marks)!r}")
+                raise ValueError(
+                    f"milestones must increase and stay below the budget of {self.tokens:,} tokens "
+                    f"(the final evaluation scores the end), got {list(marks)!r}"
+                )
             self.milestones = list(marks)
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}{suggest(str(self.schedule), SCHEDULES)}; known: {', '.join(SCHEDULES)}")
+            raise ValueError(
+                f"unknown schedule {self.schedule!r}{suggest(str(self.schedule), SCHEDULES)}; known: {', '.join(SCHEDULES)}"
+            )
         if self.tokens < self.tokens_per_step:
-            raise ValueError(f"the budget of {self.tokens:,} tokens is smaller than one optimizer step of "
-                             f"{self.tokens_per_step:,} tokens (batch_size {self.batch_size} x grad_accum {self.grad_accum} "
-                             f"x seq_len {self.seq_len}); raise tokens or lower seq_len / batch_size")
+            raise ValueError(
+                f"the budget of {self.tokens:,} tokens is smaller than one optimizer step of "
+                f"{self.tokens_per_step:,} tokens (batch_size {self.batch_size} x grad_accum {self.grad_accum} "
+                f"x seq_len {self.seq_len}); raise tokens or lower seq_len / batch_size"
+            )
         return self
 
 
@@ -196,7 +206,9 @@ def split_overrides(assignments: dict, model_keys) -> tuple[dict, dict]:
 def resolve_train_config(preset: str, **values) -> TrainConfig:
     """The preset's defaults updated with every non-None value in ``values``; validated."""
     if preset not in PRESET_DEFAULTS:
-        raise ValueError(f"unknown preset {preset!r}{suggest(preset, PRESET_DEFAULTS)}; known: {', '.join(PRESET_DEFAULTS)}")
+        raise ValueError(
+            f"unknown preset {preset!r}{suggest(preset, PRESET_DEFAULTS)}; known: {', '.join(PRESET_DEFAULTS)}"
+        )
     merged = dict(PRESET_DEFAULTS[preset])
     for key, value in values.items():
         if key not in TRAIN_KEYS:

@@ -18,8 +18,15 @@ from __future__ import annotations
 import torch
 
 # Entries of the geometry report that are settings, not measurements.
-CONFIG_CONSTANTS = ("dimD_max_possible", "metric_exact_rank", "metric_low_rank_width", "direction_subspace_dim",
-                    "blocks", "positions", "toroidal_dims")
+CONFIG_CONSTANTS = (
+    "dimD_max_possible",
+    "metric_exact_rank",
+    "metric_low_rank_width",
+    "direction_subspace_dim",
+    "blocks",
+    "positions",
+    "toroidal_dims",
+)
 GATE_QUANTILES = ("gate_q10", "gate_q50", "gate_q90")
 WINDOWS = 2  # validation windows the diagnostics are measured on
 

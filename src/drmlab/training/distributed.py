@@ -57,8 +57,6 @@ class DistInfo:
         return self.rank == 0
 
 
-
-
 def setup(device_name: str | None = "auto") -> tuple[DistInfo, torch.device]:
     """Join the torchrun process group when there is one; return (info, this process's device)."""
     if dist.is_available() and dist.is_initialized():
@@ -103,7 +101,9 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
-def wrap_model(model: torch.nn.Module, info: DistInfo, device: torch.device, probe: torch.Tensor | None = None) -> torch.nn.Module:
+def wrap_model(
+    model: torch.nn.Module, info: DistInfo, device: torch.device, probe: torch.Tensor | None = None
+) -> torch.nn.Module:
     """``DistributedDataParallel(model)`` under torchrun, else ``model`` (also a model already
     sharded by :func:`shard_model`).
 
@@ -221,8 +221,9 @@ def _optimizer_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
-def gather_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, info: DistInfo
-                      ) -> tuple[dict[str, torch.Tensor], dict | None] | None:
+def gather_full_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, info: DistInfo
+) -> tuple[dict[str, torch.Tensor], dict | None] | None:
     """(the model's full state dict, the optimizer's in ``optimizer.state_dict()`` form) on the CPU
     of process 0, None on the others; collective: every process calls it. What
     :meth:`drmlab.runs.RunDir.save_checkpoint` writes as ``full_state``."""
@@ -240,8 +241,9 @@ def gather_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
         index = {name: i for i, name in enumerate(_optimizer_names(model, optimizer))}
         optimizer_sd = {
             "state": {index[name]: value for name, value in optimizer_sd["state"].items()},
-            "param_groups": [dict(group, params=[index[name] for name in group["params"]])
-                             for group in optimizer_sd["param_groups"]],
+            "param_groups": [
+                dict(group, params=[index[name] for name in group["params"]]) for group in optimizer_sd["param_groups"]
+            ],
         }
     return model_sd, optimizer_sd
 
@@ -262,8 +264,9 @@ def load_sharded_checkpoint(run: RunDir, model: torch.nn.Module, optimizer: torc
         names = _optimizer_names(model, optimizer)
         named = {
             "state": {names[int(i)]: value for i, value in optimizer_sd["state"].items()},
-            "param_groups": [dict(group, params=[names[int(i)] for i in group["params"]])
-                             for group in optimizer_sd["param_groups"]],
+            "param_groups": [
+                dict(group, params=[names[int(i)] for i in group["params"]]) for group in optimizer_sd["param_groups"]
+            ],
         }
         # strict=False: a parameter that never received a gradient has no AdamW state to load.
         set_optimizer_state_dict(model, optimizer, named, options=_full_options(strict=False))

@@ -46,8 +46,12 @@ class RunInfo:
         if self.registry_model is not None:
             out["registry_model"] = self.registry_model
         if self.data is not None:
-            out |= {"vocab_size": self.data.vocab_size, "tokenizer": self.data.tokenizer,
-                    "data_source": self.data.source, "data": self.data.meta}
+            out |= {
+                "vocab_size": self.data.vocab_size,
+                "tokenizer": self.data.tokenizer,
+                "data_source": self.data.source,
+                "data": self.data.meta,
+            }
         clash = set(self.study) & set(out)
         if clash:
             raise ValueError(f"RunInfo.study repeats the run's own entries: {sorted(clash)}")

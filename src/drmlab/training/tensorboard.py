@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 EVENT_FILE_PREFIX = "events.out.tfevents."
 MISSING_MESSAGE = "--tensorboard needs the tensorboard package: pip install 'drmlab[tensorboard]'"

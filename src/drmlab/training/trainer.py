@@ -59,8 +59,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -72,7 +72,8 @@ from drmlab.training import distributed as dist_utils
 from drmlab.training.batches import BatchSource, LMWindows, eval_sample
 from drmlab.training.compiling import compile_errors, compile_model
 from drmlab.training.config import TRAIN_DEFAULTS, TrainConfig
-from drmlab.training.diagnostics import WINDOWS as DIAGNOSTIC_WINDOWS, evaluation_diagnostics
+from drmlab.training.diagnostics import WINDOWS as DIAGNOSTIC_WINDOWS
+from drmlab.training.diagnostics import evaluation_diagnostics
 from drmlab.training.optim import build_optimizer, lr_at
 from drmlab.training.pieces import LossFn, TrainPieces
 from drmlab.training.run_info import RunInfo
@@ -83,8 +84,18 @@ IGNORE_INDEX = BatchSource.IGNORE_INDEX  # a target that is not scored
 # Train settings that may differ when resuming: they change neither the batches nor the updates
 # (``tokens`` only under the constant schedule, where it does not shape the learning rate;
 # ``compile`` only the order of rounding, as another device or thread count does).
-RESUMABLE_CHANGES = ("tokens", "eval_every", "eval_windows", "eval_tokens", "eval_batch_size", "checkpoint_every",
-                     "divergence_nats", "divergence_steps", "compile", "milestones")
+RESUMABLE_CHANGES = (
+    "tokens",
+    "eval_every",
+    "eval_windows",
+    "eval_tokens",
+    "eval_batch_size",
+    "checkpoint_every",
+    "divergence_nats",
+    "divergence_steps",
+    "compile",
+    "milestones",
+)
 # Runtime entries of config.json that a resume may change, though they change the float rounding.
 RUNTIME_BITS = ("device", "threads")
 # ... and after a stop by the non-finite guard or the divergence guard, the advised fixes too.
@@ -115,13 +126,16 @@ class TrainingInterrupted(RuntimeError):
         self.signal, self.step = signum, step
 
 
-def lm_loss(model: torch.nn.Module, window: torch.Tensor, step: int | None = None, *, bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def lm_loss(
+    model: torch.nn.Module, window: torch.Tensor, step: int | None = None, *, bf16: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(total loss, next-token CE) of ``window`` [B, T + 1]: logits[:, t] are scored against window[:, t + 1]."""
     return targets_loss(model, window[:, :-1], window[:, 1:], step, bf16=bf16)
 
 
-def targets_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, step: int | None = None, *,
-                 bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def targets_loss(
+    model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, step: int | None = None, *, bf16: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(total loss, CE) of ``model(inputs)``: logits[:, t] scored against targets[:, t], mean over the
     targets that are not :data:`IGNORE_INDEX`; the total adds ``aux["loss_aux"]`` when the model gives one."""
     device_type = inputs.device.type
@@ -136,6 +150,7 @@ def targets_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Te
 
 def lm_loss_fn(bf16: bool = False) -> LossFn:
     """The default loss piece: :func:`targets_loss` of the batch (inputs, targets), its CE as the row's ``ce``."""
+
     def loss_fn(model: torch.nn.Module, batch: tuple, step: int) -> tuple[torch.Tensor, dict]:
         loss, ce = targets_loss(model, batch[0], batch[1], step, bf16=bf16)
         return loss, {"ce": ce}
@@ -153,7 +168,9 @@ def sampled_eval(model: torch.nn.Module, windows: torch.Tensor, batch_size: int,
         for i in range(0, windows.shape[0], batch_size):
             rows = windows[i : i + batch_size].to(device)
             logits = model(rows[:, :-1], step=None).logits.float()
-            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1), reduction="sum"))
+            total += float(
+                F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1), reduction="sum")
+            )
             count += rows[:, 1:].numel()
     finally:
         model.train(was_training)
@@ -167,32 +184,36 @@ def resolved_config(model, cfg: TrainConfig, run_info: RunInfo | None, world_siz
 
     info = run_info.record() if run_info is not None else {}
     config = getattr(model, "config", None)
-    return jsonable({
-        "model": info.pop("model", getattr(model, "model_name", type(model).__name__)),
-        "preset": info.pop("preset", getattr(model, "preset", None)),
-        "overrides": info.pop("overrides", {}),
-        "model_config": dataclasses.asdict(config) if config is not None and dataclasses.is_dataclass(config) else None,
-        "params": count_parameters(model),
-        "train": dataclasses.asdict(cfg),
-        "derived": {
-            "tokens_per_step": cfg.tokens_per_step,
-            "total_steps": cfg.total_steps,
-            "total_tokens": cfg.total_steps * cfg.tokens_per_step,
-            "warmup_steps": cfg.warmup_steps,
-            "eval_every_steps": cfg.eval_every_steps,
-            "checkpoint_every_steps": cfg.checkpoint_every_steps,
-        },
-        **info,
-        "runtime": {
-            "world_size": world_size,
-            "device": str(device),
-            "threads": torch.get_num_threads(),
-            "drmlab": drmlab.__version__,
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-            "python": platform.python_version(),
-        },
-    })
+    return jsonable(
+        {
+            "model": info.pop("model", getattr(model, "model_name", type(model).__name__)),
+            "preset": info.pop("preset", getattr(model, "preset", None)),
+            "overrides": info.pop("overrides", {}),
+            "model_config": dataclasses.asdict(config)
+            if config is not None and dataclasses.is_dataclass(config)
+            else None,
+            "params": count_parameters(model),
+            "train": dataclasses.asdict(cfg),
+            "derived": {
+                "tokens_per_step": cfg.tokens_per_step,
+                "total_steps": cfg.total_steps,
+                "total_tokens": cfg.total_steps * cfg.tokens_per_step,
+                "warmup_steps": cfg.warmup_steps,
+                "eval_every_steps": cfg.eval_every_steps,
+                "checkpoint_every_steps": cfg.checkpoint_every_steps,
+            },
+            **info,
+            "runtime": {
+                "world_size": world_size,
+                "device": str(device),
+                "threads": torch.get_num_threads(),
+                "drmlab": drmlab.__version__,
+                "torch": torch.__version__,
+                "numpy": np.__version__,
+                "python": platform.python_version(),
+            },
+        }
+    )
 
 
 def check_resumable(saved: dict, fresh: dict, *, after_non_finite: bool = False) -> dict:
@@ -213,8 +234,10 @@ def check_resumable(saved: dict, fresh: dict, *, after_non_finite: bool = False)
         if before == value:
             continue
         if key == "tokens" and fresh["train"].get("schedule") == "cosine":
-            problems.append(f"tokens: {before!r} in the run, {value!r} now (under the cosine schedule the budget "
-                            "shapes the learning rate)")
+            problems.append(
+                f"tokens: {before!r} in the run, {value!r} now (under the cosine schedule the budget "
+                "shapes the learning rate)"
+            )
         elif key in allowed:
             changed[key] = [before, value]
         else:
@@ -235,17 +258,32 @@ def runtime_drift_note(changed: dict) -> str | None:
     drift = [f"{key} {now} (the run had {before})" for key, (before, now) in changed.items() if key in RUNTIME_BITS]
     if not drift:
         return None
-    return (f"drmlab: resuming with {', '.join(drift)}: the run continues, but its numbers will differ in the last "
-            "bits from an uninterrupted run's; resume with the same device and --threads for an exact continuation")
+    return (
+        f"drmlab: resuming with {', '.join(drift)}: the run continues, but its numbers will differ in the last "
+        "bits from an uninterrupted run's; resume with the same device and --threads for an exact continuation"
+    )
 
 
 class Trainer:
     """One training run in pieces; :func:`train` drives it. See the module docstring."""
 
-    def __init__(self, model: torch.nn.Module, batches: BatchSource, cfg: TrainConfig, run: RunDir | None, *,
-                 val_tokens: np.ndarray | None, evaluate: Evaluate | None, run_info: RunInfo | None,
-                 device, quiet: bool, progress_seconds: float = PROGRESS_SECONDS, fsdp: bool = False,
-                 tensorboard: bool = False, pieces: TrainPieces | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        batches: BatchSource,
+        cfg: TrainConfig,
+        run: RunDir | None,
+        *,
+        val_tokens: np.ndarray | None,
+        evaluate: Evaluate | None,
+        run_info: RunInfo | None,
+        device,
+        quiet: bool,
+        progress_seconds: float = PROGRESS_SECONDS,
+        fsdp: bool = False,
+        tensorboard: bool = False,
+        pieces: TrainPieces | None = None,
+    ):
         cfg.validate()
         self.cfg, self.batches, self.run, self.evaluate = cfg, batches, run, evaluate
         self.pieces = pieces = pieces if pieces is not None else TrainPieces()
@@ -264,8 +302,11 @@ class Trainer:
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.group_names = [group.get("name") for group in self.optimizer.param_groups]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.eval_windows = (eval_sample(val_tokens, cfg.eval_windows, cfg.seq_len)
-                             if val_tokens is not None and cfg.eval_windows else None)
+        self.eval_windows = (
+            eval_sample(val_tokens, cfg.eval_windows, cfg.seq_len)
+            if val_tokens is not None and cfg.eval_windows
+            else None
+        )
         self.start_step, self.last_ckpt_step = 0, None
         self.elapsed_before = self.train_seconds_before = self.train_seconds = 0.0
         self.quiet, self.bar, self.net, self.log, self.lock = quiet, None, None, None, None
@@ -286,21 +327,29 @@ class Trainer:
             run.clean_orphans()
             if not resume and run.holds_run():
                 if not overwrite:
-                    raise FileExistsError(f"{run.path} already holds {run.describe()}; resume it, choose another "
-                                          "directory, or overwrite it (its files are then deleted)")
+                    raise FileExistsError(
+                        f"{run.path} already holds {run.describe()}; resume it, choose another "
+                        "directory, or overwrite it (its files are then deleted)"
+                    )
                 run.remove_run()
         if resume:
             if not run.has_checkpoint():
                 raise FileNotFoundError(f"nothing to resume in {run.path}: no checkpoint")
             if run.has_config():
                 summary = run.read_summary() or {}
-                changed = check_resumable(run.read_config(), self.config,
-                                          after_non_finite=summary.get("stopped") in ("non-finite", "diverged"))
+                changed = check_resumable(
+                    run.read_config(),
+                    self.config,
+                    after_non_finite=summary.get("stopped") in ("non-finite", "diverged"),
+                )
                 note = runtime_drift_note(changed)
                 if note:
                     print(note, file=sys.stderr)
-            state = (dist_utils.load_sharded_checkpoint(run, self.model, self.optimizer) if self.sharded
-                     else run.load_checkpoint(self.model, self.optimizer))
+            state = (
+                dist_utils.load_sharded_checkpoint(run, self.model, self.optimizer)
+                if self.sharded
+                else run.load_checkpoint(self.model, self.optimizer)
+            )
             self.start_step = self.last_ckpt_step = int(state["step"])
             self.elapsed_before = float(state.get("elapsed", 0.0))
             self.train_seconds_before = float(state.get("train_seconds", 0.0))
@@ -323,8 +372,15 @@ class Trainer:
             sinks.append(open_sink(run.path, run.read_metrics() if run.metrics_path.is_file() else ()))
         self.log = MetricsLog(run.metrics_path if (run is not None and main) else None, sinks)
         if resume and main:
-            self.log.log({"kind": "resume", "step": self.start_step, "changed": changed,
-                          "device": str(self.device), "threads": torch.get_num_threads()})
+            self.log.log(
+                {
+                    "kind": "resume",
+                    "step": self.start_step,
+                    "changed": changed,
+                    "device": str(self.device),
+                    "threads": torch.get_num_threads(),
+                }
+            )
         self.t_start = time.perf_counter()
         if main and not self.quiet and sys.stderr.isatty():
             from tqdm.auto import tqdm
@@ -351,15 +407,19 @@ class Trainer:
         entries: dict = {}
         for micro in range(cfg.grad_accum):
             inputs, targets = self.batches.batch(cfg.seed, step, micro, info.rank, info.world_size)
-            sync = info.enabled and not self.sharded and micro < cfg.grad_accum - 1  # FSDP reduce-scatters each micro-batch
+            sync = (
+                info.enabled and not self.sharded and micro < cfg.grad_accum - 1
+            )  # FSDP reduce-scatters each micro-batch
             try:
                 with self.net.no_sync() if sync else contextlib.nullcontext(), self._compile_errors():
                     loss, aux = self.loss_fn(self.net, (inputs.to(dev), targets.to(dev)), step)
                     (loss / cfg.grad_accum).backward()
             except torch.linalg.LinAlgError as exc:  # e.g. a Cholesky of a metric the weights broke
                 self.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteLossError(f"a linear-algebra failure inside the model at {self._where(step)} "
-                                         f"({str(exc).splitlines()[0]}); stopped, {self._kept()}. {self.advice}") from None
+                raise NonFiniteLossError(
+                    f"a linear-algebra failure inside the model at {self._where(step)} "
+                    f"({str(exc).splitlines()[0]}); stopped, {self._kept()}. {self.advice}"
+                ) from None
             total += loss.detach() / cfg.grad_accum
             for key, value in aux.items():
                 if isinstance(value, torch.Tensor):
@@ -371,17 +431,23 @@ class Trainer:
         for key, value in sums.items():
             entries[key] = float(dist_utils.all_reduce_mean(value, info))
         if not math.isfinite(loss_value):
-            raise NonFiniteLossError(f"non-finite training loss ({loss_value}) at {self._where(step)}; stopped, {self._kept()}. "
-                                     f"{self.advice}")
+            raise NonFiniteLossError(
+                f"non-finite training loss ({loss_value}) at {self._where(step)}; stopped, {self._kept()}. "
+                f"{self.advice}"
+            )
         if self.sharded:
             grad_norm = dist_utils.sharded_grad_norm(self.params, cfg.grad_clip)
         elif cfg.grad_clip > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
         else:
-            grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params if p.grad is not None])))
+            grad_norm = float(
+                torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params if p.grad is not None]))
+            )
         if not math.isfinite(grad_norm):
-            raise NonFiniteLossError(f"non-finite gradient norm ({grad_norm}) at {self._where(step)} "
-                                     f"(loss {loss_value:.4f}); stopped, {self._kept()}. {self.advice}")
+            raise NonFiniteLossError(
+                f"non-finite gradient norm ({grad_norm}) at {self._where(step)} "
+                f"(loss {loss_value:.4f}); stopped, {self._kept()}. {self.advice}"
+            )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._check_divergence(step, loss_value)
@@ -389,8 +455,18 @@ class Trainer:
             torch.cuda.synchronize(dev)
         dt = time.perf_counter() - t0
         self.train_seconds += dt
-        return {"kind": "train", "step": step, "tokens": step * cfg.tokens_per_step, "loss": loss_value, **entries,
-                "lr": lr, **rates, "grad_norm": grad_norm, "tok_s": cfg.tokens_per_step / dt, "elapsed": self.elapsed()}
+        return {
+            "kind": "train",
+            "step": step,
+            "tokens": step * cfg.tokens_per_step,
+            "loss": loss_value,
+            **entries,
+            "lr": lr,
+            **rates,
+            "grad_norm": grad_norm,
+            "tok_s": cfg.tokens_per_step / dt,
+            "elapsed": self.elapsed(),
+        }
 
     def _compile_errors(self):
         """Under ``compile``: a model that cannot compile raises CompileError naming the operation."""
@@ -402,18 +478,22 @@ class Trainer:
             return
         self.diverging_steps = self.diverging_steps + 1 if loss > self.uniform_ce + cfg.divergence_nats else 0
         if self.diverging_steps >= cfg.divergence_steps:
-            raise DivergenceError(f"the loss diverged: {loss:.4f} at {self._where(step)}, above the uniform guess "
-                                  f"{self.uniform_ce:.4f} + {cfg.divergence_nats:g} nats for {self.diverging_steps} steps "
-                                  f"in a row; stopped, {self._kept()}. {self.advice}")
+            raise DivergenceError(
+                f"the loss diverged: {loss:.4f} at {self._where(step)}, above the uniform guess "
+                f"{self.uniform_ce:.4f} + {cfg.divergence_nats:g} nats for {self.diverging_steps} steps "
+                f"in a row; stopped, {self._kept()}. {self.advice}"
+            )
 
     def _refuse_diverged(self, ce: float | None, what: str, step: int) -> None:
         """A validation CE above the uniform guess + ``divergence_nats`` ends the run as diverged, however short
         it is (the loss check needs ``divergence_steps`` steps in a row; a short run never reaches them)."""
         if ce is None or self.uniform_ce is None or ce <= self.uniform_ce + self.cfg.divergence_nats:
             return
-        raise DivergenceError(f"the run diverged: {what} is {ce:.4f} nats/token after {self._where(step)}, above the "
-                              f"uniform guess {self.uniform_ce:.4f} + {self.cfg.divergence_nats:g} nats; stopped, "
-                              f"{self._kept()}. {self.advice}")
+        raise DivergenceError(
+            f"the run diverged: {what} is {ce:.4f} nats/token after {self._where(step)}, above the "
+            f"uniform guess {self.uniform_ce:.4f} + {self.cfg.divergence_nats:g} nats; stopped, "
+            f"{self._kept()}. {self.advice}"
+        )
 
     def _where(self, step: int) -> str:
         return f"step {step} ({(step - 1) * self.cfg.tokens_per_step:,} tokens trained)"
@@ -433,8 +513,12 @@ class Trainer:
                 self.bar.set_postfix_str(f"loss {row['loss']:.3f} {row['tok_s']:,.0f} tok/s")
             elif not self.quiet and time.perf_counter() - self.last_progress >= self.progress_seconds:
                 self.last_progress = time.perf_counter()
-                print(f"step {step}/{cfg.total_steps} ({row['tokens']:,} tokens): loss {row['loss']:.4f}, "
-                      f"lr {row['lr']:.3g}, {row['tok_s']:,.0f} tok/s, {row['elapsed']:,.0f} s", file=sys.stderr, flush=True)
+                print(
+                    f"step {step}/{cfg.total_steps} ({row['tokens']:,} tokens): loss {row['loss']:.4f}, "
+                    f"lr {row['lr']:.3g}, {row['tok_s']:,.0f} tok/s, {row['elapsed']:,.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if cfg.eval_every_steps and (step % cfg.eval_every_steps == 0 or step == cfg.total_steps):
             self.sampled_evaluation(step)
         if cfg.milestones and self.evaluate is not None and step < cfg.total_steps:
@@ -444,14 +528,21 @@ class Trainer:
         if self.info.enabled:  # every process stops after the same step (a signal may reach only some of them)
             signum = dist_utils.all_reduce_max(float(self.stop_signal or 0), self.info, self.device)
             self.stop_signal = int(signum) or None
-        if self.stop_signal is not None or step == last_step or step in self.hook_steps or (
-                cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0):
+        if (
+            self.stop_signal is not None
+            or step == last_step
+            or step in self.hook_steps
+            or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0)
+        ):
             self.save(step)
         if self.stop_signal is not None:
             name = signal.Signals(self.stop_signal).name
             where = f"in {self.run.path}" if self.run is not None else "nowhere (no run directory)"
-            raise TrainingInterrupted(f"{name} received: stopped after step {step} of {cfg.total_steps}, checkpoint "
-                                      f"committed {where}", self.stop_signal, step)
+            raise TrainingInterrupted(
+                f"{name} received: stopped after step {step} of {cfg.total_steps}, checkpoint committed {where}",
+                self.stop_signal,
+                step,
+            )
         self.run_hooks(step)
 
     def run_hooks(self, step: int, missing_only: bool = False) -> None:
@@ -472,9 +563,16 @@ class Trainer:
             t0 = time.perf_counter()
             result = self.evaluate(self.model, self.device, False)
             if self.main:
-                self.log.log({"kind": "milestone", "step": step, "tokens": step * self.cfg.tokens_per_step,
-                              **{f"val_{k}": v for k, v in result.items() if k in ("ce", "bpb", "targets")},
-                              "eval_seconds": time.perf_counter() - t0, "elapsed": self.elapsed()})
+                self.log.log(
+                    {
+                        "kind": "milestone",
+                        "step": step,
+                        "tokens": step * self.cfg.tokens_per_step,
+                        **{f"val_{k}": v for k, v in result.items() if k in ("ce", "bpb", "targets")},
+                        "eval_seconds": time.perf_counter() - t0,
+                        "elapsed": self.elapsed(),
+                    }
+                )
         dist_utils.barrier(self.info)
 
     def sampled_evaluation(self, step: int) -> None:
@@ -483,8 +581,14 @@ class Trainer:
         if self.main or self.sharded:  # a sharded forward needs every process
             val_ce = sampled_eval(self.model, self.eval_windows, self.cfg.eval_batch_size, self.device)
         if self.main:
-            row = {"kind": "eval", "step": step, "tokens": step * self.cfg.tokens_per_step, "val_ce": val_ce,
-                   "val_windows": int(self.eval_windows.shape[0]), "elapsed": self.elapsed()}
+            row = {
+                "kind": "eval",
+                "step": step,
+                "tokens": step * self.cfg.tokens_per_step,
+                "val_ce": val_ce,
+                "val_windows": int(self.eval_windows.shape[0]),
+                "elapsed": self.elapsed(),
+            }
             if not self.sharded and math.isfinite(val_ce):  # the model's geometry (DRM) on the first windows
                 diagnostics = evaluation_diagnostics(self.model, self.eval_windows[:DIAGNOSTIC_WINDOWS], self.device)
                 if diagnostics:
@@ -493,33 +597,50 @@ class Trainer:
             if self.bar is not None:
                 self.bar.set_postfix_str(f"{self.bar.postfix or ''} val {val_ce:.3f}".strip())
         if (self.main or self.sharded) and not math.isfinite(val_ce):
-            raise NonFiniteLossError(f"non-finite sampled validation CE ({val_ce}) after {self._where(step)}; "
-                                     f"stopped, {self._kept()}. {self.advice}")
+            raise NonFiniteLossError(
+                f"non-finite sampled validation CE ({val_ce}) after {self._where(step)}; "
+                f"stopped, {self._kept()}. {self.advice}"
+            )
         if self.main or self.sharded:
             self._refuse_diverged(val_ce, "the sampled validation CE", step)
         dist_utils.barrier(self.info)
 
     def save(self, step: int) -> None:
-        bad = dist_utils.non_finite_parameters(self.model, self.info) if self.sharded else non_finite_parameters(self.model)
+        bad = (
+            dist_utils.non_finite_parameters(self.model, self.info)
+            if self.sharded
+            else non_finite_parameters(self.model)
+        )
         if bad:  # never commit weights that cannot be used; the previous checkpoint stays
-            raise NonFiniteLossError(f"non-finite weights ({', '.join(bad[:3])}) after {self._where(step)}; stopped, "
-                                     f"{self._kept()}. {self.advice}")
+            raise NonFiniteLossError(
+                f"non-finite weights ({', '.join(bad[:3])}) after {self._where(step)}; stopped, "
+                f"{self._kept()}. {self.advice}"
+            )
         full_state = None
         if self.run is not None and self.sharded:  # collective: gathered on process 0
             full_state = dist_utils.gather_full_state(self.model, self.optimizer, self.info)
         if self.run is not None and self.main:
-            self.run.save_checkpoint(self.model, self.optimizer, {
-                "step": step, "tokens": step * self.cfg.tokens_per_step, "elapsed": self.elapsed(),
-                "train_seconds": self.train_seconds_before + self.train_seconds, "world_size": self.info.world_size,
-            }, full_state=full_state)
+            self.run.save_checkpoint(
+                self.model,
+                self.optimizer,
+                {
+                    "step": step,
+                    "tokens": step * self.cfg.tokens_per_step,
+                    "elapsed": self.elapsed(),
+                    "train_seconds": self.train_seconds_before + self.train_seconds,
+                    "world_size": self.info.world_size,
+                },
+                full_state=full_state,
+            )
         self.last_ckpt_step = step
         dist_utils.barrier(self.info)
 
     def record_stop(self, reason: str, message: str) -> None:
         """A stopped (not finished) run's summary says why, so that a resume may take the advised fixes."""
         if self.run is not None and self.main:
-            self.run.write_summary({"finished": False, "stopped": reason, "message": message,
-                                    "checkpoint_step": self.last_ckpt_step})
+            self.run.write_summary(
+                {"finished": False, "stopped": reason, "message": message, "checkpoint_step": self.last_ckpt_step}
+            )
 
     def close(self) -> None:
         if self.bar is not None:
@@ -556,12 +677,15 @@ class Trainer:
             if main or self.sharded:  # a sharded forward needs every process; process 0 reports
                 t0 = time.perf_counter()
                 result = self.evaluate(self.model, self.device, self.bar is not None)
-                summary.update({f"val_{k}": v for k, v in result.items() if k in ("ce", "bpb", "ppl", "targets", "bytes")})
+                summary.update(
+                    {f"val_{k}": v for k, v in result.items() if k in ("ce", "bpb", "ppl", "targets", "bytes")}
+                )
                 summary["eval_seconds"] = time.perf_counter() - t0
                 if summary.get("val_ce") is not None and not math.isfinite(summary["val_ce"]):
                     raise NonFiniteLossError(
                         f"the final evaluation gave a non-finite CE ({summary['val_ce']}) after {self._where(last_step)}: "
-                        f"the weights are finite but the model's outputs are not; stopped, {self._kept()}. {self.advice}")
+                        f"the weights are finite but the model's outputs are not; stopped, {self._kept()}. {self.advice}"
+                    )
                 self._refuse_diverged(summary.get("val_ce"), "the final validation CE", last_step)
             dist_utils.barrier(self.info)
         if self.pieces.summary_extras is not None and summary["finished"] and main:
@@ -623,9 +747,21 @@ def train(
             raise ValueError("tensorboard needs an output directory (the event files go to OUT/tensorboard)")
         require_tensorboard()
     run = out_dir if isinstance(out_dir, RunDir) or out_dir is None else RunDir(out_dir)
-    trainer = Trainer(model, batches, cfg, run, val_tokens=val_tokens, evaluate=evaluate, run_info=run_info,
-                      device=device, quiet=quiet, progress_seconds=progress_seconds, fsdp=fsdp, tensorboard=tensorboard,
-                      pieces=pieces)
+    trainer = Trainer(
+        model,
+        batches,
+        cfg,
+        run,
+        val_tokens=val_tokens,
+        evaluate=evaluate,
+        run_info=run_info,
+        device=device,
+        quiet=quiet,
+        progress_seconds=progress_seconds,
+        fsdp=fsdp,
+        tensorboard=tensorboard,
+        pieces=pieces,
+    )
     last_step = cfg.total_steps if stop_after_step is None else min(cfg.total_steps, stop_after_step)
     final_loss = None
     try:

@@ -155,13 +155,16 @@ def plan_study(spec: StudySpec) -> Study:
     seeds = check_seeds(spec.seeds)
     preset = spec.preset
     registry_names = dict(spec.registry_names)
-    entries = {label: (registry_names[label], {}) if label in registry_names else parse_model_spec(label)
-               for label in models}
+    entries = {
+        label: (registry_names[label], {}) if label in registry_names else parse_model_spec(label) for label in models
+    }
     overrides = {label: dict(kw) for label, (_, kw) in entries.items()}
     for label, settings in spec.model_settings.items():
         if label not in entries:
-            raise ValueError(f"model settings for {label!r}, which is not one of the study's models"
-                             f"{suggest(label, models)}; models: {', '.join(models)}")
+            raise ValueError(
+                f"model settings for {label!r}, which is not one of the study's models"
+                f"{suggest(label, models)}; models: {', '.join(models)}"
+            )
         for key in settings:
             if key in TRAIN_KEYS:
                 raise ValueError(f"{label}.{key}: {key!r} is a train setting, the same for every model")
@@ -179,30 +182,51 @@ def plan_study(spec: StudySpec) -> Study:
         if "lr" in train_kw:
             raise ValueError("give one learning rate (lr) or a grid to sweep (lr_grid), not both")
         tune_tokens = budget if tune_tokens is None else parse_tokens(tune_tokens)
-        resolve_train_config(preset, **{**train_kw, "tokens": tune_tokens, "lr": lr_grid[0],  # a budget too small fails now
-                                        "milestones": None})
+        resolve_train_config(
+            preset,
+            **{
+                **train_kw,
+                "tokens": tune_tokens,
+                "lr": lr_grid[0],  # a budget too small fails now
+                "milestones": None,
+            },
+        )
     elif tune_tokens is not None:
         raise ValueError("tune_tokens is the budget of the lr sweep: give lr_grid too")
     for label in models:  # a bad arm or setting fails now, not after the first runs
         fields = config_fields(entries[label][0], preset, CHECK_VOCAB, **overrides[label])
         limit = fields.get("n_positions")
         if isinstance(limit, int) and cfg.seq_len > limit:
-            raise ValueError(f"seq_len {cfg.seq_len} exceeds {label}'s n_positions={limit}; "
-                             f"raise the model setting {label}.n_positions to {cfg.seq_len}")
-    return Study(models=models, seeds=seeds, preset=preset,
-                 train={k: v for k, v in dataclasses.asdict(cfg).items() if k != "seed"},
-                 model_overrides={label: kw for label, kw in overrides.items() if kw}, data_source=spec.data,
-                 tokenizer=spec.tokenizer or "bytes",
-                 registry_names={label: name for label, (name, _) in entries.items() if name != label},
-                 lr_grid=lr_grid, tune_tokens=tune_tokens if lr_grid is not None else None)
+            raise ValueError(
+                f"seq_len {cfg.seq_len} exceeds {label}'s n_positions={limit}; "
+                f"raise the model setting {label}.n_positions to {cfg.seq_len}"
+            )
+    return Study(
+        models=models,
+        seeds=seeds,
+        preset=preset,
+        train={k: v for k, v in dataclasses.asdict(cfg).items() if k != "seed"},
+        model_overrides={label: kw for label, kw in overrides.items() if kw},
+        data_source=spec.data,
+        tokenizer=spec.tokenizer or "bytes",
+        registry_names={label: name for label, (name, _) in entries.items() if name != label},
+        lr_grid=lr_grid,
+        tune_tokens=tune_tokens if lr_grid is not None else None,
+    )
 
 
 def study_record(study: Study, data_meta: dict) -> dict:
     """What ``study.json`` records of ``study`` besides its models, seeds and model settings."""
-    return {"preset": study.preset, "train": study.train, "data_source": study.data_source,
-            "tokenizer": study.tokenizer, "content_sha256": data_meta.get("content_sha256"),
-            "lr_grid": study.lr_grid, "tune_tokens": study.tune_tokens,
-            "tune_seed": study.tune_seed if study.lr_grid else None}
+    return {
+        "preset": study.preset,
+        "train": study.train,
+        "data_source": study.data_source,
+        "tokenizer": study.tokenizer,
+        "content_sha256": data_meta.get("content_sha256"),
+        "lr_grid": study.lr_grid,
+        "tune_tokens": study.tune_tokens,
+        "tune_seed": study.tune_seed if study.lr_grid else None,
+    }
 
 
 def record_study(out: Path, study: Study, data_meta: dict) -> None:
@@ -216,11 +240,18 @@ def record_study(out: Path, study: Study, data_meta: dict) -> None:
         saved = read_json(path)
         # The grid may still change (gain or lose rates) while no paired run has started: the choice
         # is made only when a model's paired runs begin, and finished sweep runs are kept.
-        regrid = saved.get("lr_grid") is not None and study.lr_grid is not None and not any(
-            (p / "config.json").is_file() for p in (out / "runs").glob("*"))
-        problems = [f"{k}: {saved.get(k)!r} in the study, {v!r} now" for k, v in record.items()
-                    if k != "train" and saved.get(k) != v  # a study from before sweeps has no lr_grid: None
-                    and not (regrid and k == "lr_grid")]
+        regrid = (
+            saved.get("lr_grid") is not None
+            and study.lr_grid is not None
+            and not any((p / "config.json").is_file() for p in (out / "runs").glob("*"))
+        )
+        problems = [
+            f"{k}: {saved.get(k)!r} in the study, {v!r} now"
+            for k, v in record.items()
+            if k != "train"
+            and saved.get(k) != v  # a study from before sweeps has no lr_grid: None
+            and not (regrid and k == "lr_grid")
+        ]
         if study.lr_grid is not None and saved.get("lr_grid") not in (None, study.lr_grid) and not regrid:
             problems.append("(the lr grid can change only before the first paired run starts)")
         saved_train = saved.get("train", {})
@@ -233,8 +264,9 @@ def record_study(out: Path, study: Study, data_meta: dict) -> None:
             if before is not None and before != overrides:
                 problems.append(f"{model} settings: {before!r} in the study, {overrides!r} now")
         if problems:
-            raise ValueError(f"{out} holds a study with other settings (give it another output folder): "
-                             + "; ".join(problems))
+            raise ValueError(
+                f"{out} holds a study with other settings (give it another output folder): " + "; ".join(problems)
+            )
         models = list(dict.fromkeys(saved.get("models", []) + study.models))
         seeds = sorted(set(saved.get("seeds", [])) | set(study.seeds))
         overrides = {**saved.get("model_overrides", {}), **study.model_overrides}
@@ -273,7 +305,9 @@ def run_planned(study: Study, runtime: Runtime, out: str | Path, *, corpus=None,
 
         corpus = load_corpus(source=study.data_source, tokenizer=study.tokenizer, cache_dir=runtime.cache_dir)
     record_study(out, study, corpus.meta)
-    paired = Split(corpus, corpus.train, corpus.val, byte_counter(corpus.val, corpus.tokenizer, corpus.meta.get("val_bytes")))
+    paired = Split(
+        corpus, corpus.train, corpus.val, byte_counter(corpus.val, corpus.tokenizer, corpus.meta.get("val_bytes"))
+    )
     tuning = None
     if study.lr_grid:
         tune_train, tune_heldout = lr_sweep.tuning_split(corpus.train)
@@ -319,12 +353,15 @@ def _check_grid_unchanged(out: Path, study: Study) -> None:
 
     recorded = read_json(out / STUDY_FILE).get("lr_grid")
     if recorded != study.lr_grid:
-        raise ValueError(f"{out / STUDY_FILE}: another process changed the lr grid to {recorded} while this one "
-                         f"runs {study.lr_grid}; rerun the command with the study's grid")
+        raise ValueError(
+            f"{out / STUDY_FILE}: another process changed the lr grid to {recorded} while this one "
+            f"runs {study.lr_grid}; rerun the command with the study's grid"
+        )
 
 
-def _train_one(study: Study, runtime: Runtime, out: Path, job: Job, split: Split, label: str, *,
-               lr: float | None = None) -> str:
+def _train_one(
+    study: Study, runtime: Runtime, out: Path, job: Job, split: Split, label: str, *, lr: float | None = None
+) -> str:
     """Train (or resume) one run of the study unless it is finished; "done", or "locked" when another
     process holds it. A sweep run trains at its rate for the sweep's budget; a paired run at ``lr``
     (None: the study's). A sweep run that diverges is done (its score is missing); a paired run's
@@ -360,19 +397,43 @@ def _train_one(study: Study, runtime: Runtime, out: Path, job: Job, split: Split
     overrides = study.model_overrides.get(model, {})
     net = build_model(study.registry_name(model), study.preset, vocab_size=corpus.vocab_size, seed=seed, **overrides)
     resume = run.has_checkpoint()
-    runtime.say(f"{label}: {'resuming' if resume else 'training'} ({count_parameters(net):,} parameters"
-                + (f", lr {cfg.lr:g})" if lr is not None else ")"))
+    runtime.say(
+        f"{label}: {'resuming' if resume else 'training'} ({count_parameters(net):,} parameters"
+        + (f", lr {cfg.lr:g})" if lr is not None else ")")
+    )
     t0 = time.perf_counter()
-    data_meta = dict(corpus.meta, tuning_split={"train_tokens": len(split.train), "heldout_tokens": len(split.scored)}) \
-        if tuning else corpus.meta
+    data_meta = (
+        dict(corpus.meta, tuning_split={"train_tokens": len(split.train), "heldout_tokens": len(split.scored)})
+        if tuning
+        else corpus.meta
+    )
     try:
-        summary = train(net, split.train, split.scored, cfg, run.path, resume=resume, overwrite=not resume,
-                        evaluate=rescorer(split.scored, cfg.seq_len, batch_size=cfg.eval_batch_size,
-                                          max_targets=cfg.eval_tokens, count_bytes=split.count_bytes),
-                        device=runtime.device, quiet=runtime.quiet, tensorboard=runtime.tensorboard,
-                        run_info=RunInfo(study.registry_name(model), study.preset, overrides, label=model,
-                                         data=DataInfo(corpus.vocab_size, corpus.tokenizer.name,
-                                                       study.data_source, data_meta)))
+        summary = train(
+            net,
+            split.train,
+            split.scored,
+            cfg,
+            run.path,
+            resume=resume,
+            overwrite=not resume,
+            evaluate=rescorer(
+                split.scored,
+                cfg.seq_len,
+                batch_size=cfg.eval_batch_size,
+                max_targets=cfg.eval_tokens,
+                count_bytes=split.count_bytes,
+            ),
+            device=runtime.device,
+            quiet=runtime.quiet,
+            tensorboard=runtime.tensorboard,
+            run_info=RunInfo(
+                study.registry_name(model),
+                study.preset,
+                overrides,
+                label=model,
+                data=DataInfo(corpus.vocab_size, corpus.tokenizer.name, study.data_source, data_meta),
+            ),
+        )
     except RunLockedError:
         return "locked"
     except NonFiniteLossError as exc:
@@ -380,8 +441,10 @@ def _train_one(study: Study, runtime: Runtime, out: Path, job: Job, split: Split
             raise
         runtime.say(f"{label}: diverged ({str(exc).split(';')[0]}), scored as missing")
         return "done"
-    runtime.say(f"{label}: {'tuning' if tuning else 'val'} CE {summary['val_ce']:.4f} nats/token in "
-                f"{time.perf_counter() - t0:.0f} s")
+    runtime.say(
+        f"{label}: {'tuning' if tuning else 'val'} CE {summary['val_ce']:.4f} nats/token in "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
     return "done"
 
 
@@ -406,10 +469,12 @@ def sweep_results(out: str | Path, study: Study | dict) -> dict[str, dict]:
             scores[lr] = summary["val_ce"] if done else None
             finished += bool(done or stopped)
         complete = finished == len(grid)
-        choice = lr_sweep.choose(scores) if complete else {"lr": None, "edge": False, "edge_side": None,
-                                                           "diverged": []}
-        sweeps[model] = {"scores": {lr_sweep.lr_label(lr): v for lr, v in scores.items()}, "complete": complete,
-                         **choice}
+        choice = lr_sweep.choose(scores) if complete else {"lr": None, "edge": False, "edge_side": None, "diverged": []}
+        sweeps[model] = {
+            "scores": {lr_sweep.lr_label(lr): v for lr, v in scores.items()},
+            "complete": complete,
+            **choice,
+        }
     return sweeps
 
 
@@ -431,10 +496,20 @@ def collect_runs(out: str | Path, study: dict) -> list[dict]:
                 continue
             rows = run.read_metrics()
             milestones = [(r["tokens"], r["val_ce"], r["val_bpb"]) for r in rows if r.get("kind") == "milestone"]
-            runs.append({"model": model, "seed": seed, "params": summary["params"], "val_ce": summary["val_ce"],
-                         "val_bpb": summary["val_bpb"], "tokens": summary["tokens"],
-                         "tokens_per_s": summary["tokens_per_s"], "train_seconds": summary["train_seconds"],
-                         "curves": curves(rows), "milestones": milestones})
+            runs.append(
+                {
+                    "model": model,
+                    "seed": seed,
+                    "params": summary["params"],
+                    "val_ce": summary["val_ce"],
+                    "val_bpb": summary["val_bpb"],
+                    "tokens": summary["tokens"],
+                    "tokens_per_s": summary["tokens_per_s"],
+                    "train_seconds": summary["train_seconds"],
+                    "curves": curves(rows),
+                    "milestones": milestones,
+                }
+            )
     return runs
 
 
@@ -447,8 +522,16 @@ def _milestone_means(rows: list[dict]) -> list[dict]:
         if len(values) == len(rows):
             ce, ce_std = mean_std([v[0] for v in values])
             bpb, bpb_std = mean_std([v[1] for v in values])
-            out.append({"tokens": tokens, "ce_mean": ce, "ce_std": ce_std, "bpb_mean": bpb, "bpb_std": bpb_std,
-                        "n_seeds": len(values)})
+            out.append(
+                {
+                    "tokens": tokens,
+                    "ce_mean": ce,
+                    "ce_std": ce_std,
+                    "bpb_mean": bpb,
+                    "bpb_std": bpb_std,
+                    "n_seeds": len(values),
+                }
+            )
     return out
 
 
@@ -463,9 +546,14 @@ def summarize(runs: list[dict], models: list[str]) -> tuple[dict, list[dict]]:
         bpb_mean, bpb_std = mean_std([r["val_bpb"] for r in rows])
         speeds = [r["tokens_per_s"] for r in rows if r["tokens_per_s"]]
         per_model[model] = {
-            "params": rows[0]["params"], "n_seeds": len(rows), "ce_mean": ce_mean, "ce_std": ce_std,
-            "ce_min": min(r["val_ce"] for r in rows), "ce_max": max(r["val_ce"] for r in rows),
-            "bpb_mean": bpb_mean, "bpb_std": bpb_std,
+            "params": rows[0]["params"],
+            "n_seeds": len(rows),
+            "ce_mean": ce_mean,
+            "ce_std": ce_std,
+            "ce_min": min(r["val_ce"] for r in rows),
+            "ce_max": max(r["val_ce"] for r in rows),
+            "bpb_mean": bpb_mean,
+            "bpb_std": bpb_std,
             "tokens_per_s": sum(speeds) / len(speeds) if speeds else None,
             "per_seed": {r["seed"]: r["val_ce"] for r in rows},
             "milestones": _milestone_means(rows),
@@ -474,7 +562,11 @@ def summarize(runs: list[dict], models: list[str]) -> tuple[dict, list[dict]]:
     for cand in per_model:
         for base in per_model:
             if cand != base:
-                gates.append(dict(candidate=cand, baseline=base, **gate(per_model[cand]["per_seed"], per_model[base]["per_seed"])))
+                gates.append(
+                    dict(
+                        candidate=cand, baseline=base, **gate(per_model[cand]["per_seed"], per_model[base]["per_seed"])
+                    )
+                )
     return per_model, gates
 
 
@@ -490,8 +582,15 @@ def collect_results(out: str | Path) -> dict:
     sweeps = sweep_results(out, study)
     for model, stats in per_model.items():
         stats["lr"] = sweeps[model]["lr"] if sweeps else study["train"]["lr"]
-    results = {"provenance": provenance(study), "study": study, "models": per_model, "runs": runs, "gate": gates, "gate_rule": dict(GATE_RULE),
-               "complete": len(runs) == len(study["models"]) * len(study["seeds"])}
+    results = {
+        "provenance": provenance(study),
+        "study": study,
+        "models": per_model,
+        "runs": runs,
+        "gate": gates,
+        "gate_rule": dict(GATE_RULE),
+        "complete": len(runs) == len(study["models"]) * len(study["seeds"]),
+    }
     if sweeps:
         results["lr_sweep"] = sweeps
     return results

@@ -17,8 +17,8 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from drmlab.experiments import lr_sweep
 from drmlab.experiments.plotting import draw_or_log, pyplot
@@ -37,8 +37,11 @@ def write_report(results: dict, out: str | Path, log: Callable[[str], None] | No
     (out / "results.md").write_text(markdown(results))
     draw_or_log(lambda: plot(results, out), log, "plots")
     if results.get("lr_sweep"):
-        draw_or_log(lambda: lr_sweep.plot(results["lr_sweep"], out / "lr_sweep.png", "tuning CE (nats/token)"),
-                    log, "lr_sweep.png")
+        draw_or_log(
+            lambda: lr_sweep.plot(results["lr_sweep"], out / "lr_sweep.png", "tuning CE (nats/token)"),
+            log,
+            "lr_sweep.png",
+        )
 
 
 def csv_table(runs: list[dict]) -> str:
@@ -46,8 +49,18 @@ def csv_table(runs: list[dict]) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     for r in runs:
-        writer.writerow([r["model"], r["seed"], r["params"], f"{r['val_ce']:.6f}", f"{r['val_bpb']:.6f}", r["tokens"],
-                         f"{r['tokens_per_s']:.1f}" if r["tokens_per_s"] else "", f"{r['train_seconds']:.1f}"])
+        writer.writerow(
+            [
+                r["model"],
+                r["seed"],
+                r["params"],
+                f"{r['val_ce']:.6f}",
+                f"{r['val_bpb']:.6f}",
+                r["tokens"],
+                f"{r['tokens_per_s']:.1f}" if r["tokens_per_s"] else "",
+                f"{r['train_seconds']:.1f}",
+            ]
+        )
     return buffer.getvalue()
 
 
@@ -62,7 +75,8 @@ def markdown(results: dict) -> str:
         f"Preset `{study['preset']}`, {steps * tokens_per_step:,} tokens per run ({steps} steps of {tokens_per_step:,}), "
         f"seeds {', '.join(map(str, study['seeds']))}; data `{study['data_source'] or 'stdlib'}` "
         f"({study['tokenizer']} tokenizer). CE is the deterministic rescoring of the validation stream in nats per "
-        "token; std is the population std over seeds." + ("" if results["complete"] else " **Incomplete: some runs are missing.**"),
+        "token; std is the population std over seeds."
+        + ("" if results["complete"] else " **Incomplete: some runs are missing.**"),
         "",
     ]
     if per_model:
@@ -71,11 +85,18 @@ def markdown(results: dict) -> str:
         lines.append("No paired run has finished yet (the sweep is running, or it was run with `--sweep-only`).")
     if results.get("lr_sweep"):
         tune_tokens = study.get("tune_tokens") or train["tokens"]
-        lines += ["", "## Learning-rate sweep", "",
-                  f"Each model trained once per rate (seed {study.get('tune_seed')}, {tune_tokens:,} tokens), scored on a "
-                  "slice held out of the training split (not the validation split); its paired runs use the best rate.", ""]
+        lines += [
+            "",
+            "## Learning-rate sweep",
+            "",
+            f"Each model trained once per rate (seed {study.get('tune_seed')}, {tune_tokens:,} tokens), scored on a "
+            "slice held out of the training split (not the validation split); its paired runs use the best rate.",
+            "",
+        ]
         lines += lr_sweep.markdown(results["lr_sweep"], "tuning CE in nats per token, lower is better")
-    plots = ["`curves.png` (sampled validation CE during training)", "`seeds.png` (final CE per seed)"] if per_model else []
+    plots = (
+        ["`curves.png` (sampled validation CE during training)", "`seeds.png` (final CE per seed)"] if per_model else []
+    )
     plots += ["`lr_sweep.png` (the sweep)"] if results.get("lr_sweep") else []
     if plots:
         lines += ["", "Plots: " + ", ".join(plots) + "."]
@@ -93,34 +114,55 @@ def _paired_tables(results: dict) -> list[str]:
     for model, m in sorted(per_model.items(), key=lambda kv: kv[1]["ce_mean"]):
         speed = f"{m['tokens_per_s']:,.0f}" if m["tokens_per_s"] else "-"
         lr = f"{m['lr']:g}" if m.get("lr") is not None else "-"
-        lines.append(f"| {model} | {m['params']:,} | {lr} | {m['n_seeds']} | {m['ce_mean']:.4f} +- {m['ce_std']:.4f} | "
-                     f"{m['ce_min']:.4f}-{m['ce_max']:.4f} | {m['bpb_mean']:.4f} | {speed} |")
+        lines.append(
+            f"| {model} | {m['params']:,} | {lr} | {m['n_seeds']} | {m['ce_mean']:.4f} +- {m['ce_std']:.4f} | "
+            f"{m['ce_min']:.4f}-{m['ce_max']:.4f} | {m['bpb_mean']:.4f} | {speed} |"
+        )
     seeds = sorted({s for m in per_model.values() for s in m["per_seed"]})
-    lines += ["", "## Per seed", "", "| model | " + " | ".join(f"seed {s}" for s in seeds) + " |",
-              "|---|" + "---:|" * len(seeds)]
+    lines += [
+        "",
+        "## Per seed",
+        "",
+        "| model | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+        "|---|" + "---:|" * len(seeds),
+    ]
     for model, m in per_model.items():
-        lines.append(f"| {model} | " + " | ".join(f"{m['per_seed'][s]:.4f}" if s in m["per_seed"] else "-" for s in seeds) + " |")
-    lines += ["", "## Promotion gate", "",
-              f"Candidate promoted over baseline only with >= {GATE_MIN_SEEDS} paired seeds, mean gain >= {GATE_MIN_GAIN}, "
-              f"wins >= 2 of 3 seeds and candidate std <= {GATE_MAX_STD}.", "",
-              "| candidate | baseline | gain (baseline - candidate) | per-seed gains | wins | candidate std | promoted |",
-              "|---|---|---:|---|---:|---:|---|"]
+        lines.append(
+            f"| {model} | " + " | ".join(f"{m['per_seed'][s]:.4f}" if s in m["per_seed"] else "-" for s in seeds) + " |"
+        )
+    lines += [
+        "",
+        "## Promotion gate",
+        "",
+        f"Candidate promoted over baseline only with >= {GATE_MIN_SEEDS} paired seeds, mean gain >= {GATE_MIN_GAIN}, "
+        f"wins >= 2 of 3 seeds and candidate std <= {GATE_MAX_STD}.",
+        "",
+        "| candidate | baseline | gain (baseline - candidate) | per-seed gains | wins | candidate std | promoted |",
+        "|---|---|---:|---|---:|---:|---|",
+    ]
     for g in results["gate"]:
         if "gain" not in g:
             lines.append(f"| {g['candidate']} | {g['baseline']} | - | - | - | - | no ({'; '.join(g['reasons'])}) |")
             continue
         per_seed = ", ".join(f"{v:+.4f}" for v in g["per_seed_gain"].values())
         verdict = "**yes**" if g["promoted"] else f"no ({'; '.join(g['reasons'])})"
-        lines.append(f"| {g['candidate']} | {g['baseline']} | {g['gain']:+.4f} | {per_seed} | {g['wins']}/{g['n']} | "
-                     f"{g['candidate_std']:.4f} | {verdict} |")
+        lines.append(
+            f"| {g['candidate']} | {g['baseline']} | {g['gain']:+.4f} | {per_seed} | {g['wins']}/{g['n']} | "
+            f"{g['candidate_std']:.4f} | {verdict} |"
+        )
     marked = {m: stats["milestones"] for m, stats in per_model.items() if stats.get("milestones")}
     if marked:
         marks = sorted({row["tokens"] for rows in marked.values() for row in rows})
-        lines += ["", "## Milestones", "",
-                  "The whole validation stream rescored during training (bits per byte, mean +- std over seeds; "
-                  "the last column is the end of the run).", "",
-                  "| model | " + " | ".join(f"{t:,} tokens" for t in marks) + " | end |",
-                  "|---|" + "---:|" * (len(marks) + 1)]
+        lines += [
+            "",
+            "## Milestones",
+            "",
+            "The whole validation stream rescored during training (bits per byte, mean +- std over seeds; "
+            "the last column is the end of the run).",
+            "",
+            "| model | " + " | ".join(f"{t:,} tokens" for t in marks) + " | end |",
+            "|---|" + "---:|" * (len(marks) + 1),
+        ]
         for model, rows in marked.items():
             at = {row["tokens"]: row for row in rows}
             cells = [f"{at[t]['bpb_mean']:.4f} +- {at[t]['bpb_std']:.4f}" if t in at else "-" for t in marks]

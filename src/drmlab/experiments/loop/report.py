@@ -11,14 +11,19 @@ one colour per arm, solid for eps frozen, dashed for eps = 1/N', a star at the t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from drmlab.experiments.plotting import draw_or_log, pyplot
 
 
-def write_report(results: dict, settings: dict[str, dict], out: str | Path,
-                 log: Callable[[str], None] | None = None, loop_eval: dict | None = None) -> str:
+def write_report(
+    results: dict,
+    settings: dict[str, dict],
+    out: str | Path,
+    log: Callable[[str], None] | None = None,
+    loop_eval: dict | None = None,
+) -> str:
     """Write loop.md and loss_vs_n.png for the ablation ``results`` of the arms, whose
     :func:`~drmlab.experiments.loop.study.arm_settings` are ``settings``; return the table. With
     ``loop_eval`` (:func:`~drmlab.experiments.loop.study.evaluate_loop_counts`) also its table and
@@ -65,15 +70,20 @@ def eval_loops_markdown(loop_eval: dict) -> str:
     ]
     for arm, entry in loop_eval["arms"].items():
         if not entry["applicable"]:
-            lines.append(f"| {arm} | {entry['n_loop']} | {entry['eps']} | not applicable ({entry['reason']}) | | "
-                         + " | ".join("--" for _ in counts) + " |")
+            lines.append(
+                f"| {arm} | {entry['n_loop']} | {entry['eps']} | not applicable ({entry['reason']}) | | "
+                + " | ".join("--" for _ in counts)
+                + " |"
+            )
             continue
         trained = f"{entry['trained_ce_mean']:.4f} +- {entry['trained_ce_std']:.4f}"
         for mode in loop_eval["eps_modes"]:
             cells = {c["n_loop"]: c for c in entry["cells"] if c["eps_mode"] == mode}
             values = " | ".join(_cell_text(cells[n]) for n in counts)
-            lines.append(f"| {arm} | {entry['n_loop']} | {entry['eps_trained']:.4g} | {EPS_MODE_WORDS[mode]} | "
-                         f"{trained} | {values} |")
+            lines.append(
+                f"| {arm} | {entry['n_loop']} | {entry['eps_trained']:.4g} | {EPS_MODE_WORDS[mode]} | "
+                f"{trained} | {values} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -91,8 +101,15 @@ def plot_eval_loops(loop_eval: dict, path: Path) -> bool:
         colour = f"C{index % 10}"
         for mode, style in zip(loop_eval["eps_modes"], ("-", "--")):
             cells = sorted((c["n_loop"], c["ce_mean"]) for c in entry["cells"] if c["eps_mode"] == mode)
-            ax.plot([n for n, _ in cells], [ce for _, ce in cells], style, color=colour, marker="o", markersize=3,
-                    label=f"{arm}, eps {EPS_MODE_WORDS[mode]}")
+            ax.plot(
+                [n for n, _ in cells],
+                [ce for _, ce in cells],
+                style,
+                color=colour,
+                marker="o",
+                markersize=3,
+                label=f"{arm}, eps {EPS_MODE_WORDS[mode]}",
+            )
         ax.plot([entry["n_loop"]], [entry["trained_ce_mean"]], "*", color=colour, markersize=10)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("N' (loops at evaluation; star: trained N)")
@@ -105,12 +122,16 @@ def plot_eval_loops(loop_eval: dict, path: Path) -> bool:
 
 
 def table(results: dict, settings: dict[str, dict]) -> str:
-    rows = ["| arm | L stored | N loops | schedule | eps | mixer | val CE mean | std | seeds |",
-            "|---|---:|---:|---|---|---|---:|---:|---:|"]
+    rows = [
+        "| arm | L stored | N loops | schedule | eps | mixer | val CE mean | std | seeds |",
+        "|---|---:|---:|---|---|---|---:|---:|---:|",
+    ]
     for arm, stats in results.get("models", {}).items():
         s = settings[arm]
-        rows.append(f"| {arm} | {s['n_stored']} | {s['n_loop']} | {s['schedule']} | {s['eps']} | {s['mixer']} | "
-                    f"{stats['ce_mean']:.4f} | {stats['ce_std']:.4f} | {stats['n_seeds']} |")
+        rows.append(
+            f"| {arm} | {s['n_stored']} | {s['n_loop']} | {s['schedule']} | {s['eps']} | {s['mixer']} | "
+            f"{stats['ce_mean']:.4f} | {stats['ce_std']:.4f} | {stats['n_seeds']} |"
+        )
     return "\n".join(rows) + "\n"
 
 

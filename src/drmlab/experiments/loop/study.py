@@ -53,9 +53,15 @@ def ablation_spec(spec: LoopSpec) -> StudySpec:
     arms = ablate.distinct_names(spec.models, "arms")
     given = dict(spec.model_settings)
     fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(StudySpec)}
-    return StudySpec(**dict(fields, models=tuple(arms), tokens=DEFAULT_TOKENS if spec.tokens is None else spec.tokens,
-                            model_settings={arm: {"arm": arm, **given.get(arm, {})} for arm in arms},
-                            registry_names={arm: "LOOPED" for arm in arms}))
+    return StudySpec(
+        **dict(
+            fields,
+            models=tuple(arms),
+            tokens=DEFAULT_TOKENS if spec.tokens is None else spec.tokens,
+            model_settings={arm: {"arm": arm, **given.get(arm, {})} for arm in arms},
+            registry_names={arm: "LOOPED" for arm in arms},
+        )
+    )
 
 
 def plan_study(spec: LoopSpec) -> ablate.Study:
@@ -69,12 +75,19 @@ def arm_settings(arm: str, preset: str) -> dict:
 
     c = config_fields("LOOPED", preset, arm=arm)
     eps = str(c["eps"])
-    return {"n_stored": c["n_stored"], "n_loop": c["n_loop"], "schedule": c["schedule"], "eps": eps,
-            "mixer": c["mixer"], "scaled": eps != "1.0" and c["eps"] != 1}
+    return {
+        "n_stored": c["n_stored"],
+        "n_loop": c["n_loop"],
+        "schedule": c["schedule"],
+        "eps": eps,
+        "mixer": c["mixer"],
+        "scaled": eps != "1.0" and c["eps"] != 1,
+    }
 
 
-def run_study(spec: LoopSpec, runtime: Runtime, out: str | Path, *, corpus=None,
-              sweep_only: bool = False) -> tuple[dict, str]:
+def run_study(
+    spec: LoopSpec, runtime: Runtime, out: str | Path, *, corpus=None, sweep_only: bool = False
+) -> tuple[dict, str]:
     """Plan, run or resume, and report the loop study: (the ablation results, the loop table); with
     ``spec.lr_grid`` each arm first sweeps its learning rate (:mod:`drmlab.experiments.lr_sweep`); with
     ``spec.eval_loops`` every finished looped run is also rescored at each N', eps frozen and re-set
@@ -91,8 +104,9 @@ def run_study(spec: LoopSpec, runtime: Runtime, out: str | Path, *, corpus=None,
     settings = {arm: arm_settings(arm, study.preset) for arm in results["models"]}
     loop_eval = None
     if loop_counts:
-        loop_eval = evaluate_loop_counts(study, runtime, out, loop_counts, corpus=corpus, settings=settings,
-                                         seeds=results["study"]["seeds"])
+        loop_eval = evaluate_loop_counts(
+            study, runtime, out, loop_counts, corpus=corpus, settings=settings, seeds=results["study"]["seeds"]
+        )
         results["eval_loops"] = loop_eval
         report.add_to_results(results, out)
     return results, report.write_report(results, settings, out, log=runtime.log, loop_eval=loop_eval)
@@ -117,8 +131,16 @@ def parse_loop_counts(value) -> list[int]:
     return counts
 
 
-def evaluate_loop_counts(study: ablate.Study, runtime: Runtime, out: str | Path, loop_counts: list[int], *, corpus,
-                         settings: dict, seeds=None) -> dict:
+def evaluate_loop_counts(
+    study: ablate.Study,
+    runtime: Runtime,
+    out: str | Path,
+    loop_counts: list[int],
+    *,
+    corpus,
+    settings: dict,
+    seeds=None,
+) -> dict:
     """Rescore every finished run (of ``seeds``, default the study's) of the looped arms in ``settings``
     (:func:`arm_settings` by arm) at each N' of ``loop_counts``, eps frozen and re-set to 1/N'; per arm
     and cell the mean +- population std of the validation CE over seeds.
@@ -129,13 +151,21 @@ def evaluate_loop_counts(study: ablate.Study, runtime: Runtime, out: str | Path,
     from drmlab.evaluation import byte_counter
 
     count_bytes = byte_counter(corpus.val, corpus.tokenizer, corpus.meta.get("val_bytes"))
-    rescoring = {"seq_len": study.train["seq_len"], "batch_size": study.train["eval_batch_size"],
-                 "max_targets": study.train["eval_tokens"], "data": corpus.meta.get("content_sha256")}
+    rescoring = {
+        "seq_len": study.train["seq_len"],
+        "batch_size": study.train["eval_batch_size"],
+        "max_targets": study.train["eval_tokens"],
+        "data": corpus.meta.get("content_sha256"),
+    }
     arms = {}
     for arm, arm_setting in settings.items():
         if arm_setting["schedule"] == "vanilla":
-            arms[arm] = {"applicable": False, "n_loop": arm_setting["n_loop"], "eps": arm_setting["eps"],
-                         "reason": "vanilla stack: each stored block is applied once, there is no loop to change"}
+            arms[arm] = {
+                "applicable": False,
+                "n_loop": arm_setting["n_loop"],
+                "eps": arm_setting["eps"],
+                "reason": "vanilla stack: each stored block is applied once, there is no loop to change",
+            }
             continue
         per_seed = {}
         for seed in study.seeds if seeds is None else seeds:
@@ -152,8 +182,9 @@ def _cell_key(n_loop: int, mode: str) -> str:
     return f"{n_loop} {mode}"
 
 
-def _run_scores(runtime: Runtime, run_path: Path, arm: str, seed: int, loop_counts, rescoring: dict, corpus,
-                count_bytes) -> dict | None:
+def _run_scores(
+    runtime: Runtime, run_path: Path, arm: str, seed: int, loop_counts, rescoring: dict, corpus, count_bytes
+) -> dict | None:
     """One finished run's scores {"trained": {...}, "cells": {"N' mode": {"eps", "ce", "bpb"}}}, or None
     when the run has not finished; cells already in the run's cache file are not rescored."""
     from drmlab.evaluation import rescore
@@ -176,8 +207,14 @@ def _run_scores(runtime: Runtime, run_path: Path, arm: str, seed: int, loop_coun
         model.set_loop_count(n_loop, eps)
         key = f"{n_loop} {model.eps!r}"  # frozen and re-set coincide where 1/N' is the trained eps
         if key not in by_eps:
-            result = rescore(model, corpus.val, rescoring["seq_len"], batch_size=rescoring["batch_size"],
-                             max_targets=rescoring["max_targets"], count_bytes=count_bytes)
+            result = rescore(
+                model,
+                corpus.val,
+                rescoring["seq_len"],
+                batch_size=rescoring["batch_size"],
+                max_targets=rescoring["max_targets"],
+                count_bytes=count_bytes,
+            )
             by_eps[key] = {"n_loop": n_loop, "eps": model.eps, "ce": result["ce"], "bpb": result["bpb"]}
             fresh += 1
         return by_eps[key]
@@ -186,8 +223,10 @@ def _run_scores(runtime: Runtime, run_path: Path, arm: str, seed: int, loop_coun
     trained = score(trained_loops, "frozen")
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(cache_path, {"identity": identity, "scores": by_eps})
-    runtime.say(f"eval-loops {arm} seed {seed}: N' in {', '.join(map(str, loop_counts))}, {len(cells)} cells and the "
-                f"trained N = {trained_loops}: {fresh} rescored, the rest from the cache or equal to another cell")
+    runtime.say(
+        f"eval-loops {arm} seed {seed}: N' in {', '.join(map(str, loop_counts))}, {len(cells)} cells and the "
+        f"trained N = {trained_loops}: {fresh} rescored, the rest from the cache or equal to another cell"
+    )
     return {"trained": trained, "run_val_ce": summary["val_ce"], "cells": cells}
 
 
@@ -200,11 +239,26 @@ def _arm_summary(arm_setting: dict, per_seed: dict, loop_counts) -> dict:
             values = {seed: scores["cells"][_cell_key(n_loop, mode)] for seed, scores in per_seed.items()}
             ce_mean, ce_std = mean_std([v["ce"] for v in values.values()])
             bpb_mean, _ = mean_std([v["bpb"] for v in values.values()])
-            cells.append({"n_loop": n_loop, "eps_mode": mode, "eps": next(iter(values.values()))["eps"],
-                          "ce_mean": ce_mean, "ce_std": ce_std, "bpb_mean": bpb_mean, "n_seeds": len(values),
-                          "per_seed": {seed: v["ce"] for seed, v in values.items()}})
-    return {"applicable": True, "n_loop": arm_setting["n_loop"], "eps": arm_setting["eps"],
-            "eps_trained": next(iter(per_seed.values()))["trained"]["eps"],
-            "trained_ce_mean": trained[0], "trained_ce_std": trained[1],
-            "trained_per_seed": {seed: scores["trained"]["ce"] for seed, scores in per_seed.items()},
-            "run_val_ce_per_seed": {seed: scores["run_val_ce"] for seed, scores in per_seed.items()}, "cells": cells}
+            cells.append(
+                {
+                    "n_loop": n_loop,
+                    "eps_mode": mode,
+                    "eps": next(iter(values.values()))["eps"],
+                    "ce_mean": ce_mean,
+                    "ce_std": ce_std,
+                    "bpb_mean": bpb_mean,
+                    "n_seeds": len(values),
+                    "per_seed": {seed: v["ce"] for seed, v in values.items()},
+                }
+            )
+    return {
+        "applicable": True,
+        "n_loop": arm_setting["n_loop"],
+        "eps": arm_setting["eps"],
+        "eps_trained": next(iter(per_seed.values()))["trained"]["eps"],
+        "trained_ce_mean": trained[0],
+        "trained_ce_std": trained[1],
+        "trained_per_seed": {seed: scores["trained"]["ce"] for seed, scores in per_seed.items()},
+        "run_val_ce_per_seed": {seed: scores["run_val_ce"] for seed, scores in per_seed.items()},
+        "cells": cells,
+    }

@@ -98,8 +98,9 @@ DEFAULT_CHUNK = 512
 # ---------------------------------------------------------------------------------- the task
 def check_length(length) -> int:
     if isinstance(length, bool) or not isinstance(length, int) or length < CONTROL_LENGTH:
-        raise ValueError(f"a distance MQAR length must be an integer >= {CONTROL_LENGTH} (the pairs and the "
-                         f"queries), got {length!r}")
+        raise ValueError(
+            f"a distance MQAR length must be an integer >= {CONTROL_LENGTH} (the pairs and the queries), got {length!r}"
+        )
     return length
 
 
@@ -138,9 +139,16 @@ def training_tokens(seed: int, step: int, micro: int, batch_size: int, length: i
 def evaluation_tokens(eval_seed: int, length: int, rows: range) -> torch.Tensor:
     """Evaluation examples ``rows`` at ``length``; row r's associations are the same at every length."""
     check_length(length)
-    return torch.from_numpy(np.stack([
-        draw_example(np.random.default_rng([eval_seed, 0, r, 1]), np.random.default_rng([eval_seed, 0, r, 2]), length)
-        for r in rows]))
+    return torch.from_numpy(
+        np.stack(
+            [
+                draw_example(
+                    np.random.default_rng([eval_seed, 0, r, 1]), np.random.default_rng([eval_seed, 0, r, 2]), length
+                )
+                for r in rows
+            ]
+        )
+    )
 
 
 class DistanceBatches(BatchSource):
@@ -206,8 +214,14 @@ def gate_verdicts(lengths: dict, threshold: float = GATE_THRESHOLD, control: int
         state = {"lengths": [shorter, longest], "bytes": [a, b], "pass": b <= STATE_GROWTH_LIMIT * a}
         if not state["pass"]:
             reasons.append(f"the decoding state grew from {a:,} bytes at {shorter} to {b:,} at {longest}")
-    return {"threshold": threshold, "control": {"length": control, "pass": control_pass},
-            "lengths": verdicts, "state": state, "passed": not reasons, "reasons": reasons}
+    return {
+        "threshold": threshold,
+        "control": {"length": control, "pass": control_pass},
+        "lengths": verdicts,
+        "state": state,
+        "passed": not reasons,
+        "reasons": reasons,
+    }
 
 
 # ---------------------------------------------------------------------------------- reading
@@ -253,8 +267,10 @@ def context_limit(model: nn.Module) -> int | None:
     if grows:
         window = getattr(config, "max_seq_len", None) or getattr(config, "n_positions", None)
         if not isinstance(window, int):
-            raise ValueError(f"{getattr(model, 'model_name', type(model).__name__)}'s decoding state grows with "
-                             "every token and its config names no window (max_seq_len)")
+            raise ValueError(
+                f"{getattr(model, 'model_name', type(model).__name__)}'s decoding state grows with "
+                "every token and its config names no window (max_seq_len)"
+            )
         return window
     return None
 
@@ -282,8 +298,16 @@ def read_scored(model: nn.Module, inputs: torch.Tensor, positions, chunk: int) -
 
 
 @torch.no_grad()
-def read_length(model: nn.Module, length: int, n_eval: int, *, eval_seed: int = DEFAULT_EVAL_SEED,
-                eval_batch: int = DEFAULT_EVAL_BATCH, chunk: int = DEFAULT_CHUNK, context: int | None = None) -> dict:
+def read_length(
+    model: nn.Module,
+    length: int,
+    n_eval: int,
+    *,
+    eval_seed: int = DEFAULT_EVAL_SEED,
+    eval_batch: int = DEFAULT_EVAL_BATCH,
+    chunk: int = DEFAULT_CHUNK,
+    context: int | None = None,
+) -> dict:
     """Score ``n_eval`` evaluation examples of ``length``: correct, total, accuracy, its Wilson 95%
     interval, per-query accuracy, the decoding state's bytes per sequence, tokens/s, seconds (and
     peak CUDA memory). A length whose inputs exceed ``context`` is not read: ``status`` "n/a"."""
@@ -316,10 +340,19 @@ def read_length(model: nn.Module, length: int, n_eval: int, *, eval_seed: int = 
     seconds = time.perf_counter() - t0
     correct, total = int(by_query.sum()), n_eval * PAIRS
     low, high = wilson_interval(correct, total)
-    record.update(status="read", correct=correct, total=total, acc=correct / total, ci95=[low, high],
-                  by_query=(by_query.double() / n_eval).tolist(), state_bytes=state_bytes,
-                  mode="parallel" if length - 1 <= chunk else f"prefill {chunk} + steps", chunk=chunk,
-                  seconds=seconds, tokens_per_s=n_eval * (length - 1) / seconds if seconds > 0 else None)
+    record.update(
+        status="read",
+        correct=correct,
+        total=total,
+        acc=correct / total,
+        ci95=[low, high],
+        by_query=(by_query.double() / n_eval).tolist(),
+        state_bytes=state_bytes,
+        mode="parallel" if length - 1 <= chunk else f"prefill {chunk} + steps",
+        chunk=chunk,
+        seconds=seconds,
+        tokens_per_s=n_eval * (length - 1) / seconds if seconds > 0 else None,
+    )
     if cuda:
         record["peak_cuda_bytes"] = int(torch.cuda.max_memory_allocated(device))
     return record
@@ -374,8 +407,14 @@ class DistanceStudy:
     train_overrides: dict = dataclasses.field(default_factory=dict)
 
     def train_config(self, seed: int):
-        return probe_train_config(batch_size=self.batch_size, seq_len=CONTROL_LENGTH - 1, seed=seed, lr=self.lr,
-                                  steps=self.steps, overrides=self.train_overrides)
+        return probe_train_config(
+            batch_size=self.batch_size,
+            seq_len=CONTROL_LENGTH - 1,
+            seed=seed,
+            lr=self.lr,
+            steps=self.steps,
+            overrides=self.train_overrides,
+        )
 
     def eval_spec(self) -> dict:
         """What a length's result depends on besides the weights (the chunk changes only rounding)."""
@@ -397,8 +436,10 @@ def resolve_model(name: str, preset: str, width: int | None, overrides: dict) ->
     from drmlab.models.registry import config_fields, parse_model_spec
 
     if name in ANCHOR_ARMS:
-        raise ValueError(f"{name} is an anchor arm of the fixed MQAR protocol (vocabulary 130, no decoding "
-                         "state); the distance protocol takes registered models (NAME or NAME:ARM)")
+        raise ValueError(
+            f"{name} is an anchor arm of the fixed MQAR protocol (vocabulary 130, no decoding "
+            "state); the distance protocol takes registered models (NAME or NAME:ARM)"
+        )
     registry, kw = parse_model_spec(name)
     kw.update(width_overrides(config_fields(registry, preset, VOCAB_SIZE, **kw), width))
     kw.update(overrides)
@@ -435,13 +476,18 @@ def plan_study(spec: DistanceSpec) -> DistanceStudy:
     for path in ckpts:
         run = RunDir(path)
         if not run.has_config() or not run.has_checkpoint():
-            raise FileNotFoundError(f"--ckpt {path}: not a drmlab run directory with a checkpoint "
-                                    "(config.json and checkpoint.json)")
+            raise FileNotFoundError(
+                f"--ckpt {path}: not a drmlab run directory with a checkpoint (config.json and checkpoint.json)"
+            )
     names = [Path(c).resolve().name for c in ckpts]
     if len(set(names)) != len(names):
         raise ValueError(f"--ckpt: two run directories share a name ({', '.join(names)}); their results would collide")
     seeds = list(spec.seeds)
-    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+    if (
+        not seeds
+        or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds)
+        or len(set(seeds)) != len(seeds)
+    ):
         raise ValueError(f"seeds must be distinct non-negative integers, got {seeds!r}")
     lengths = sorted(set([CONTROL_LENGTH] + [check_length(L) for L in spec.lengths]))
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
@@ -458,12 +504,29 @@ def plan_study(spec: DistanceSpec) -> DistanceStudy:
     train_kw, model_kw = split_overrides(spec.settings, fields) if spec.settings else ({}, {})
     for key in ("tokens", "seq_len", "seed", "lr", "batch_size"):
         if key in train_kw:
-            raise ValueError(f"the train setting {key!r} is the protocol's own (its steps, length, seeds, "
-                             "lr and batch size decide it)")
-    study = DistanceStudy(models=models, seeds=seeds, lengths=lengths, ckpts=ckpts, preset=preset, width=width,
-                          steps=steps, milestones=milestones, batch_size=spec.batch_size, lr=float(lr),
-                          n_eval=spec.n_eval, eval_batch=spec.eval_batch, eval_seed=spec.eval_seed, chunk=spec.chunk,
-                          read_all=spec.read_all, model_overrides=model_kw, train_overrides=train_kw)
+            raise ValueError(
+                f"the train setting {key!r} is the protocol's own (its steps, length, seeds, "
+                "lr and batch size decide it)"
+            )
+    study = DistanceStudy(
+        models=models,
+        seeds=seeds,
+        lengths=lengths,
+        ckpts=ckpts,
+        preset=preset,
+        width=width,
+        steps=steps,
+        milestones=milestones,
+        batch_size=spec.batch_size,
+        lr=float(lr),
+        n_eval=spec.n_eval,
+        eval_batch=spec.eval_batch,
+        eval_seed=spec.eval_seed,
+        chunk=spec.chunk,
+        read_all=spec.read_all,
+        model_overrides=model_kw,
+        train_overrides=train_kw,
+    )
     for name in models:  # a bad model setting fails now, on the meta device
         registry, kw = resolve_model(name, preset, width, study.model_overrides)
         config_fields(registry, preset, VOCAB_SIZE, **kw)
@@ -492,21 +555,34 @@ def _read_lengths(study: DistanceStudy, runtime: Runtime, model: nn.Module, resu
         if length != CONTROL_LENGTH and not study.read_all:
             control = lengths.get(str(CONTROL_LENGTH)) or {}
             if not (control.get("status") == "read" and control["acc"] >= GATE_THRESHOLD):
-                lengths[str(length)] = {"length": length, "status": "not read", "spec": spec,
-                                        "why": "the control did not pass (read_all reads anyway)"}
+                lengths[str(length)] = {
+                    "length": length,
+                    "status": "not read",
+                    "spec": spec,
+                    "why": "the control did not pass (read_all reads anyway)",
+                }
                 continue
         if context == "unknown":
             context = result["context"] = context_limit(model)
-        record = read_length(model, length, study.n_eval, eval_seed=study.eval_seed, eval_batch=study.eval_batch,
-                             chunk=study.chunk, context=context)
+        record = read_length(
+            model,
+            length,
+            study.n_eval,
+            eval_seed=study.eval_seed,
+            eval_batch=study.eval_batch,
+            chunk=study.chunk,
+            context=context,
+        )
         lengths[str(length)] = dict(record, spec=spec)
         _write(path, result)
         label = result["label"]
         if record["status"] == "read":
             lo, hi = record["ci95"]
-            runtime.say(f"mqar-distance {label} L={length}: {100 * record['acc']:.2f}% [{100 * lo:.2f}, "
-                        f"{100 * hi:.2f}] ({record['correct']}/{record['total']}), state {record['state_bytes']:,} "
-                        f"B/seq, {record['seconds']:.1f} s")
+            runtime.say(
+                f"mqar-distance {label} L={length}: {100 * record['acc']:.2f}% [{100 * lo:.2f}, "
+                f"{100 * hi:.2f}] ({record['correct']}/{record['total']}), state {record['state_bytes']:,} "
+                f"B/seq, {record['seconds']:.1f} s"
+            )
         else:
             runtime.say(f"mqar-distance {label} L={length}: n/a (context {record['context']})")
     _write(path, result)
@@ -524,15 +600,32 @@ def train_one(study: DistanceStudy, runtime: Runtime, out: Path, name: str, seed
     registry, kw = resolve_model(name, study.preset, study.width, study.model_overrides)
     run_dir = out / "runs" / f"{spec_path_name(name)}_s{seed}"
     path = run_dir / "result.json"
-    spec = jsonable({"model": name, "registry_model": registry, "preset": study.preset, "overrides": kw,
-                     "train_length": CONTROL_LENGTH, "milestones": study.milestones, "train": dataclasses.asdict(cfg)})
+    spec = jsonable(
+        {
+            "model": name,
+            "registry_model": registry,
+            "preset": study.preset,
+            "overrides": kw,
+            "train_length": CONTROL_LENGTH,
+            "milestones": study.milestones,
+            "train": dataclasses.asdict(cfg),
+        }
+    )
     result = json.loads(path.read_text()) if path.is_file() else None
     run = RunDir(run_dir)
     # The run directory continues only under the same settings (result.json is written before training).
     continue_run = result is not None and result.get("spec") == spec
     if not continue_run:
-        result = {"label": f"{name} s{seed}", "kind": "trained", "model": name, "registry_model": registry,
-                  "seed": seed, "spec": spec, "milestones": [], "lengths": {}}
+        result = {
+            "label": f"{name} s{seed}",
+            "kind": "trained",
+            "model": name,
+            "registry_model": registry,
+            "seed": seed,
+            "spec": spec,
+            "milestones": [],
+            "lengths": {},
+        }
         _write(path, result)
     model = build_model(registry, preset=study.preset, vocab_size=VOCAB_SIZE, seed=seed, **kw)
     done = {m["step"] for m in result["milestones"]}
@@ -543,36 +636,69 @@ def train_one(study: DistanceStudy, runtime: Runtime, out: Path, name: str, seed
             continue
         resume = continue_run and run.has_checkpoint()
         continue_run = True
-        summary = train(model, batches, None, cfg, run_dir, resume=resume, overwrite=not resume,
-                        run_info=RunInfo(name, study.preset, kw, registry_model=registry,
-                                         study={"mqar_distance": {"train_length": CONTROL_LENGTH,
-                                                                  "milestones": study.milestones}}),
-                        device=runtime.device, quiet=runtime.quiet, stop_after_step=milestone,
-                        **({"tensorboard": True} if runtime.tensorboard else {}))
+        summary = train(
+            model,
+            batches,
+            None,
+            cfg,
+            run_dir,
+            resume=resume,
+            overwrite=not resume,
+            run_info=RunInfo(
+                name,
+                study.preset,
+                kw,
+                registry_model=registry,
+                study={"mqar_distance": {"train_length": CONTROL_LENGTH, "milestones": study.milestones}},
+            ),
+            device=runtime.device,
+            quiet=runtime.quiet,
+            stop_after_step=milestone,
+            **({"tensorboard": True} if runtime.tensorboard else {}),
+        )
         trained_here = True
         if summary["steps"] != milestone:
-            raise RuntimeError(f"{run_dir}: training stopped at step {summary['steps']}, expected milestone {milestone}")
-        record = read_length(model, CONTROL_LENGTH, study.n_eval, eval_seed=study.eval_seed,
-                             eval_batch=study.eval_batch, chunk=study.chunk)
+            raise RuntimeError(
+                f"{run_dir}: training stopped at step {summary['steps']}, expected milestone {milestone}"
+            )
+        record = read_length(
+            model,
+            CONTROL_LENGTH,
+            study.n_eval,
+            eval_seed=study.eval_seed,
+            eval_batch=study.eval_batch,
+            chunk=study.chunk,
+        )
         result["params"] = summary["params"]
         loss = summary["final_loss"]
         if loss is None:  # resumed at the milestone itself (stopped before result.json was written): the logged loss
-            loss = next((r["loss"] for r in run.read_metrics() if r.get("kind") == "train" and r["step"] == milestone), None)
-        result["milestones"].append({"step": milestone, "loss": loss,
-                                     "train_seconds": summary["train_seconds"],
-                                     **{k: record[k] for k in ("acc", "correct", "total", "ci95", "n_eval", "eval_seed")}})
+            loss = next(
+                (r["loss"] for r in run.read_metrics() if r.get("kind") == "train" and r["step"] == milestone), None
+            )
+        result["milestones"].append(
+            {
+                "step": milestone,
+                "loss": loss,
+                "train_seconds": summary["train_seconds"],
+                **{k: record[k] for k in ("acc", "correct", "total", "ci95", "n_eval", "eval_seed")},
+            }
+        )
         # the weights changed: every length is read again; the control just was
         result["lengths"] = {str(CONTROL_LENGTH): dict(record, spec=study.eval_spec())}
         _write(path, result)
         lo, hi = record["ci95"]
         loss = "" if loss is None else f", loss {loss:.3f}"
-        runtime.say(f"mqar-distance {result['label']} step {milestone}: control {100 * record['acc']:.2f}% "
-                    f"[{100 * lo:.2f}, {100 * hi:.2f}]{loss}")
+        runtime.say(
+            f"mqar-distance {result['label']} step {milestone}: control {100 * record['acc']:.2f}% "
+            f"[{100 * lo:.2f}, {100 * hi:.2f}]{loss}"
+        )
     if not trained_here:
         state = run.load_checkpoint(model, optimizer=None, restore_rng=False)
         if int(state["step"]) != study.steps:
-            raise RuntimeError(f"{run_dir}: the checkpoint is at step {state['step']}, result.json says training "
-                               f"finished at {study.steps}; delete {path} to train again")
+            raise RuntimeError(
+                f"{run_dir}: the checkpoint is at step {state['step']}, result.json says training "
+                f"finished at {study.steps}; delete {path} to train again"
+            )
     model.to(_device_of(runtime.device))
     result.setdefault("params", sum(p.numel() for p in model.parameters()))
     _read_lengths(study, runtime, model, result, path)
@@ -595,16 +721,26 @@ def evaluate_ckpt(study: DistanceStudy, runtime: Runtime, out: Path, ckpt: str |
     model, config, state = run.load_model(_device_of(runtime.device))
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if vocab != VOCAB_SIZE:
-        raise ValueError(f"--ckpt {ckpt}: the model's vocabulary has {vocab} ids; the distance protocol's tokens "
-                         f"need exactly {VOCAB_SIZE}")
+        raise ValueError(
+            f"--ckpt {ckpt}: the model's vocabulary has {vocab} ids; the distance protocol's tokens "
+            f"need exactly {VOCAB_SIZE}"
+        )
     name = Path(ckpt).resolve().name
     path = out / "evals" / name / "result.json"
     spec = jsonable({"ckpt": str(Path(ckpt).resolve()), "checkpoint": pointer})
     result = json.loads(path.read_text()) if path.is_file() else None
     if result is None or result.get("spec") != spec:
-        result = {"label": f"{name} (ckpt)", "kind": "ckpt", "model": config.get("model"), "seed": config.get("train", {}).get("seed"),
-                  "step": int(state["step"]), "spec": spec, "milestones": [], "lengths": {},
-                  "params": sum(p.numel() for p in model.parameters())}
+        result = {
+            "label": f"{name} (ckpt)",
+            "kind": "ckpt",
+            "model": config.get("model"),
+            "seed": config.get("train", {}).get("seed"),
+            "step": int(state["step"]),
+            "spec": spec,
+            "milestones": [],
+            "lengths": {},
+            "params": sum(p.numel() for p in model.parameters()),
+        }
     _read_lengths(study, runtime, model, result, path)
     return result
 
@@ -617,15 +753,37 @@ def summarize(study: DistanceStudy, results: list[dict]) -> dict:
     entries = []
     for r in results:
         lengths = {k: {key: v for key, v in rec.items() if key != "spec"} for k, rec in r["lengths"].items()}
-        entries.append({key: r.get(key) for key in ("label", "kind", "model", "registry_model", "seed", "step",
-                                                      "params", "milestones", "context")}
-                       | {"lengths": lengths, "gates": gate_verdicts(lengths)})
+        entries.append(
+            {
+                key: r.get(key)
+                for key in (
+                    "label",
+                    "kind",
+                    "model",
+                    "registry_model",
+                    "seed",
+                    "step",
+                    "params",
+                    "milestones",
+                    "context",
+                )
+            }
+            | {"lengths": lengths, "gates": gate_verdicts(lengths)}
+        )
     protocol = jsonable(dataclasses.asdict(study)) | {
-        "vocab_size": VOCAB_SIZE, "marker": MARKER, "keys": [FIRST_KEY, FIRST_KEY + N_KEYS - 1],
-        "values": [FIRST_VALUE, FIRST_VALUE + N_VALUES - 1], "filler": [FIRST_FILLER, VOCAB_SIZE - 1], "pairs": PAIRS,
-        "control_length": CONTROL_LENGTH, "chance": CHANCE, "context_guess": CONTEXT_GUESS,
-        "elimination_guess": ELIMINATION_GUESS, "gate_threshold": GATE_THRESHOLD,
-        "state_growth_limit": STATE_GROWTH_LIMIT}
+        "vocab_size": VOCAB_SIZE,
+        "marker": MARKER,
+        "keys": [FIRST_KEY, FIRST_KEY + N_KEYS - 1],
+        "values": [FIRST_VALUE, FIRST_VALUE + N_VALUES - 1],
+        "filler": [FIRST_FILLER, VOCAB_SIZE - 1],
+        "pairs": PAIRS,
+        "control_length": CONTROL_LENGTH,
+        "chance": CHANCE,
+        "context_guess": CONTEXT_GUESS,
+        "elimination_guess": ELIMINATION_GUESS,
+        "gate_threshold": GATE_THRESHOLD,
+        "state_growth_limit": STATE_GROWTH_LIMIT,
+    }
     return {"provenance": provenance(protocol), "protocol": protocol, "entries": entries}
 
 

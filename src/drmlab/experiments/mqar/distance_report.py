@@ -12,8 +12,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from drmlab.experiments.plotting import draw_or_log, pyplot
 
@@ -71,7 +71,8 @@ def markdown(summary: dict) -> str:
     control = p["control_length"]
     threshold = 100 * p["gate_threshold"]
     lines = [
-        "# Distance MQAR", "",
+        "# Distance MQAR",
+        "",
         f"Vocabulary {p['vocab_size']}: query marker {p['marker']}, keys {p['keys'][0]}-{p['keys'][1]}, values "
         f"{p['values'][0]}-{p['values'][1]}, filler {p['filler'][0]}-{p['filler'][1]}. An example of L tokens holds "
         f"{p['pairs']} key-value pairs, L - {control} filler tokens, then the {p['pairs']} queries (marker, key, value) "
@@ -81,16 +82,24 @@ def markdown(summary: dict) -> str:
         f"Without binding any key to its value a model reaches {100 * p['context_guess']:.2f}% (a random one of the "
         f"{p['pairs']} values in the context) or {100 * p['elimination_guess']:.2f}% (the same among the values not yet "
         "queried): only accuracy above these levels is recall.",
-        (f"Training: the {control}-token control, fresh batches of {p['batch_size']}, AdamW lr {p['lr']:g} constant, "
-         f"weight decay 0.01, clip 1.0, {p['steps']:,} steps, preset {p['preset']}"
-         + (f", width {p['width']}" if p["width"] else "") + ", seeds " + ", ".join(map(str, p["seeds"])) + "."
-         if p["models"] else "Nothing trained here: the weights are the run directories' (--ckpt)."),
+        (
+            f"Training: the {control}-token control, fresh batches of {p['batch_size']}, AdamW lr {p['lr']:g} constant, "
+            f"weight decay 0.01, clip 1.0, {p['steps']:,} steps, preset {p['preset']}"
+            + (f", width {p['width']}" if p["width"] else "")
+            + ", seeds "
+            + ", ".join(map(str, p["seeds"]))
+            + "."
+            if p["models"]
+            else "Nothing trained here: the weights are the run directories' (--ckpt)."
+        ),
         f"Reads: up to {p['chunk']:,} input tokens in one forward; longer ones prefill {p['chunk']:,} tokens and step "
         "the rest with the decoding state carried (constant memory for a recurrent state).",
         f"Gates: control >= {threshold:.0f}% authorises the long reads; each longer length >= {threshold:.0f}%; the "
         f"decoding state at the longest length read <= {p['state_growth_limit']:g} x the length before it."
-        + ("" if p["read_all"] else " Long lengths of a model whose control failed are not read."), "",
-        "| model | params | " + " | ".join(f"L={L:,}" + (" (control)" if L == control else "") for L in lengths)
+        + ("" if p["read_all"] else " Long lengths of a model whose control failed are not read."),
+        "",
+        "| model | params | "
+        + " | ".join(f"L={L:,}" + (" (control)" if L == control else "") for L in lengths)
         + " | gates |",
         "|---|---:|" + "---|" * len(lengths) + "---|",
     ]
@@ -98,17 +107,28 @@ def markdown(summary: dict) -> str:
         g = e["gates"]
         verdict = "pass" if g["passed"] else "fail: " + "; ".join(g["reasons"])
         params = f"{e['params']:,}" if e.get("params") else "--"
-        lines.append(f"| {e['label']} | {params} | " + " | ".join(cell(e["lengths"].get(str(L))) for L in lengths)
-                     + f" | {verdict} |")
+        lines.append(
+            f"| {e['label']} | {params} | "
+            + " | ".join(cell(e["lengths"].get(str(L))) for L in lengths)
+            + f" | {verdict} |"
+        )
     trained = [e for e in summary["entries"] if e.get("milestones")]
     if trained:
         steps = sorted({m["step"] for e in trained for m in e["milestones"]})
-        lines += ["", f"Control accuracy ({control} tokens) at the training milestones:", "",
-                  "| model | " + " | ".join(f"step {s:,}" for s in steps) + " |", "|---|" + "---|" * len(steps)]
+        lines += [
+            "",
+            f"Control accuracy ({control} tokens) at the training milestones:",
+            "",
+            "| model | " + " | ".join(f"step {s:,}" for s in steps) + " |",
+            "|---|" + "---|" * len(steps),
+        ]
         for e in trained:
             by_step = {m["step"]: m for m in e["milestones"]}
-            lines.append(f"| {e['label']} | " + " | ".join(
-                cell(dict(by_step[s], status="read")) if s in by_step else "--" for s in steps) + " |")
+            lines.append(
+                f"| {e['label']} | "
+                + " | ".join(cell(dict(by_step[s], status="read")) if s in by_step else "--" for s in steps)
+                + " |"
+            )
     lines += ["", "Reads (bytes of decoding state per sequence after the last token; tokens read per second):", ""]
     for e in summary["entries"]:
         parts = []
@@ -117,8 +137,10 @@ def markdown(summary: dict) -> str:
             if r and r.get("status") == "read":
                 speed = f", {r['tokens_per_s']:,.0f} tok/s" if r.get("tokens_per_s") else ""
                 peak = f", peak CUDA {_bytes(r['peak_cuda_bytes'])}" if r.get("peak_cuda_bytes") else ""
-                parts.append(f"L={L:,}: {r['mode']}, state {_bytes(r['state_bytes']) if r['state_bytes'] else '--'}"
-                             f"{speed}{peak}, {r['seconds']:.1f} s")
+                parts.append(
+                    f"L={L:,}: {r['mode']}, state {_bytes(r['state_bytes']) if r['state_bytes'] else '--'}"
+                    f"{speed}{peak}, {r['seconds']:.1f} s"
+                )
         lines.append(f"* {e['label']}: " + ("; ".join(parts) if parts else "nothing read"))
     return "\n".join(lines) + "\n"
 
@@ -126,8 +148,9 @@ def markdown(summary: dict) -> str:
 def plot(summary: dict, path: Path) -> bool:
     """Accuracy against length (log axis), one line per entry with its Wilson intervals; chance and
     the gate as dashed lines. False when nothing was read."""
-    entries = [(e, sorted(int(L) for L, r in e["lengths"].items() if r.get("status") == "read"))
-               for e in summary["entries"]]
+    entries = [
+        (e, sorted(int(L) for L, r in e["lengths"].items() if r.get("status") == "read")) for e in summary["entries"]
+    ]
     if not any(lengths for _, lengths in entries):
         return False
     plt = pyplot()
@@ -137,8 +160,10 @@ def plot(summary: dict, path: Path) -> bool:
             continue
         recs = [e["lengths"][str(L)] for L in lengths]
         acc = [100 * r["acc"] for r in recs]
-        err = [[max(0.0, a - 100 * r["ci95"][0]) for a, r in zip(acc, recs)],
-               [max(0.0, 100 * r["ci95"][1] - a) for a, r in zip(acc, recs)]]
+        err = [
+            [max(0.0, a - 100 * r["ci95"][0]) for a, r in zip(acc, recs)],
+            [max(0.0, 100 * r["ci95"][1] - a) for a, r in zip(acc, recs)],
+        ]
         ax.errorbar(lengths, acc, yerr=err, marker="o", capsize=3, label=e["label"])
     p = summary["protocol"]
     ax.axhline(100 * p["chance"], color="gray", linestyle="--", label="chance")

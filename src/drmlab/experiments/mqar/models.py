@@ -36,17 +36,28 @@ ARM_SETTINGS: dict[str, dict] = {
     "L4u": dict(n_stored=1, n_loop=4, eps=1.0),
 }
 ARM_D_STATES = (8, 64)
-ARM_BASE = dict(arm=None, mixer="ssm", schedule="layer", ssm_conv=4, ssm_variant="s6", positions="none",
-                d_model=128, mlp_ratio=4)
+ARM_BASE = dict(
+    arm=None, mixer="ssm", schedule="layer", ssm_conv=4, ssm_variant="s6", positions="none", d_model=128, mlp_ratio=4
+)
 ANCHOR_ARMS: dict[str, dict] = {
-    f"{arm}_ds{d}": dict(ARM_BASE, **settings, d_state=d) for arm, settings in ARM_SETTINGS.items() for d in ARM_D_STATES
+    f"{arm}_ds{d}": dict(ARM_BASE, **settings, d_state=d)
+    for arm, settings in ARM_SETTINGS.items()
+    for d in ARM_D_STATES
 }
 # The study's test accuracies (%, mean of seeds 0 and 1; docs/mqar.md section 6) and parameter counts.
 ANCHOR_ACC: dict[tuple[str, int], float] = {
-    ("L1_ds8", 4): 21.4, ("L4_ds8", 4): 18.6, ("L4u_ds8", 4): 16.2,
-    ("L1_ds8", 16): 2.2, ("L4_ds8", 16): 3.8, ("L4u_ds8", 16): 1.7,
-    ("L1_ds64", 4): 23.8, ("L4_ds64", 4): 59.8, ("L4u_ds64", 4): 38.8,
-    ("L1_ds64", 16): 3.9, ("L4_ds64", 16): 2.1, ("L4u_ds64", 16): 1.6,
+    ("L1_ds8", 4): 21.4,
+    ("L4_ds8", 4): 18.6,
+    ("L4u_ds8", 4): 16.2,
+    ("L1_ds8", 16): 2.2,
+    ("L4_ds8", 16): 3.8,
+    ("L4u_ds8", 16): 1.7,
+    ("L1_ds64", 4): 23.8,
+    ("L4_ds64", 4): 59.8,
+    ("L4u_ds64", 4): 38.8,
+    ("L1_ds64", 16): 3.9,
+    ("L4_ds64", 16): 2.1,
+    ("L4u_ds64", 16): 1.6,
 }
 ANCHOR_PARAMS = {"L1_ds8": 705_316, "L1_ds64": 762_884, "L4_ds8": 201_481, "L4_ds64": 215_873}
 ARM_MODELS = ("study", "registry")
@@ -112,8 +123,15 @@ def resolve_model(name: str, preset: str, task: MQARTask, width: int | None, ove
     return registry, kw
 
 
-def build(name: str, preset: str, task: MQARTask, seed: int, width: int | None = None, overrides: dict | None = None,
-          arm_model: str = "study") -> tuple[nn.Module, str, dict]:
+def build(
+    name: str,
+    preset: str,
+    task: MQARTask,
+    seed: int,
+    width: int | None = None,
+    overrides: dict | None = None,
+    arm_model: str = "study",
+) -> tuple[nn.Module, str, dict]:
     """(model, registered name, overrides) of one MQAR run."""
     from drmlab.models import build_model
 
@@ -122,4 +140,3 @@ def build(name: str, preset: str, task: MQARTask, seed: int, width: int | None =
     if name in ANCHOR_ARMS and arm_model == "study":
         model = StudyMQARModel(model, seed)
     return model, registry, kw
-

@@ -10,8 +10,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from drmlab.experiments import lr_sweep
 from drmlab.experiments.plotting import draw_or_log, pyplot
@@ -28,8 +28,9 @@ def write_report(summary: dict, out: str | Path, log: Callable[[str], None] | No
     (out / "mqar.md").write_text(markdown(summary))
     draw_or_log(lambda: plot(summary, out / "mqar.png"), log, "mqar.png")
     if summary.get("lr_sweep"):
-        draw_or_log(lambda: lr_sweep.plot(summary["lr_sweep"], out / "lr_sweep.png", "held-out accuracy"),
-                    log, "lr_sweep.png")
+        draw_or_log(
+            lambda: lr_sweep.plot(summary["lr_sweep"], out / "lr_sweep.png", "held-out accuracy"), log, "lr_sweep.png"
+        )
 
 
 def add_curves(summary: dict, out: Path) -> None:
@@ -54,18 +55,22 @@ def markdown(summary: dict) -> str:
     kvs = s["kvs"]
     chance = summary["chance"]
     lines = [
-        "# MQAR probe", "",
+        "# MQAR probe",
+        "",
         f"vocab_kv {s['vocab_kv']} (vocabulary {2 * s['vocab_kv'] + 2}); train "
         f"{'fresh every step' if s['n_train'] == 0 else format(s['n_train'], ',')} / test {s['n_test']:,} "
         f"sequences; {s['steps']:,} steps at batch {s['batch_size']}; preset {s['preset']}"
-        + (f", width {s['width']}" if s["width"] else "") + f"; arm model {s['arm_model']}; seeds "
-        + ", ".join(map(str, s["seeds"])) + ".",
+        + (f", width {s['width']}" if s["width"] else "")
+        + f"; arm model {s['arm_model']}; seeds "
+        + ", ".join(map(str, s["seeds"]))
+        + ".",
         f"Test accuracy on the query (value) positions only, mean +- population std over seeds; "
         f"chance = 1/{s['vocab_kv']} = {100 * chance:.2f}%. [study: ...] = the reference study's value (docs/mqar.md section 6).",
         "Two levels need no key-value binding at all: answering with a random one of the kv values in "
         "the context (*context guess*), and doing so among the values not yet queried (*elimination*; "
         "every key is queried once). The first query of a sequence cannot use elimination, so its "
-        "accuracy above the context guess is recall.", "",
+        "accuracy above the context guess is recall.",
+        "",
         "| model | params | " + " | ".join(f"kv={kv} | kv={kv} first query" for kv in kvs) + " |",
         "|---|---:|" + "---:|---:|" * len(kvs),
     ]
@@ -85,8 +90,11 @@ def markdown(summary: dict) -> str:
             cells.append("--" if first is None else f"{100 * first:.1f}% +- {100 * c['first_query_std']:.1f}")
         lines.append(f"| {name} | {params} | " + " | ".join(cells) + " |")
     levels = summary.get("levels", {})
-    for key, label in (("chance", "chance"), ("context_guess", "context guess (no binding)"),
-                       ("elimination_guess", "elimination (no binding)")):
+    for key, label in (
+        ("chance", "chance"),
+        ("context_guess", "context guess (no binding)"),
+        ("elimination_guess", "elimination (no binding)"),
+    ):
         row = []
         for kv in kvs:
             lv = levels.get(str(kv))
@@ -99,13 +107,20 @@ def markdown(summary: dict) -> str:
     lines += ["", "Per seed (test acc / train acc, seconds per step; test accuracy of the 1st, 2nd, ... query):", ""]
     for r in summary["runs"]:
         per_query = ", ".join(f"{100 * a:.0f}" for a in r.get("test_by_query") or [])
-        lines.append(f"* {r['model']} kv={r['kv']} seed {r['seed']}: {100 * r['test_acc']:.1f}% / "
-                     f"{percent(r['train_acc'])}, {r['seconds_per_step']:.3f} s/step, final loss {r['final_loss']:.3f}"
-                     + (f"; test by query {per_query}%" if per_query else ""))
+        lines.append(
+            f"* {r['model']} kv={r['kv']} seed {r['seed']}: {100 * r['test_acc']:.1f}% / "
+            f"{percent(r['train_acc'])}, {r['seconds_per_step']:.3f} s/step, final loss {r['final_loss']:.3f}"
+            + (f"; test by query {per_query}%" if per_query else "")
+        )
     if summary.get("lr_sweep"):
-        lines += ["", "## Learning-rate sweep", "",
-                  f"Each model and kv trained once per rate (seed {s['seeds'][0]}), scored on training sequences held "
-                  "out of its training (not the test set); its seeds then train at the best rate.", ""]
+        lines += [
+            "",
+            "## Learning-rate sweep",
+            "",
+            f"Each model and kv trained once per rate (seed {s['seeds'][0]}), scored on training sequences held "
+            "out of its training (not the test set); its seeds then train at the best rate.",
+            "",
+        ]
         lines += lr_sweep.markdown(summary["lr_sweep"], "accuracy on held-out training sequences, higher is better")
     return "\n".join(lines) + "\n"
 
@@ -119,12 +134,23 @@ def plot(summary: dict, path: Path) -> None:
         if not kvs:
             continue
         cells = [m["cells"][str(k)] for k in kvs]
-        line = ax.errorbar(kvs, [100 * c["acc_mean"] for c in cells], yerr=[100 * c["acc_std"] for c in cells],
-                           marker="o", capsize=3, label=name)
+        line = ax.errorbar(
+            kvs,
+            [100 * c["acc_mean"] for c in cells],
+            yerr=[100 * c["acc_std"] for c in cells],
+            marker="o",
+            capsize=3,
+            label=name,
+        )
         anchors = [(k, c["anchor_acc"]) for k, c in zip(kvs, cells) if c["anchor_acc"] is not None]
         if anchors:
-            ax.scatter([a[0] for a in anchors], [a[1] for a in anchors], marker="x", color=line[0].get_color(),
-                       label=f"{name} (study)")
+            ax.scatter(
+                [a[0] for a in anchors],
+                [a[1] for a in anchors],
+                marker="x",
+                color=line[0].get_color(),
+                label=f"{name} (study)",
+            )
     ax.axhline(100 * summary["chance"], color="gray", linestyle="--", label="chance")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("key-value pairs (kv)")

@@ -97,12 +97,24 @@ class MQARStudy:
     lr_grid: list | None = None  # rates swept per (model, kv) before the seeds; None: one rate for all
 
     def task(self, kv: int) -> MQARTask:
-        return MQARTask(kv=kv, vocab_kv=self.vocab_kv, queries=self.queries, seq_len=self.seq_len,
-                        n_train=self.n_train, n_test=self.n_test).validate()
+        return MQARTask(
+            kv=kv,
+            vocab_kv=self.vocab_kv,
+            queries=self.queries,
+            seq_len=self.seq_len,
+            n_train=self.n_train,
+            n_test=self.n_test,
+        ).validate()
 
     def train_config(self, task: MQARTask, seed: int):
-        return probe_train_config(batch_size=self.batch_size, seq_len=task.length, seed=seed, lr=1e-3,
-                                  steps=self.steps, overrides=self.train_overrides)
+        return probe_train_config(
+            batch_size=self.batch_size,
+            seq_len=task.length,
+            seed=seed,
+            lr=1e-3,
+            steps=self.steps,
+            overrides=self.train_overrides,
+        )
 
 
 def _integers(values, what: str) -> list[int]:
@@ -143,10 +155,24 @@ def plan_study(spec: MQARSpec) -> MQARStudy:
         lr_grid = lr_sweep.parse_lr_grid(spec.lr_grid)
         if "lr" in train_kw:
             raise ValueError("give one learning rate (lr) or a grid to sweep (lr_grid), not both")
-    study = MQARStudy(models=models, kvs=kvs, seeds=seeds, preset=spec.preset, width=spec.width, steps=spec.steps,
-                      batch_size=spec.batch_size, vocab_kv=spec.vocab_kv, queries=spec.queries, seq_len=spec.seq_len,
-                      n_train=spec.n_train, n_test=spec.n_test, arm_model=spec.arm_model, model_overrides=model_kw,
-                      train_overrides=train_kw, lr_grid=lr_grid)
+    study = MQARStudy(
+        models=models,
+        kvs=kvs,
+        seeds=seeds,
+        preset=spec.preset,
+        width=spec.width,
+        steps=spec.steps,
+        batch_size=spec.batch_size,
+        vocab_kv=spec.vocab_kv,
+        queries=spec.queries,
+        seq_len=spec.seq_len,
+        n_train=spec.n_train,
+        n_test=spec.n_test,
+        arm_model=spec.arm_model,
+        model_overrides=model_kw,
+        train_overrides=train_kw,
+        lr_grid=lr_grid,
+    )
     for kv in kvs:
         study.train_config(study.task(kv), seeds[0])  # validate early
     return study
@@ -171,8 +197,17 @@ def tuning_sets(task: MQARTask, seed: int):
     return (x[:-hold], y[:-hold]), (x[-hold:], y[-hold:])
 
 
-def run_one(study: MQARStudy, runtime: Runtime, out: Path, name: str, kv: int, seed: int, *,
-            lr: float | None = None, tuning: bool = False) -> dict:
+def run_one(
+    study: MQARStudy,
+    runtime: Runtime,
+    out: Path,
+    name: str,
+    kv: int,
+    seed: int,
+    *,
+    lr: float | None = None,
+    tuning: bool = False,
+) -> dict:
     """Train and score one (model, kv, seed) cell; reuse ``result.json`` when its settings match.
     ``lr`` overrides the study's rate; ``tuning``: a sweep run, scored on held-out training sequences
     (:func:`tuning_sets`) instead of the test set."""
@@ -184,11 +219,23 @@ def run_one(study: MQARStudy, runtime: Runtime, out: Path, name: str, kv: int, s
     cfg = study.train_config(task, seed)
     if lr is not None:
         cfg = dataclasses.replace(cfg, lr=lr).validate()
-    run_dir = (out / "tuning" / f"{spec_path_name(name)}_kv{kv}_lr{lr_sweep.lr_label(cfg.lr)}" if tuning
-               else out / "runs" / f"{spec_path_name(name)}_kv{kv}_s{seed}")
-    spec = jsonable({"model": name, "preset": study.preset, "width": study.width, "arm_model": study.arm_model,
-                     "overrides": study.model_overrides, "task": dataclasses.asdict(task),
-                     "train": dataclasses.asdict(cfg), **({"tuning": True} if tuning else {})})
+    run_dir = (
+        out / "tuning" / f"{spec_path_name(name)}_kv{kv}_lr{lr_sweep.lr_label(cfg.lr)}"
+        if tuning
+        else out / "runs" / f"{spec_path_name(name)}_kv{kv}_s{seed}"
+    )
+    spec = jsonable(
+        {
+            "model": name,
+            "preset": study.preset,
+            "width": study.width,
+            "arm_model": study.arm_model,
+            "overrides": study.model_overrides,
+            "task": dataclasses.asdict(task),
+            "train": dataclasses.asdict(cfg),
+            **({"tuning": True} if tuning else {}),
+        }
+    )
     result_path = run_dir / "result.json"
     if result_path.is_file():
         saved = json.loads(result_path.read_text())
@@ -198,8 +245,10 @@ def run_one(study: MQARStudy, runtime: Runtime, out: Path, name: str, kv: int, s
                 RunDir(run_dir).load_checkpoint(model)
                 test = accuracy(model, *test_set(task, seed))
                 if test["correct"] != saved["test_correct"]:
-                    raise RuntimeError(f"{run_dir}: the saved weights score {test['correct']} test queries, "
-                                       f"result.json says {saved['test_correct']}")
+                    raise RuntimeError(
+                        f"{run_dir}: the saved weights score {test['correct']} test queries, "
+                        f"result.json says {saved['test_correct']}"
+                    )
                 saved["test_by_query"] = test["by_query"]
                 write_json_atomic(result_path, saved)
             return dict(saved, reused=True)
@@ -213,21 +262,48 @@ def run_one(study: MQARStudy, runtime: Runtime, out: Path, name: str, kv: int, s
         x_test, y_test = test_set(task, seed)
     batches = FreshMQARBatches(task, cfg.batch_size) if fresh else FixedSetBatches(x_train, y_train, cfg.batch_size)
     t0 = time.perf_counter()
-    summary = train(model, batches, None, cfg, run_dir, overwrite=True,
-                    run_info=RunInfo(name, study.preset, kw, registry_model=registry,
-                                     study={"mqar": dataclasses.asdict(task), "arm_model": study.arm_model}),
-                    device=runtime.device, quiet=runtime.quiet, tensorboard=runtime.tensorboard)
+    summary = train(
+        model,
+        batches,
+        None,
+        cfg,
+        run_dir,
+        overwrite=True,
+        run_info=RunInfo(
+            name,
+            study.preset,
+            kw,
+            registry_model=registry,
+            study={"mqar": dataclasses.asdict(task), "arm_model": study.arm_model},
+        ),
+        device=runtime.device,
+        quiet=runtime.quiet,
+        tensorboard=runtime.tensorboard,
+    )
     wall = time.perf_counter() - t0
     test = accuracy(model, x_test, y_test)
     train_acc = {"acc": None} if fresh else accuracy(model, x_train, y_train)
     result = {
-        "model": name, "registry_model": registry, "overrides": jsonable(kw), "kv": kv, "seed": seed,
-        "params": summary["params"], "steps": summary["steps"], "final_loss": summary["final_loss"],
-        "test_acc": test["acc"], "test_correct": test["correct"], "test_queries": test["total"],
+        "model": name,
+        "registry_model": registry,
+        "overrides": jsonable(kw),
+        "kv": kv,
+        "seed": seed,
+        "params": summary["params"],
+        "steps": summary["steps"],
+        "final_loss": summary["final_loss"],
+        "test_acc": test["acc"],
+        "test_correct": test["correct"],
+        "test_queries": test["total"],
         "test_by_query": test["by_query"],
-        "train_acc": train_acc["acc"], "chance": task.chance, "seq_len": task.length, "lr": cfg.lr,
-        "train_seconds": summary["train_seconds"], "seconds_per_step": summary["train_seconds"] / max(summary["steps"], 1),
-        "wall_seconds": wall, "spec": spec,
+        "train_acc": train_acc["acc"],
+        "chance": task.chance,
+        "seq_len": task.length,
+        "lr": cfg.lr,
+        "train_seconds": summary["train_seconds"],
+        "seconds_per_step": summary["train_seconds"] / max(summary["steps"], 1),
+        "wall_seconds": wall,
+        "spec": spec,
     }
     run_dir.mkdir(parents=True, exist_ok=True)
     result_path.write_text(json.dumps(result, indent=2) + "\n")
@@ -238,9 +314,16 @@ def anchor_comparable(study: MQARStudy) -> bool:
     """Whether the anchor arms of ``study`` are the study's model on the study's task (steps and
     batch may differ; the table states them)."""
     default = MQARTask()
-    return (study.vocab_kv == default.vocab_kv and study.queries is None and study.seq_len is None
-            and study.n_train == default.n_train and study.n_test == default.n_test
-            and study.width in (None, ARM_BASE["d_model"]) and study.arm_model == "study" and not study.model_overrides)
+    return (
+        study.vocab_kv == default.vocab_kv
+        and study.queries is None
+        and study.seq_len is None
+        and study.n_train == default.n_train
+        and study.n_test == default.n_test
+        and study.width in (None, ARM_BASE["d_model"])
+        and study.arm_model == "study"
+        and not study.model_overrides
+    )
 
 
 def summarize(study: MQARStudy, results: list[dict]) -> dict:
@@ -259,22 +342,44 @@ def summarize(study: MQARStudy, results: list[dict]) -> dict:
             acc_mean, acc_std = mean_std(accs)
             by_query = [r["test_by_query"] for r in rows if r.get("test_by_query")]
             first_mean, first_std = mean_std([q[0] for q in by_query]) if by_query else (None, None)
-            cells[str(kv)] = {"acc_mean": acc_mean, "acc_std": acc_std, "n_seeds": len(rows), "accs": accs,
-                              "first_query_mean": first_mean, "first_query_std": first_std,
-                              "by_query_mean": [mean(col) for col in zip(*by_query)] if by_query else None,
-                              "seeds": [r["seed"] for r in rows], "train_acc_mean": (None if any(r["train_acc"] is None for r in rows)
-                                                 else mean_std([r["train_acc"] for r in rows])[0]),
-                              "chance": rows[0]["chance"], "anchor_acc": ANCHOR_ACC.get((name, kv)) if comparable else None,
-                              "seconds_per_step": mean_std([r["seconds_per_step"] for r in rows])[0],
-                              "params": rows[0]["params"], "lr": rows[0].get("lr")}
+            cells[str(kv)] = {
+                "acc_mean": acc_mean,
+                "acc_std": acc_std,
+                "n_seeds": len(rows),
+                "accs": accs,
+                "first_query_mean": first_mean,
+                "first_query_std": first_std,
+                "by_query_mean": [mean(col) for col in zip(*by_query)] if by_query else None,
+                "seeds": [r["seed"] for r in rows],
+                "train_acc_mean": (
+                    None if any(r["train_acc"] is None for r in rows) else mean_std([r["train_acc"] for r in rows])[0]
+                ),
+                "chance": rows[0]["chance"],
+                "anchor_acc": ANCHOR_ACC.get((name, kv)) if comparable else None,
+                "seconds_per_step": mean_std([r["seconds_per_step"] for r in rows])[0],
+                "params": rows[0]["params"],
+                "lr": rows[0].get("lr"),
+            }
         models[name] = {"cells": cells}
-    levels = {str(kv): {"chance": study.task(kv).chance, "context_guess": study.task(kv).context_guess,
-                        "elimination_guess": study.task(kv).elimination_guess} for kv in study.kvs}
+    levels = {
+        str(kv): {
+            "chance": study.task(kv).chance,
+            "context_guess": study.task(kv).context_guess,
+            "elimination_guess": study.task(kv).elimination_guess,
+        }
+        for kv in study.kvs
+    }
     from drmlab.experiments.results import provenance
 
     settings = jsonable(dataclasses.asdict(study))
-    return {"provenance": provenance(settings), "study": settings, "chance": 1.0 / study.vocab_kv, "levels": levels,
-            "models": models, "runs": [{k: v for k, v in r.items() if k != "spec"} for r in results]}
+    return {
+        "provenance": provenance(settings),
+        "study": settings,
+        "chance": 1.0 / study.vocab_kv,
+        "levels": levels,
+        "models": models,
+        "runs": [{k: v for k, v in r.items() if k != "spec"} for r in results],
+    }
 
 
 def sweep_one(study: MQARStudy, runtime: Runtime, out: Path, name: str, kv: int) -> dict:
@@ -291,8 +396,10 @@ def sweep_one(study: MQARStudy, runtime: Runtime, out: Path, name: str, kv: int)
             scores[lr] = None
             runtime.say(f"mqar sweep {name} kv={kv} lr {lr:g}: diverged ({str(exc).split(';')[0]})")
             continue
-        runtime.say(f"mqar sweep {name} kv={kv} lr {lr:g}: held-out acc {100 * r['test_acc']:.1f}%"
-                    + (" (reused)" if r.get("reused") else ""))
+        runtime.say(
+            f"mqar sweep {name} kv={kv} lr {lr:g}: held-out acc {100 * r['test_acc']:.1f}%"
+            + (" (reused)" if r.get("reused") else "")
+        )
     choice = lr_sweep.choose(scores, lower_is_better=False)
     return {"scores": {lr_sweep.lr_label(lr): v for lr, v in scores.items()}, "complete": True, **choice}
 
@@ -316,9 +423,11 @@ def run_planned(study: MQARStudy, runtime: Runtime, out: str | Path) -> dict:
             for seed in study.seeds:
                 r = run_one(study, runtime, out, name, kv, seed, lr=lr)
                 results.append(r)
-                runtime.say(f"mqar {name} kv={kv} seed={seed}: test acc {100 * r['test_acc']:.1f}% (chance "
-                            f"{100 * r['chance']:.1f}%), train acc {report.percent(r['train_acc'])}, "
-                            f"{r['seconds_per_step']:.3f} s/step" + (" (reused)" if r.get("reused") else ""))
+                runtime.say(
+                    f"mqar {name} kv={kv} seed={seed}: test acc {100 * r['test_acc']:.1f}% (chance "
+                    f"{100 * r['chance']:.1f}%), train acc {report.percent(r['train_acc'])}, "
+                    f"{r['seconds_per_step']:.3f} s/step" + (" (reused)" if r.get("reused") else "")
+                )
     summary = summarize(study, results)
     if sweeps:
         summary["lr_sweep"] = sweeps

@@ -82,21 +82,23 @@ class MQARTask:
         left = [self.kv - j for j in range(self.n_queries)]
         return sum((1 + (r - 1) / self.vocab_kv) / r for r in left) / len(left)
 
-    def validate(self) -> "MQARTask":
+    def validate(self) -> MQARTask:
         for name in ("kv", "vocab_kv", "n_queries", "length", "n_test"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"MQAR {name} must be a positive integer, got {value!r}")
         if not isinstance(self.n_train, int) or isinstance(self.n_train, bool) or self.n_train < 0:
-            raise ValueError(f"MQAR n_train must be a non-negative integer (0 = a fresh batch every step), "
-                             f"got {self.n_train!r}")
+            raise ValueError(
+                f"MQAR n_train must be a non-negative integer (0 = a fresh batch every step), got {self.n_train!r}"
+            )
         if self.kv > self.vocab_kv:
             raise ValueError(f"kv ({self.kv}) needs that many distinct keys; vocab_kv is {self.vocab_kv}")
         if self.n_queries > self.kv:
             raise ValueError(f"queries ({self.n_queries}) cannot exceed kv ({self.kv})")
         if self.length < 2 * self.kv + self.n_queries:
-            raise ValueError(f"seq_len {self.length} is shorter than the {2 * self.kv} pair tokens + "
-                             f"{self.n_queries} queries")
+            raise ValueError(
+                f"seq_len {self.length} is shorter than the {2 * self.kv} pair tokens + {self.n_queries} queries"
+            )
         return self
 
 
@@ -160,8 +162,7 @@ def accuracy(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batc
     correct, total = int(col_correct.sum()), int(col_total.sum())
     cols = col_total > 0
     by_query = (col_correct[cols].double() / col_total[cols].double()).tolist()
-    return {"acc": correct / total if total else float("nan"), "correct": correct, "total": total,
-            "by_query": by_query}
+    return {"acc": correct / total if total else float("nan"), "correct": correct, "total": total, "by_query": by_query}
 
 
 def probe_train_config(*, batch_size: int, seq_len: int, seed: int, lr: float, steps: int, overrides: dict):
@@ -170,9 +171,21 @@ def probe_train_config(*, batch_size: int, seq_len: int, seed: int, lr: float, s
     ``steps`` optimizer steps of ``batch_size`` sequences; ``overrides`` (TrainConfig fields) last."""
     from drmlab.training.config import TrainConfig
 
-    values = dict(batch_size=batch_size, grad_accum=1, seq_len=seq_len, seed=seed, lr=lr, schedule="constant",
-                  weight_decay=0.01, decay_all_params=True, grad_clip=1.0, bf16=False, eval_every=0, eval_windows=0,
-                  checkpoint_every=0)
+    values = dict(
+        batch_size=batch_size,
+        grad_accum=1,
+        seq_len=seq_len,
+        seed=seed,
+        lr=lr,
+        schedule="constant",
+        weight_decay=0.01,
+        decay_all_params=True,
+        grad_clip=1.0,
+        bf16=False,
+        eval_every=0,
+        eval_windows=0,
+        checkpoint_every=0,
+    )
     values.update(overrides)
     cfg = TrainConfig(**values)
     cfg.tokens = steps * cfg.tokens_per_step

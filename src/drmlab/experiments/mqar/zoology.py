@@ -47,8 +47,8 @@ import dataclasses
 import json
 import math
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -73,8 +73,17 @@ BATCH_SIZES = {64: 512, 128: 512, 256: 256, 512: 128}  # Zoology's rule: 512 up 
 WIDTHS = (64, 128, 256, 512)
 LR_GRID = tuple(float(x) for x in np.logspace(-4, -2, 4))
 ATTENTION = "ATTENTION"
-DEFAULT_MODELS = (ATTENTION, "GPT2", "MAMBA", "RESOLVENT", "SSM_CONTROL", "J_NO_DIRECTION", "ASM_CM",
-                  "LOOPED:A", "LOOPED:C")
+DEFAULT_MODELS = (
+    ATTENTION,
+    "GPT2",
+    "MAMBA",
+    "RESOLVENT",
+    "SSM_CONTROL",
+    "J_NO_DIRECTION",
+    "ASM_CM",
+    "LOOPED:A",
+    "LOOPED:C",
+)
 GAP_BLOCK = 8192  # rows per block of the slot draw (bounds its memory; part of the stream's definition)
 EVAL_TOKENS = 16384  # tokens per evaluation forward (the logits of 8,192 entries are the memory)
 # Train settings the protocol decides itself.
@@ -84,8 +93,9 @@ PROTOCOL_TRAIN_KEYS = ("tokens", "seq_len", "seed", "lr", "batch_size", "grad_ac
 def check_protocol(name: str) -> str:
     """``name`` if it is an MQAR protocol; otherwise ValueError listing the known ones."""
     if name not in MQAR_PROTOCOLS:
-        raise ValueError(f"unknown MQAR protocol {name!r}{suggest(str(name), MQAR_PROTOCOLS)}; known: "
-                         f"{', '.join(MQAR_PROTOCOLS)}")
+        raise ValueError(
+            f"unknown MQAR protocol {name!r}{suggest(str(name), MQAR_PROTOCOLS)}; known: {', '.join(MQAR_PROTOCOLS)}"
+        )
     return name
 
 
@@ -128,10 +138,14 @@ def check_setting(seq_len, kv, vocab_size: int = VOCAB_SIZE) -> None:
     if seq_len % 2:
         raise ValueError(f"Zoology MQAR seq_len must be even (keys and queries sit on even positions), got {seq_len}")
     if 4 * kv > seq_len:
-        raise ValueError(f"Zoology MQAR needs seq_len >= 4 kv (the pairs and one query slot pair per key); "
-                         f"seq_len {seq_len} holds at most kv {seq_len // 4}, got {kv}")
+        raise ValueError(
+            f"Zoology MQAR needs seq_len >= 4 kv (the pairs and one query slot pair per key); "
+            f"seq_len {seq_len} holds at most kv {seq_len // 4}, got {kv}"
+        )
     if kv > vocab_size // 2 - 1:
-        raise ValueError(f"kv {kv} needs that many distinct keys; the vocabulary of {vocab_size} has {vocab_size // 2 - 1}")
+        raise ValueError(
+            f"kv {kv} needs that many distinct keys; the vocabulary of {vocab_size} has {vocab_size // 2 - 1}"
+        )
 
 
 def slot_weights(space: int, power_a: float = POWER_A) -> np.ndarray:
@@ -166,8 +180,16 @@ def _slots(rng: np.random.Generator, n: int, kv: int, space: int, power_a: float
     return out
 
 
-def generate(seq_len: int, kv: int, n: int, seed, *, vocab_size: int = VOCAB_SIZE, power_a: float = POWER_A,
-             dtype: torch.dtype = torch.int64) -> tuple[torch.Tensor, torch.Tensor]:
+def generate(
+    seq_len: int,
+    kv: int,
+    n: int,
+    seed,
+    *,
+    vocab_size: int = VOCAB_SIZE,
+    power_a: float = POWER_A,
+    dtype: torch.dtype = torch.int64,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` Zoology MQAR examples from ``default_rng(seed)``: (inputs, targets) [n, seq_len]."""
     check_setting(seq_len, kv, vocab_size)
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
@@ -224,8 +246,9 @@ def query_accuracy(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
 
 
 # ---------------------------------------------------------------------------------- the models
-def protocol_overrides(name: str, preset: str, width: int, seq_len: int, settings: dict | None = None,
-                       recipe: ZoologyRecipe = RECIPE) -> tuple[str, dict, str | None]:
+def protocol_overrides(
+    name: str, preset: str, width: int, seq_len: int, settings: dict | None = None, recipe: ZoologyRecipe = RECIPE
+) -> tuple[str, dict, str | None]:
     """(registered name, overrides, None) of ``name`` at the protocol's width and length, or
     (registered name, overrides, reason) when the model cannot hold the setting (n/a)."""
     from drmlab.models.registry import config_fields, parse_model_spec
@@ -241,8 +264,14 @@ def protocol_overrides(name: str, preset: str, width: int, seq_len: int, setting
     if registry == "LOOPED":
         loops = fields["n_loop"]
         if recipe.n_layer % loops:
-            return registry, kw, (f"{name} loops {loops} times; the protocol's {recipe.n_layer} layers hold "
-                                  f"only loop counts dividing {recipe.n_layer}")
+            return (
+                registry,
+                kw,
+                (
+                    f"{name} loops {loops} times; the protocol's {recipe.n_layer} layers hold "
+                    f"only loop counts dividing {recipe.n_layer}"
+                ),
+            )
         kw["n_stored"] = recipe.n_layer // loops
     if "dt_rank" in fields:
         kw["dt_rank"] = math.ceil(width / 16)  # Mamba's "auto" rank, as Zoology's Mamba uses it
@@ -257,8 +286,11 @@ def protocol_overrides(name: str, preset: str, width: int, seq_len: int, setting
     learned = "n_positions" in fields or fields.get("positions") == "learned"
     for key in POSITION_FIELDS:
         if learned and key in fields and fields[key] < seq_len:
-            return registry, kw, (f"attention past its positions: {key}={fields[key]} is shorter than the "
-                                  f"sequence length {seq_len}")
+            return (
+                registry,
+                kw,
+                (f"attention past its positions: {key}={fields[key]} is shorter than the sequence length {seq_len}"),
+            )
     return registry, kw, None
 
 
@@ -274,8 +306,15 @@ def zoology_attention(model: nn.Module, dropout: float) -> nn.Module:
     return model
 
 
-def protocol_model(name: str, preset: str, width: int, seq_len: int, seed: int, settings: dict | None = None,
-                   recipe: ZoologyRecipe = RECIPE) -> tuple[nn.Module, str, dict]:
+def protocol_model(
+    name: str,
+    preset: str,
+    width: int,
+    seq_len: int,
+    seed: int,
+    settings: dict | None = None,
+    recipe: ZoologyRecipe = RECIPE,
+) -> tuple[nn.Module, str, dict]:
     """(model, registered name, overrides) of ``name`` in the protocol; ValueError when n/a."""
     from drmlab.models import build_model
 
@@ -310,10 +349,24 @@ class ZoologyStudy:
     def train_config(self, seq_len: int, lr: float):
         from drmlab.training.config import TrainConfig
 
-        values = dict(batch_size=self.batch_for(seq_len), grad_accum=1, seq_len=seq_len, seed=self.recipe.seed, lr=lr,
-                      schedule="cosine", warmup_fraction=0.0, min_lr_ratio=0.0, weight_decay=self.recipe.weight_decay,
-                      decay_all_params=True, grad_clip=0.0, bf16=False, eval_every=0, eval_windows=0,
-                      checkpoint_every=0, divergence_steps=0)
+        values = dict(
+            batch_size=self.batch_for(seq_len),
+            grad_accum=1,
+            seq_len=seq_len,
+            seed=self.recipe.seed,
+            lr=lr,
+            schedule="cosine",
+            warmup_fraction=0.0,
+            min_lr_ratio=0.0,
+            weight_decay=self.recipe.weight_decay,
+            decay_all_params=True,
+            grad_clip=0.0,
+            bf16=False,
+            eval_every=0,
+            eval_windows=0,
+            checkpoint_every=0,
+            divergence_steps=0,
+        )
         values.update(self.train_overrides)
         cfg = TrainConfig(**values)
         cfg.tokens = self.recipe.epochs * self.per_epoch(seq_len) * cfg.tokens_per_step
@@ -323,10 +376,22 @@ class ZoologyStudy:
         return jsonable(dataclasses.asdict(self))
 
 
-def plan_study(models=DEFAULT_MODELS, widths=WIDTHS, seq_lens=None, *, preset: str = "tiny", lr_grid=LR_GRID,
-               epochs: int = RECIPE.epochs, n_train: int = RECIPE.n_train, n_test: int = RECIPE.n_test,
-               batch_size: int | None = None, seed: int = RECIPE.seed, data_seed: int = RECIPE.data_seed,
-               early_stop: float = RECIPE.early_stop, settings: dict | None = None) -> ZoologyStudy:
+def plan_study(
+    models=DEFAULT_MODELS,
+    widths=WIDTHS,
+    seq_lens=None,
+    *,
+    preset: str = "tiny",
+    lr_grid=LR_GRID,
+    epochs: int = RECIPE.epochs,
+    n_train: int = RECIPE.n_train,
+    n_test: int = RECIPE.n_test,
+    batch_size: int | None = None,
+    seed: int = RECIPE.seed,
+    data_seed: int = RECIPE.data_seed,
+    early_stop: float = RECIPE.early_stop,
+    settings: dict | None = None,
+) -> ZoologyStudy:
     """Check every model, width, length and setting and plan the study. ``seq_lens`` picks among the
     protocol's lengths (default all four; each brings its own kv and batch size)."""
     from drmlab.models import list_models
@@ -339,7 +404,9 @@ def plan_study(models=DEFAULT_MODELS, widths=WIDTHS, seq_lens=None, *, preset: s
     known = set(list_models()) | {ATTENTION}
     for name in models:
         if name.partition(":")[0] not in known:
-            raise ValueError(f"unknown model {name!r}{suggest(name, known)}; {ATTENTION} is Zoology's attention baseline")
+            raise ValueError(
+                f"unknown model {name!r}{suggest(name, known)}; {ATTENTION} is Zoology's attention baseline"
+            )
     pairs = dict(SETTINGS)
     seq_lens = list(pairs) if seq_lens is None else list(seq_lens)
     for L in seq_lens:
@@ -356,10 +423,24 @@ def plan_study(models=DEFAULT_MODELS, widths=WIDTHS, seq_lens=None, *, preset: s
     if not (isinstance(early_stop, (int, float)) and 0 < early_stop <= 1):
         raise ValueError(f"early_stop must be an accuracy in (0, 1], got {early_stop!r}")
     grid = parse_rates(lr_grid)
-    recipe = dataclasses.replace(RECIPE, epochs=epochs, n_train=n_train, n_test=n_test, seed=seed, data_seed=data_seed,
-                                 early_stop=float(early_stop))
-    study = ZoologyStudy(models=models, widths=widths, settings=[(L, pairs[L]) for L in sorted(seq_lens)],
-                         lr_grid=grid, preset=preset, recipe=recipe, batch_size=batch_size)
+    recipe = dataclasses.replace(
+        RECIPE,
+        epochs=epochs,
+        n_train=n_train,
+        n_test=n_test,
+        seed=seed,
+        data_seed=data_seed,
+        early_stop=float(early_stop),
+    )
+    study = ZoologyStudy(
+        models=models,
+        widths=widths,
+        settings=[(L, pairs[L]) for L in sorted(seq_lens)],
+        lr_grid=grid,
+        preset=preset,
+        recipe=recipe,
+        batch_size=batch_size,
+    )
     fields: set = set()
     for name in models:
         registry, kw = ("GPT2", {}) if name == ATTENTION else _spec(name)
@@ -368,8 +449,10 @@ def plan_study(models=DEFAULT_MODELS, widths=WIDTHS, seq_lens=None, *, preset: s
         train_kw, model_kw = split_overrides(settings, fields)
         for key in PROTOCOL_TRAIN_KEYS:
             if key in train_kw:
-                raise ValueError(f"the train setting {key!r} is the protocol's own (its lengths, batch sizes, "
-                                 "epochs, seed and rate grid decide it)")
+                raise ValueError(
+                    f"the train setting {key!r} is the protocol's own (its lengths, batch sizes, "
+                    "epochs, seed and rate grid decide it)"
+                )
         study.train_overrides, study.model_overrides = train_kw, model_kw
     study.train_config(study.settings[0][0], grid[0])  # validate early
     return study
@@ -414,8 +497,19 @@ def cached_data(study: ZoologyStudy, seq_len: int, kv: int):
     return _DATA_CACHE[key]
 
 
-def run_cell(study: ZoologyStudy, name: str, width: int, seq_len: int, kv: int, lr: float, out: Path, *,
-             device="auto", quiet: bool = True, log: Callable[[str], None] | None = None) -> dict:
+def run_cell(
+    study: ZoologyStudy,
+    name: str,
+    width: int,
+    seq_len: int,
+    kv: int,
+    lr: float,
+    out: Path,
+    *,
+    device="auto",
+    quiet: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> dict:
     """Train (or continue, or reuse) one run; its result (``status``: done, diverged, n/a or locked)."""
     from drmlab.runs import RunDir, RunLock, RunLockedError, write_json_atomic
     from drmlab.training.trainer import NonFiniteLossError, train
@@ -427,11 +521,28 @@ def run_cell(study: ZoologyStudy, name: str, width: int, seq_len: int, kv: int, 
         return dict(base, status="n/a", why=why)
     cfg = study.train_config(seq_len, lr)
     r = study.recipe
-    spec = jsonable({"model": name, "registry_model": registry, "preset": study.preset, "overrides": kw,
-                     "zoology_attention": name == ATTENTION, "dropout": r.dropout if name == ATTENTION else 0.0,
-                     "task": {"vocab_size": r.vocab_size, "power_a": r.power_a, "seq_len": seq_len, "kv": kv,
-                              "n_train": r.n_train, "n_test": r.n_test, "data_seed": r.data_seed},
-                     "epochs": r.epochs, "early_stop": r.early_stop, "train": dataclasses.asdict(cfg)})
+    spec = jsonable(
+        {
+            "model": name,
+            "registry_model": registry,
+            "preset": study.preset,
+            "overrides": kw,
+            "zoology_attention": name == ATTENTION,
+            "dropout": r.dropout if name == ATTENTION else 0.0,
+            "task": {
+                "vocab_size": r.vocab_size,
+                "power_a": r.power_a,
+                "seq_len": seq_len,
+                "kv": kv,
+                "n_train": r.n_train,
+                "n_test": r.n_test,
+                "data_seed": r.data_seed,
+            },
+            "epochs": r.epochs,
+            "early_stop": r.early_stop,
+            "train": dataclasses.asdict(cfg),
+        }
+    )
     run_dir = out / "runs" / label
     path = run_dir / "result.json"
     saved = json.loads(path.read_text()) if path.is_file() else None
@@ -455,14 +566,30 @@ def run_cell(study: ZoologyStudy, name: str, width: int, seq_len: int, kv: int, 
         model, _, _ = protocol_model(name, study.preset, width, seq_len, r.seed, study.model_overrides, r)
         batches = EpochBatches(x, y, cfg.batch_size)
         per_epoch = batches.per_epoch
-        info = RunInfo(name, study.preset, kw, registry_model=registry,
-                       study={"mqar_zoology": {k: v for k, v in spec.items() if k not in ("train", "overrides")}})
+        info = RunInfo(
+            name,
+            study.preset,
+            kw,
+            registry_model=registry,
+            study={"mqar_zoology": {k: v for k, v in spec.items() if k not in ("train", "overrides")}},
+        )
         done = result["epochs"][-1]["epoch"] if result["epochs"] else 0
         while done < r.epochs:
             t0 = time.perf_counter()
             try:
-                summary = train(model, batches, None, cfg, run_dir, resume=resume, overwrite=not resume,
-                                run_info=info, device=device, quiet=True, stop_after_step=(done + 1) * per_epoch)
+                summary = train(
+                    model,
+                    batches,
+                    None,
+                    cfg,
+                    run_dir,
+                    resume=resume,
+                    overwrite=not resume,
+                    run_info=info,
+                    device=device,
+                    quiet=True,
+                    stop_after_step=(done + 1) * per_epoch,
+                )
             except NonFiniteLossError as exc:
                 result.update(status="diverged", why=str(exc).split(";")[0])
                 write_json_atomic(path, result)
@@ -474,29 +601,52 @@ def run_cell(study: ZoologyStudy, name: str, width: int, seq_len: int, kv: int, 
             test = query_accuracy(model, xt, yt)
             epoch = summary["steps"] // per_epoch
             loss = summary["final_loss"]
-            if loss is None:  # the checkpoint was already at this epoch's end (killed before result.json): the logged loss
-                loss = next((m["loss"] for m in run.read_metrics() if m.get("kind") == "train"
-                             and m["step"] == summary["steps"]), None)
-            result["epochs"].append({"epoch": epoch, "step": summary["steps"], "loss": loss,
-                                     "test_acc": test["acc"], "train_seconds": t1 - t0,
-                                     "eval_seconds": time.perf_counter() - t1})
+            if (
+                loss is None
+            ):  # the checkpoint was already at this epoch's end (killed before result.json): the logged loss
+                loss = next(
+                    (
+                        m["loss"]
+                        for m in run.read_metrics()
+                        if m.get("kind") == "train" and m["step"] == summary["steps"]
+                    ),
+                    None,
+                )
+            result["epochs"].append(
+                {
+                    "epoch": epoch,
+                    "step": summary["steps"],
+                    "loss": loss,
+                    "test_acc": test["acc"],
+                    "train_seconds": t1 - t0,
+                    "eval_seconds": time.perf_counter() - t1,
+                }
+            )
             result["wall_seconds"] += time.perf_counter() - t0
             result["params"] = summary["params"]
             done = epoch
             stop = test["acc"] > r.early_stop
             if stop or done >= r.epochs:
-                result.update(status="done", test_acc=test["acc"], test_correct=test["correct"],
-                              test_queries=test["total"], epochs_run=done, early_stopped=stop,
-                              steps=summary["steps"], seconds_per_step=sum(e["train_seconds"] for e in result["epochs"])
-                              / max(1, summary["steps"]))
+                result.update(
+                    status="done",
+                    test_acc=test["acc"],
+                    test_correct=test["correct"],
+                    test_queries=test["total"],
+                    epochs_run=done,
+                    early_stopped=stop,
+                    steps=summary["steps"],
+                    seconds_per_step=sum(e["train_seconds"] for e in result["epochs"]) / max(1, summary["steps"]),
+                )
             write_json_atomic(path, result)
             if log is not None and not quiet:
                 log(f"zoology {label}: epoch {epoch} test acc {100 * test['acc']:.2f}%")
             if stop:
                 break
         if log is not None:
-            log(f"zoology {label}: test acc {100 * result['test_acc']:.2f}% after {result['epochs_run']} epochs"
-                f"{' (early stop)' if result['early_stopped'] else ''}, {result['wall_seconds']:.0f} s")
+            log(
+                f"zoology {label}: test acc {100 * result['test_acc']:.2f}% after {result['epochs_run']} epochs"
+                f"{' (early stop)' if result['early_stopped'] else ''}, {result['wall_seconds']:.0f} s"
+            )
         return result
     finally:
         lock.release()
@@ -513,34 +663,68 @@ def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
                 key = f"{name} w{width} L{seq_len}"
                 na = [r for r in rows if r["status"] == "n/a"]
                 if na:
-                    cells[key] = {"model": name, "width": width, "seq_len": seq_len, "kv": kv, "status": "n/a",
-                                  "why": na[0]["why"]}
+                    cells[key] = {
+                        "model": name,
+                        "width": width,
+                        "seq_len": seq_len,
+                        "kv": kv,
+                        "status": "n/a",
+                        "why": na[0]["why"],
+                    }
                     continue
-                scores = {r["lr"]: (r.get("test_acc") if r["status"] == "done" else None) for r in rows
-                          if r["status"] in ("done", "diverged")}
+                scores = {
+                    r["lr"]: (r.get("test_acc") if r["status"] == "done" else None)
+                    for r in rows
+                    if r["status"] in ("done", "diverged")
+                }
                 complete = len(scores) == len(study.lr_grid)
                 choice = lr_sweep.choose(scores, lower_is_better=False) if scores else {"lr": None}
                 best = scores.get(choice["lr"]) if choice.get("lr") is not None else None
-                cells[key] = {"model": name, "width": width, "seq_len": seq_len, "kv": kv,
-                              "status": "done" if complete else "incomplete",
-                              "scores": {lr_sweep.lr_label(lr): s for lr, s in sorted(scores.items())},
-                              "acc": best, **choice,
-                              "wall_seconds": {lr_sweep.lr_label(r["lr"]): r.get("wall_seconds") for r in rows
-                                               if r["status"] in ("done", "diverged")}}
-    return {"protocol": "zoology", "study": study.record(), "cells": cells,
-            "runs": [{k: v for k, v in r.items() if k != "spec"} for r in results]}
+                cells[key] = {
+                    "model": name,
+                    "width": width,
+                    "seq_len": seq_len,
+                    "kv": kv,
+                    "status": "done" if complete else "incomplete",
+                    "scores": {lr_sweep.lr_label(lr): s for lr, s in sorted(scores.items())},
+                    "acc": best,
+                    **choice,
+                    "wall_seconds": {
+                        lr_sweep.lr_label(r["lr"]): r.get("wall_seconds")
+                        for r in rows
+                        if r["status"] in ("done", "diverged")
+                    },
+                }
+    return {
+        "protocol": "zoology",
+        "study": study.record(),
+        "cells": cells,
+        "runs": [{k: v for k, v in r.items() if k != "spec"} for r in results],
+    }
 
 
-def run_planned(study: ZoologyStudy, out: str | Path, *, device="auto", quiet: bool = True,
-                log: Callable[[str], None] | None = None, wait_seconds: float = 30.0) -> dict:
+def run_planned(
+    study: ZoologyStudy,
+    out: str | Path,
+    *,
+    device="auto",
+    quiet: bool = True,
+    log: Callable[[str], None] | None = None,
+    wait_seconds: float = 30.0,
+) -> dict:
     """Run (or reuse) every (model, width, length, rate) of ``study``, leaving runs held by another
     process to it and coming back to them; then write the report. The summary."""
     from drmlab.experiments.mqar import zoology_report
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    todo = [(seq_len, kv, name, width, lr) for seq_len, kv in study.settings for name in study.models
-            for width in study.widths for lr in study.lr_grid]
+    todo = [
+        (seq_len, kv, name, width, lr)
+        for seq_len, kv in study.settings
+        for name in study.models
+        for width in study.widths
+        for lr in study.lr_grid
+    ]
     results: dict = {}
     while todo:
         left = []
@@ -558,15 +742,41 @@ def run_planned(study: ZoologyStudy, out: str | Path, *, device="auto", quiet: b
     return summary
 
 
-def run_zoology_study(models=DEFAULT_MODELS, widths=WIDTHS, seq_lens=None, *, out: str | Path, preset: str = "tiny",
-                      lr_grid=LR_GRID, epochs: int = RECIPE.epochs, n_train: int = RECIPE.n_train,
-                      n_test: int = RECIPE.n_test, batch_size: int | None = None, seed: int = RECIPE.seed,
-                      data_seed: int = RECIPE.data_seed, early_stop: float = RECIPE.early_stop,
-                      settings: dict | None = None, device="auto", quiet: bool = True,
-                      log: Callable[[str], None] | None = None) -> dict:
+def run_zoology_study(
+    models=DEFAULT_MODELS,
+    widths=WIDTHS,
+    seq_lens=None,
+    *,
+    out: str | Path,
+    preset: str = "tiny",
+    lr_grid=LR_GRID,
+    epochs: int = RECIPE.epochs,
+    n_train: int = RECIPE.n_train,
+    n_test: int = RECIPE.n_test,
+    batch_size: int | None = None,
+    seed: int = RECIPE.seed,
+    data_seed: int = RECIPE.data_seed,
+    early_stop: float = RECIPE.early_stop,
+    settings: dict | None = None,
+    device="auto",
+    quiet: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> dict:
     """``drmlab mqar --protocol zoology``: plan (:func:`plan_study`) and run the study into ``out``;
     the summary (also ``out/zoology.json``, ``zoology.md``)."""
-    study = plan_study(models, widths, seq_lens, preset=preset, lr_grid=lr_grid, epochs=epochs, n_train=n_train,
-                       n_test=n_test, batch_size=batch_size, seed=seed, data_seed=data_seed, early_stop=early_stop,
-                       settings=settings)
+    study = plan_study(
+        models,
+        widths,
+        seq_lens,
+        preset=preset,
+        lr_grid=lr_grid,
+        epochs=epochs,
+        n_train=n_train,
+        n_test=n_test,
+        batch_size=batch_size,
+        seed=seed,
+        data_seed=data_seed,
+        early_stop=early_stop,
+        settings=settings,
+    )
     return run_planned(study, out, device=device, quiet=quiet, log=log)

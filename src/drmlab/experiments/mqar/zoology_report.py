@@ -38,31 +38,48 @@ def cell(c: dict | None) -> str:
 def markdown(summary: dict) -> str:
     s = summary["study"]
     r = s["recipe"]
-    lines = ["# MQAR, the Zoology protocol", "",
-             f"Vocabulary {r['vocab_size']:,}, {r['n_train']:,} training / {r['n_test']:,} test examples, power law "
-             f"a = {r['power_a']}; at most {r['epochs']} epochs, early stop above {r['early_stop']} test accuracy; "
-             f"AdamW, weight decay {r['weight_decay']}, cosine to 0; rates "
-             + ", ".join(lr_sweep.lr_label(x) for x in s["lr_grid"]) + f"; preset {s['preset']}; seed {r['seed']}, "
-             f"data seed {r['data_seed']}.",
-             ("Each cell: the final test accuracy (query positions only) of the best rate, as Zoology's Figure 2 "
-              "reports it (docs/mqar.md section 10)."), ""]
+    lines = [
+        "# MQAR, the Zoology protocol",
+        "",
+        f"Vocabulary {r['vocab_size']:,}, {r['n_train']:,} training / {r['n_test']:,} test examples, power law "
+        f"a = {r['power_a']}; at most {r['epochs']} epochs, early stop above {r['early_stop']} test accuracy; "
+        f"AdamW, weight decay {r['weight_decay']}, cosine to 0; rates "
+        + ", ".join(lr_sweep.lr_label(x) for x in s["lr_grid"])
+        + f"; preset {s['preset']}; seed {r['seed']}, "
+        f"data seed {r['data_seed']}.",
+        (
+            "Each cell: the final test accuracy (query positions only) of the best rate, as Zoology's Figure 2 "
+            "reports it (docs/mqar.md section 10)."
+        ),
+        "",
+    ]
     widths = s["widths"]
     for seq_len, kv in s["settings"]:
-        lines += [f"## Length {seq_len}, {kv} pairs", "",
-                  "| model | " + " | ".join(f"width {w}" for w in widths) + " |", "|---|" + "---|" * len(widths)]
+        lines += [
+            f"## Length {seq_len}, {kv} pairs",
+            "",
+            "| model | " + " | ".join(f"width {w}" for w in widths) + " |",
+            "|---|" + "---|" * len(widths),
+        ]
         for name in s["models"]:
             row = [cell(summary["cells"].get(f"{name} w{w} L{seq_len}")) for w in widths]
             lines.append(f"| {name} | " + " | ".join(row) + " |")
         lines.append("")
-    lines += ["## Runs", "", "| run | status | test acc | epochs | early stop | params | s/step | wall s |",
-              "|---|---|---:|---:|---|---:|---:|---:|"]
+    lines += [
+        "## Runs",
+        "",
+        "| run | status | test acc | epochs | early stop | params | s/step | wall s |",
+        "|---|---|---:|---:|---|---:|---:|---:|",
+    ]
     for run in summary["runs"]:
         if run["status"] == "n/a":
             continue
         acc = "--" if run.get("test_acc") is None else f"{100 * run['test_acc']:.2f}%"
         sps = "--" if run.get("seconds_per_step") is None else f"{run['seconds_per_step']:.3f}"
         wall = "--" if run.get("wall_seconds") is None else f"{run['wall_seconds']:.0f}"
-        lines.append(f"| {run['model']} w{run['width']} L{run['seq_len']} lr {lr_sweep.lr_label(run['lr'])} | "
-                     f"{run['status']} | {acc} | {run.get('epochs_run', '--')} | "
-                     f"{'yes' if run.get('early_stopped') else 'no'} | {run.get('params', '--')} | {sps} | {wall} |")
+        lines.append(
+            f"| {run['model']} w{run['width']} L{run['seq_len']} lr {lr_sweep.lr_label(run['lr'])} | "
+            f"{run['status']} | {acc} | {run.get('epochs_run', '--')} | "
+            f"{'yes' if run.get('early_stopped') else 'no'} | {run.get('params', '--')} | {sps} | {wall} |"
+        )
     return "\n".join(lines) + "\n"

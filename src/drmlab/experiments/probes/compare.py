@@ -16,8 +16,8 @@ with its seed spread) and :func:`write_compare`, which writes ``compare.md`` and
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from drmlab.experiments.plotting import draw_or_log, pyplot
 
@@ -48,8 +48,14 @@ def join(ablates: list[dict], mqar: dict | None, kv: int | None) -> tuple[list[d
         for name, m in results["models"].items():
             if name in rows:
                 raise ValueError(f"model {name!r} appears in two ablation studies; pass each model once")
-            rows[name] = {"model": name, "lm_params": m["params"], "bpb_mean": m["bpb_mean"],
-                          "bpb_std": m["bpb_std"], "ce_mean": m["ce_mean"], "lm_seeds": m["n_seeds"]}
+            rows[name] = {
+                "model": name,
+                "lm_params": m["params"],
+                "bpb_mean": m["bpb_mean"],
+                "bpb_std": m["bpb_std"],
+                "ce_mean": m["ce_mean"],
+                "lm_seeds": m["n_seeds"],
+            }
     if mqar is not None:
         kvs = mqar["study"]["kvs"]
         if kv is None:
@@ -61,9 +67,16 @@ def join(ablates: list[dict], mqar: dict | None, kv: int | None) -> tuple[list[d
             if cell is None:
                 continue
             row = rows.setdefault(name, {"model": name})
-            row.update(acc_mean=cell["acc_mean"], acc_std=cell["acc_std"], acc_seeds=cell["n_seeds"],
-                       first_mean=cell.get("first_query_mean"), first_std=cell.get("first_query_std"),
-                       train_acc=cell["train_acc_mean"], mqar_params=cell["params"], chance=cell["chance"])
+            row.update(
+                acc_mean=cell["acc_mean"],
+                acc_std=cell["acc_std"],
+                acc_seeds=cell["n_seeds"],
+                first_mean=cell.get("first_query_mean"),
+                first_std=cell.get("first_query_std"),
+                train_acc=cell["train_acc_mean"],
+                mqar_params=cell["params"],
+                chance=cell["chance"],
+            )
     ordered = sorted((r for r in rows.values() if "bpb_mean" in r), key=lambda r: r["bpb_mean"])
     ordered += [r for r in rows.values() if "bpb_mean" not in r]
     return ordered, kv
@@ -73,26 +86,32 @@ def _protocols(ablates: list[dict], mqar: dict | None, kv: int | None) -> list[s
     lines = []
     for results in ablates:
         s, t = results["study"], results["study"]["train"]
-        lines.append(f"* Bits per byte: `drmlab ablate`, preset `{s['preset']}`, a {t['tokens']:,}-token budget per run "
-                     f"(batch {t['batch_size']} x {t['seq_len']}), lr {t['lr']:g} {t['schedule']}, seeds "
-                     f"{', '.join(map(str, s['seeds']))}; data `{s.get('data_source') or 'stdlib'}` "
-                     f"({s['tokenizer']} tokenizer); whole validation stream rescored.")
+        lines.append(
+            f"* Bits per byte: `drmlab ablate`, preset `{s['preset']}`, a {t['tokens']:,}-token budget per run "
+            f"(batch {t['batch_size']} x {t['seq_len']}), lr {t['lr']:g} {t['schedule']}, seeds "
+            f"{', '.join(map(str, s['seeds']))}; data `{s.get('data_source') or 'stdlib'}` "
+            f"({s['tokenizer']} tokenizer); whole validation stream rescored."
+        )
     if mqar is not None:
         s = mqar["study"]
         lr = s.get("train_overrides", {}).get("lr", 1e-3)
         width = "" if s["width"] is None else f", width {s['width']}"
         train = "fresh training sequences every step" if s["n_train"] == 0 else f"{s['n_train']:,} training"
-        lines.append(f"* MQAR: `drmlab mqar`, {kv} key-value pairs, {s['vocab_kv']} keys, {train} / "
-                     f"{s['n_test']:,} test sequences, {s['steps']:,} steps at batch {s['batch_size']}, lr {lr:g}, "
-                     f"preset `{s['preset']}`{width}, seeds "
-                     f"{', '.join(map(str, s['seeds']))}; accuracy on the query positions only, chance "
-                     f"{100 * mqar['chance']:.2f}%.")
+        lines.append(
+            f"* MQAR: `drmlab mqar`, {kv} key-value pairs, {s['vocab_kv']} keys, {train} / "
+            f"{s['n_test']:,} test sequences, {s['steps']:,} steps at batch {s['batch_size']}, lr {lr:g}, "
+            f"preset `{s['preset']}`{width}, seeds "
+            f"{', '.join(map(str, s['seeds']))}; accuracy on the query positions only, chance "
+            f"{100 * mqar['chance']:.2f}%."
+        )
         level = mqar.get("levels", {}).get(str(kv))
         if level:
-            lines.append(f"* Without any key-value binding a model scores {100 * level['context_guess']:.1f}% by answering "
-                         f"with a random value from its context and {100 * level['elimination_guess']:.1f}% by also "
-                         f"skipping values already queried; the first query of a sequence allows no elimination, so "
-                         f"first-query accuracy above {100 * level['context_guess']:.1f}% is recall.")
+            lines.append(
+                f"* Without any key-value binding a model scores {100 * level['context_guess']:.1f}% by answering "
+                f"with a random value from its context and {100 * level['elimination_guess']:.1f}% by also "
+                f"skipping values already queried; the first query of a sequence allows no elimination, so "
+                f"first-query accuracy above {100 * level['context_guess']:.1f}% is recall."
+            )
     return lines
 
 
@@ -105,14 +124,19 @@ def _pm(mean, std, n, scale=1.0, digits=4, unit=""):
 def markdown(rows: list[dict], ablates: list[dict], mqar: dict | None, kv: int | None) -> str:
     out = ["# Language modelling and associative recall", ""]
     out += _protocols(ablates, mqar, kv)
-    out += ["", "Mean +- population std over seeds (number of seeds in brackets). Lower bits per byte is better; "
-            "higher MQAR accuracy is better. MQAR parameters differ from the LM ones only through the "
-            "vocabulary (and the anchor arms' own width).", ""]
-    out += [f"| model | params (LM) | val bits/byte | MQAR kv={kv} test acc | first query | MQAR train acc | params (MQAR) |",
-            "|---|---:|---|---|---:|---:|---:|"]
+    out += [
+        "",
+        "Mean +- population std over seeds (number of seeds in brackets). Lower bits per byte is better; "
+        "higher MQAR accuracy is better. MQAR parameters differ from the LM ones only through the "
+        "vocabulary (and the anchor arms' own width).",
+        "",
+    ]
+    out += [
+        f"| model | params (LM) | val bits/byte | MQAR kv={kv} test acc | first query | MQAR train acc | params (MQAR) |",
+        "|---|---:|---|---|---:|---:|---:|",
+    ]
     for r in rows:
-        out.append(
-            f"| {r['model']} | {r['lm_params']:,} | " if "lm_params" in r else f"| {r['model']} | -- | ")
+        out.append(f"| {r['model']} | {r['lm_params']:,} | " if "lm_params" in r else f"| {r['model']} | -- | ")
         out[-1] += _pm(r.get("bpb_mean"), r.get("bpb_std"), r.get("lm_seeds")) + " | "
         out[-1] += (_pm(r["acc_mean"], r["acc_std"], r["acc_seeds"], 100, 1, "%") if "acc_mean" in r else "--") + " | "
         first = r.get("first_mean")
@@ -134,10 +158,18 @@ def plot(rows: list[dict], path: Path, kv: int | None, levels: dict | None, meta
     offsets = [(5, 4), (5, -11), (5, 15), (5, -22)]  # staggered so neighbouring labels stay readable
     for i, r in enumerate(sorted(both, key=lambda r: r["bpb_mean"])):
         ax.errorbar(r["bpb_mean"], 100 * r["acc_mean"], xerr=r["bpb_std"], yerr=100 * r["acc_std"], fmt="o", capsize=3)
-        ax.annotate(r["model"], (r["bpb_mean"], 100 * r["acc_mean"]), textcoords="offset points",
-                    xytext=offsets[i % len(offsets)], fontsize=8)
-    for key, label, style in (("chance", "chance", ":"), ("context_guess", "context guess (no binding)", "--"),
-                              ("elimination_guess", "elimination (no binding)", "-.")):
+        ax.annotate(
+            r["model"],
+            (r["bpb_mean"], 100 * r["acc_mean"]),
+            textcoords="offset points",
+            xytext=offsets[i % len(offsets)],
+            fontsize=8,
+        )
+    for key, label, style in (
+        ("chance", "chance", ":"),
+        ("context_guess", "context guess (no binding)", "--"),
+        ("elimination_guess", "elimination (no binding)", "-."),
+    ):
         if levels and key in levels:
             ax.axhline(100 * levels[key], color="grey", lw=0.8, ls=style, label=label)
     if levels:
@@ -152,8 +184,13 @@ def plot(rows: list[dict], path: Path, kv: int | None, levels: dict | None, meta
     return True
 
 
-def write_compare(ablate_dirs: list[str | Path], mqar_dir: str | Path | None, out: str | Path, kv: int | None = None,
-                  log: Callable[[str], None] | None = None) -> tuple[str, bool]:
+def write_compare(
+    ablate_dirs: list[str | Path],
+    mqar_dir: str | Path | None,
+    out: str | Path,
+    kv: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> tuple[str, bool]:
     """Join the studies, write ``out/compare.md`` and ``out/compare.png``; (the table, whether the plot was written)."""
     if not ablate_dirs and mqar_dir is None:
         raise ValueError("nothing to compare: give at least one ablation study or an MQAR study")

@@ -46,7 +46,9 @@ def sample_tokens(batch: int, length: int, tokenizer: str = "bytes") -> torch.Te
 
         ids = torch.as_tensor(get_tokenizer(tokenizer).encode(sample_text().decode("utf-8"))[:need], dtype=torch.long)
     if ids.numel() < need:
-        raise ValueError(f"the sample text holds {ids.numel():,} tokens, fewer than batch {batch} x (length {length} + 1)")
+        raise ValueError(
+            f"the sample text holds {ids.numel():,} tokens, fewer than batch {batch} x (length {length} + 1)"
+        )
     return ids.view(batch, length + 1)
 
 
@@ -58,9 +60,13 @@ def inspect_model(model: torch.nn.Module, tokens: torch.Tensor) -> dict:
         out = model(tokens[:, :-1])
         elapsed = time.perf_counter() - start
     ce = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), tokens[:, 1:].reshape(-1))
-    report = {"params": count_parameters(model), "tokens": int(tokens[:, :-1].numel()),
-              "forward_s": round(elapsed, 4), "ce_nats": float(ce),
-              "ce_uniform_nats": float(torch.log(torch.tensor(float(out.logits.shape[-1]))))}
+    report = {
+        "params": count_parameters(model),
+        "tokens": int(tokens[:, :-1].numel()),
+        "forward_s": round(elapsed, 4),
+        "ce_nats": float(ce),
+        "ce_uniform_nats": float(torch.log(torch.tensor(float(out.logits.shape[-1])))),
+    }
     if hasattr(model, "states"):  # the DRM family
         from drmlab.models.drm.diagnostics import geometry_report
 
@@ -68,8 +74,9 @@ def inspect_model(model: torch.nn.Module, tokens: torch.Tensor) -> dict:
     return report
 
 
-def inspect_registered(name: str, preset: str = "tiny", seed: int = 0, length: int | None = None, batch: int = 2,
-                       device="cpu", **overrides) -> dict:
+def inspect_registered(
+    name: str, preset: str = "tiny", seed: int = 0, length: int | None = None, batch: int = 2, device="cpu", **overrides
+) -> dict:
     """The report of the registered model ``name`` at ``preset``, untrained (vocabulary 256, bytes);
     ``overrides`` are model settings. ``length`` defaults to the preset's training window."""
     from drmlab.devices import resolve_device
@@ -92,10 +99,19 @@ def inspect_run(run_dir: str | Path, length: int | None = None, batch: int = 2, 
     model, config, state = load_run_model(run_dir, device=device)
     tokens = sample_tokens(batch, length or int(config["train"]["seq_len"]), config.get("tokenizer") or "bytes")
     report = _renamed(inspect_model(model, tokens.to(next(model.parameters()).device)), "ce_nats", "ce_trained_nats")
-    run = {"run": str(run_dir), "step": int(state["step"]), "tokens_trained": int(state.get("tokens", 0)),
-           "seed": int(config["train"]["seed"])}
-    return {"model": config.get("label") or config["model"], "preset": config["preset"],
-            **({"overrides": config["overrides"]} if config.get("overrides") else {}), **run, **report}
+    run = {
+        "run": str(run_dir),
+        "step": int(state["step"]),
+        "tokens_trained": int(state.get("tokens", 0)),
+        "seed": int(config["train"]["seed"]),
+    }
+    return {
+        "model": config.get("label") or config["model"],
+        "preset": config["preset"],
+        **({"overrides": config["overrides"]} if config.get("overrides") else {}),
+        **run,
+        **report,
+    }
 
 
 def _renamed(report: dict, old: str, new: str) -> dict:

@@ -68,11 +68,17 @@ def _hooked_stream(model: nn.Module, tokens: torch.Tensor) -> tuple[list[torch.T
     def make_hook(list_name: str, index: int):
         def hook(module, args, kwargs, output):
             x, y = _first_tensor(args, kwargs), _output_tensor(output)
-            if (x is None or y is None or x.dim() != 3 or tuple(x.shape[:2]) != tuple(tokens.shape)
-                    or y.shape != x.shape):
+            if (
+                x is None
+                or y is None
+                or x.dim() != 3
+                or tuple(x.shape[:2]) != tuple(tokens.shape)
+                or y.shape != x.shape
+            ):
                 calls.setdefault(list_name, []).append(None)
             else:
                 calls.setdefault(list_name, []).append((index, x, y))
+
         return hook
 
     for list_name, module in model.named_modules():
@@ -86,7 +92,7 @@ def _hooked_stream(model: nn.Module, tokens: torch.Tensor) -> tuple[list[torch.T
             handle.remove()
 
     best = None
-    for list_name, records in calls.items():
+    for records in calls.values():
         if not records or any(r is None for r in records):
             continue
         chained = all(torch.equal(records[k + 1][1], records[k][2]) for k in range(len(records) - 1))
@@ -96,7 +102,8 @@ def _hooked_stream(model: nn.Module, tokens: torch.Tensor) -> tuple[list[torch.T
         raise ValueError(
             f"{getattr(model, 'model_name', type(model).__name__)} has no depth-wise residual stack "
             "(no method residual_stream(tokens) and no nn.ModuleList of chained [B, T, d] -> [B, T, d] "
-            "blocks); the residual probe does not apply to it")
+            "blocks); the residual probe does not apply to it"
+        )
     return [best[0][1]] + [r[2] for r in best], [r[0] for r in best]
 
 
@@ -127,21 +134,31 @@ def residual_stream_profile(model: nn.Module, tokens: torch.Tensor) -> list[dict
             stream, blocks = residual_stream(model, tokens)
     finally:
         model.train(was_training)
-    rows = [{"layer": 0, "block": None, "norm": _mean_norm(stream[0]), "update_norm": None,
-             "cos_prev": None, "cos_same_block": None}]
+    rows = [
+        {
+            "layer": 0,
+            "block": None,
+            "norm": _mean_norm(stream[0]),
+            "update_norm": None,
+            "cos_prev": None,
+            "cos_same_block": None,
+        }
+    ]
     previous, last_of_block = None, {}
     for k in range(1, len(stream)):
         update = stream[k] - stream[k - 1]
         block = blocks[k - 1] if blocks is not None else None
         same = last_of_block.get(block) if block is not None else None
-        rows.append({
-            "layer": k,
-            "block": block,
-            "norm": _mean_norm(stream[k]),
-            "update_norm": _mean_norm(update),
-            "cos_prev": _mean_cos(update, previous) if previous is not None else None,
-            "cos_same_block": _mean_cos(update, same) if same is not None else None,
-        })
+        rows.append(
+            {
+                "layer": k,
+                "block": block,
+                "norm": _mean_norm(stream[k]),
+                "update_norm": _mean_norm(update),
+                "cos_prev": _mean_cos(update, previous) if previous is not None else None,
+                "cos_same_block": _mean_cos(update, same) if same is not None else None,
+            }
+        )
         previous = update
         if block is not None:
             last_of_block[block] = update
@@ -150,16 +167,22 @@ def residual_stream_profile(model: nn.Module, tokens: torch.Tensor) -> list[dict
 
 def summarize(rows: list[dict]) -> dict:
     """Final/initial norm ratio and the mean cosines over the rows that have them."""
+
     def mean_of(key):
         values = [r[key] for r in rows if r[key] is not None]
         return mean(values) if values else None
 
-    return {"applications": len(rows) - 1, "norm_ratio": rows[-1]["norm"] / rows[0]["norm"],
-            "mean_cos_prev": mean_of("cos_prev"), "mean_cos_same_block": mean_of("cos_same_block")}
+    return {
+        "applications": len(rows) - 1,
+        "norm_ratio": rows[-1]["norm"] / rows[0]["norm"],
+        "mean_cos_prev": mean_of("cos_prev"),
+        "mean_cos_same_block": mean_of("cos_same_block"),
+    }
 
 
-def probe_model(name: str, preset: str = "tiny", seed: int = 0, batch: int = 4, length: int | None = None,
-                **overrides) -> dict:
+def probe_model(
+    name: str, preset: str = "tiny", seed: int = 0, batch: int = 4, length: int | None = None, **overrides
+) -> dict:
     """The profile of the registered model ``name`` at initialisation (vocabulary 256) on ``batch`` x
     ``length`` uniform random tokens drawn from ``seed`` (``length`` defaults to the model's position
     limit, at most 256): ``{"model", "preset", "seed", "overrides", "tokens", "rows", "summary"}``."""
@@ -174,5 +197,12 @@ def probe_model(name: str, preset: str = "tiny", seed: int = 0, batch: int = 4, 
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, 256, (batch, length), generator=generator)
     rows = residual_stream_profile(model, tokens)
-    return {"model": name, "preset": preset, "seed": seed, "overrides": overrides,
-            "tokens": [batch, length], "rows": rows, "summary": summarize(rows)}
+    return {
+        "model": name,
+        "preset": preset,
+        "seed": seed,
+        "overrides": overrides,
+        "tokens": [batch, length],
+        "rows": rows,
+        "summary": summarize(rows),
+    }

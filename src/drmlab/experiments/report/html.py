@@ -22,7 +22,7 @@ import html
 import io
 import math
 import re
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CONTENT_SECURITY_POLICY = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -141,8 +141,10 @@ def png_figure(data: bytes, caption: str) -> str:
     if not data.startswith(PNG_MAGIC):
         raise ValueError(f"figure {caption!r} is not a PNG image")
     encoded = base64.b64encode(data).decode("ascii")
-    return (f'<figure><img alt="{esc(caption)}" src="data:image/png;base64,{encoded}">'
-            f"<figcaption>{esc(caption)}</figcaption></figure>")
+    return (
+        f'<figure><img alt="{esc(caption)}" src="data:image/png;base64,{encoded}">'
+        f"<figcaption>{esc(caption)}</figcaption></figure>"
+    )
 
 
 def figure_bytes(fig, dpi: int = 100) -> bytes:
@@ -196,7 +198,7 @@ def _markdown_table(lines: list[str]) -> str:
     header = _cells(lines[0])
     has_rule = len(lines) > 1 and all(re.fullmatch(r":?-{2,}:?", c) for c in _cells(lines[1]) if c)
     align = [c.endswith(":") for c in _cells(lines[1])] if has_rule else []
-    rows = [_cells(line) for line in lines[2 if has_rule else 1:]]
+    rows = [_cells(line) for line in lines[2 if has_rule else 1 :]]
 
     def row_html(cells, tag):
         out = []
@@ -205,8 +207,11 @@ def _markdown_table(lines: list[str]) -> str:
             out.append(f"<{tag}{css}>{inline(c)}</{tag}>")
         return "<tr>" + "".join(out) + "</tr>"
 
-    return (f"<table><thead>{row_html(header, 'th')}</thead><tbody>"
-            + "".join(row_html(r, "td") for r in rows) + "</tbody></table>")
+    return (
+        f"<table><thead>{row_html(header, 'th')}</thead><tbody>"
+        + "".join(row_html(r, "td") for r in rows)
+        + "</tbody></table>"
+    )
 
 
 def markdown_html(text: str, heading_shift: int = 1) -> str:
@@ -236,8 +241,12 @@ def markdown_html(text: str, heading_shift: int = 1) -> str:
             blocks.append("<ul>" + "".join(items) + "</ul>")
         else:
             start = i
-            while (i < len(lines) and lines[i].strip() and not lines[i].strip().startswith(("#", "|"))
-                   and not re.match(r"[*-] ", lines[i].strip())):
+            while (
+                i < len(lines)
+                and lines[i].strip()
+                and not lines[i].strip().startswith(("#", "|"))
+                and not re.match(r"[*-] ", lines[i].strip())
+            ):
                 i += 1
             blocks.append("<p>" + " ".join(inline(line.strip()) for line in lines[start:i]) + "</p>")
     return "\n".join(blocks)
@@ -248,21 +257,23 @@ def markdown_html(text: str, heading_shift: int = 1) -> str:
 
 def page(title: str, subtitle: str, body: Iterable[str]) -> str:
     """The whole document: UTF-8, the policy, the inline style, ``title`` and ``body`` (already HTML)."""
-    return "\n".join([
-        "<!DOCTYPE html>",
-        '<html lang="en">',
-        "<head>",
-        '<meta charset="utf-8">',
-        f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">',  # a constant, no quote
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{esc(title)}</title>",
-        f"<style>{STYLE}</style>",
-        "</head>",
-        "<body>",
-        f"<h1>{esc(title)}</h1>",
-        f'<p class="subtitle">{esc(subtitle)}</p>' if subtitle else "",
-        *[part for part in body if part],
-        "</body>",
-        "</html>",
-        "",
-    ])
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en">',
+            "<head>",
+            '<meta charset="utf-8">',
+            f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">',  # a constant, no quote
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>{esc(title)}</title>",
+            f"<style>{STYLE}</style>",
+            "</head>",
+            "<body>",
+            f"<h1>{esc(title)}</h1>",
+            f'<p class="subtitle">{esc(subtitle)}</p>' if subtitle else "",
+            *[part for part in body if part],
+            "</body>",
+            "</html>",
+            "",
+        ]
+    )

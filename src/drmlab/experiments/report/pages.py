@@ -82,7 +82,8 @@ def directory_kind(path: str | Path) -> str:
         return "mqar"
     raise NotAReportDirectory(
         f"{path} is neither a run directory (no {CONFIG_FILE}) nor a study directory (no {STUDY_FILE} of "
-        "drmlab ablate or loop-study, no mqar.json of drmlab mqar); nothing to report")
+        "drmlab ablate or loop-study, no mqar.json of drmlab mqar); nothing to report"
+    )
 
 
 def _committed_study(path: Path) -> dict | None:
@@ -143,15 +144,26 @@ def run_page(path: Path) -> str:
     title = f"Run {name} ({config.get('preset', '?')}, seed {seed})"
     body = [
         h.paragraph(_run_status(summary, pointer, rows)),
-        h.section("Results", _results_table(summary) if summary else h.paragraph("No summary.json yet.", "note"),
-                  h.section("Later evaluation (eval.json)", h.key_value_table(evaluation, 8), level=3)
-                  if isinstance(evaluation, dict) else "",
-                  h.section("MQAR result (result.json)", h.key_value_table(result, 16), level=3)
-                  if isinstance(result, dict) else ""),
-        h.section("Curves", h.drawn_figure(lambda: _run_curves(rows), "Training curves from metrics.jsonl"),
-                  h.drawn_figure(lambda: _diagnostic_curves(rows),
-                                 "DRM geometry diagnostics at each sampled evaluation (docs/drm.md sections 2, 4, 14)"))
-        if rows else h.section("Curves", h.paragraph("metrics.jsonl holds no rows yet.", "note")),
+        h.section(
+            "Results",
+            _results_table(summary) if summary else h.paragraph("No summary.json yet.", "note"),
+            h.section("Later evaluation (eval.json)", h.key_value_table(evaluation, 8), level=3)
+            if isinstance(evaluation, dict)
+            else "",
+            h.section("MQAR result (result.json)", h.key_value_table(result, 16), level=3)
+            if isinstance(result, dict)
+            else "",
+        ),
+        h.section(
+            "Curves",
+            h.drawn_figure(lambda: _run_curves(rows), "Training curves from metrics.jsonl"),
+            h.drawn_figure(
+                lambda: _diagnostic_curves(rows),
+                "DRM geometry diagnostics at each sampled evaluation (docs/drm.md sections 2, 4, 14)",
+            ),
+        )
+        if rows
+        else h.section("Curves", h.paragraph("metrics.jsonl holds no rows yet.", "note")),
         _evaluations_section(rows),
         _resumes_section(rows),
         _checkpoint_section(pointer),
@@ -169,21 +181,38 @@ def _run_status(summary: dict, pointer: dict | None, rows: list[dict]) -> str:
     if summary.get("stopped"):
         return f"Stopped ({summary['stopped']}): {summary.get('message', '')}"
     if pointer is not None:
-        return (f"Interrupted or still running: checkpoint at step {pointer.get('step')}, "
-                f"{max(steps) if steps else 0} steps logged.")
+        return (
+            f"Interrupted or still running: checkpoint at step {pointer.get('step')}, "
+            f"{max(steps) if steps else 0} steps logged."
+        )
     return "Started: no checkpoint yet."
 
 
 def _results_table(summary: dict) -> str:
-    first = ("val_ce", "val_bpb", "val_ppl", "val_targets", "val_bytes", "final_loss", "last_sampled_val_ce", "steps",
-             "total_steps", "tokens", "params", "tokens_per_s", "train_seconds", "eval_seconds")
+    first = (
+        "val_ce",
+        "val_bpb",
+        "val_ppl",
+        "val_targets",
+        "val_bytes",
+        "final_loss",
+        "last_sampled_val_ce",
+        "steps",
+        "total_steps",
+        "tokens",
+        "params",
+        "tokens_per_s",
+        "train_seconds",
+        "eval_seconds",
+    )
     keys = [k for k in first if k in summary] + [k for k in summary if k not in first]
     return h.key_value_table({k: summary[k] for k in keys})
 
 
 def _steps(rows: list[dict], kind: str, key: str) -> tuple[list[int], list[float]]:
-    points = [(r["step"], r[key]) for r in rows
-              if r.get("kind") == kind and h.is_number(r.get(key)) and math.isfinite(r[key])]
+    points = [
+        (r["step"], r[key]) for r in rows if r.get("kind") == kind and h.is_number(r.get(key)) and math.isfinite(r[key])
+    ]
     return [p[0] for p in points], [p[1] for p in points]
 
 
@@ -210,8 +239,11 @@ def _run_curves(rows: list[dict]) -> bytes | None:
     ax.plot(x, y, "o-", color="C1", ms=4, label="sampled validation CE")
     ax.set_ylabel("nats/token")
     ax.legend(fontsize=8)
-    for ax, key, label in ((axes[0, 1], "lr", "learning rate"), (axes[1, 0], "grad_norm", "gradient norm (before clipping)"),
-                           (axes[1, 1], "tok_s", "tokens/s")):
+    for ax, key, label in (
+        (axes[0, 1], "lr", "learning rate"),
+        (axes[1, 0], "grad_norm", "gradient norm (before clipping)"),
+        (axes[1, 1], "tok_s", "tokens/s"),
+    ):
         x, y = _steps(rows, "train", key)
         ax.plot(x, y, lw=0.8, color="C0")
         ax.set_ylabel(label)
@@ -233,8 +265,10 @@ def _diagnostic_curves(rows: list[dict]) -> bytes | None:
     from drmlab.experiments.plotting import pyplot
 
     evals = [r for r in rows if r.get("kind") == "eval" and isinstance(r.get("diagnostics"), dict)]
-    panels = [(title, [k for k in keys if any(h.is_number(r["diagnostics"].get(k)) for r in evals)])
-              for title, keys in DIAGNOSTIC_PANELS]
+    panels = [
+        (title, [k for k in keys if any(h.is_number(r["diagnostics"].get(k)) for r in evals)])
+        for title, keys in DIAGNOSTIC_PANELS
+    ]
     panels = [(title, keys) for title, keys in panels if keys]
     if not panels:
         return None
@@ -252,7 +286,7 @@ def _diagnostic_curves(rows: list[dict]) -> bytes | None:
         ax.grid(alpha=0.3)
         if len(keys) > 1:
             ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.tight_layout()
     return h.figure_bytes(fig)
@@ -263,9 +297,13 @@ def _evaluations_section(rows: list[dict]) -> str:
     if not evals:
         return ""
     extra = [k for k in EVAL_TABLE_DIAGNOSTICS if any(k in (r.get("diagnostics") or {}) for r in evals)]
-    table = h.table(["step", "tokens", "sampled val CE"] + extra,
-                    [[r.get("step"), r.get("tokens"), r.get("val_ce")] + [(r.get("diagnostics") or {}).get(k) for k in extra]
-                     for r in evals])
+    table = h.table(
+        ["step", "tokens", "sampled val CE"] + extra,
+        [
+            [r.get("step"), r.get("tokens"), r.get("val_ce")] + [(r.get("diagnostics") or {}).get(k) for k in extra]
+            for r in evals
+        ],
+    )
     return h.section("Sampled evaluations", table)
 
 
@@ -273,10 +311,22 @@ def _resumes_section(rows: list[dict]) -> str:
     resumes = [r for r in rows if r.get("kind") == "resume"]
     if not resumes:
         return ""
-    table = h.table(("from step", "settings changed", "device", "threads"),
-                    [(r.get("step"), "; ".join(f"{k}: {v[0]} -> {v[1]}" if isinstance(v, list) and len(v) == 2 else f"{k}: {v}"
-                                               for k, v in (r.get("changed") or {}).items()) or "none",
-                      r.get("device"), r.get("threads")) for r in resumes])
+    table = h.table(
+        ("from step", "settings changed", "device", "threads"),
+        [
+            (
+                r.get("step"),
+                "; ".join(
+                    f"{k}: {v[0]} -> {v[1]}" if isinstance(v, list) and len(v) == 2 else f"{k}: {v}"
+                    for k, v in (r.get("changed") or {}).items()
+                )
+                or "none",
+                r.get("device"),
+                r.get("threads"),
+            )
+            for r in resumes
+        ],
+    )
     return h.section("Resumes", table)
 
 
@@ -284,10 +334,15 @@ def _checkpoint_section(pointer: dict | None) -> str:
     if pointer is None:
         return h.section("Checkpoint", h.paragraph("No committed checkpoint (no checkpoint.json)."))
     files = pointer.get("files") or {}
-    table = h.table(("file", "bytes", "sha256"),
-                    [(name, (f or {}).get("bytes"), (f or {}).get("sha256")) for name, f in files.items()])
-    return h.section("Checkpoint", h.paragraph(f"Step {pointer.get('step')}, in {pointer.get('dir')} "
-                                               f"(format {pointer.get('format')})."), table)
+    table = h.table(
+        ("file", "bytes", "sha256"),
+        [(name, (f or {}).get("bytes"), (f or {}).get("sha256")) for name, f in files.items()],
+    )
+    return h.section(
+        "Checkpoint",
+        h.paragraph(f"Step {pointer.get('step')}, in {pointer.get('dir')} (format {pointer.get('format')})."),
+        table,
+    )
 
 
 def _configuration(config: dict) -> str:
@@ -331,8 +386,9 @@ def _study_results(path: Path) -> dict:
         return results
     if isinstance(saved, dict) and isinstance(saved.get("study"), dict):
         return saved
-    raise NotAReportDirectory(f"{path} holds a study record ({ablate.STUDY_FILE}) but neither runs/, tuning/ "
-                              "nor results.json")
+    raise NotAReportDirectory(
+        f"{path} holds a study record ({ablate.STUDY_FILE}) but neither runs/, tuning/ nor results.json"
+    )
 
 
 def _written_report(write) -> tuple[dict[str, str], dict[str, bytes]]:
@@ -365,19 +421,25 @@ def _gate_verdicts(results: dict) -> str:
         return h.paragraph("No pair of models with runs: no gate to apply.")
     rule = results.get("gate_rule") or {}
     promoted = [g for g in gates if g.get("promoted")]
-    intro = (f"<p>The promotion gate (docs/drm.md section A.7; rule: at least {h.esc(rule.get('min_seeds', 3))} paired "
-             f"seeds, mean gain at least {h.esc(rule.get('min_gain', 0.005))} nats, wins on at least "
-             f"{h.esc(_fraction(rule.get('min_win_fraction', 2 / 3)))} of the pairs, candidate "
-             f"{h.esc(rule.get('std', 'population'))} std at most {h.esc(rule.get('max_std', 0.03))}): "
-             f"{len(promoted)} of {len(gates)} ordered pairs promoted.</p>")
+    intro = (
+        f"<p>The promotion gate (docs/drm.md section A.7; rule: at least {h.esc(rule.get('min_seeds', 3))} paired "
+        f"seeds, mean gain at least {h.esc(rule.get('min_gain', 0.005))} nats, wins on at least "
+        f"{h.esc(_fraction(rule.get('min_win_fraction', 2 / 3)))} of the pairs, candidate "
+        f"{h.esc(rule.get('std', 'population'))} std at most {h.esc(rule.get('max_std', 0.03))}): "
+        f"{len(promoted)} of {len(gates)} ordered pairs promoted.</p>"
+    )
     items = []
     for g in gates:
         if g.get("promoted"):
-            items.append(f'<li><span class="yes">promoted</span>: {h.esc(g["candidate"])} over {h.esc(g["baseline"])} '
-                         f"(gain {h.esc(format(g['gain'], '+.4f'))} nats, wins {h.esc(g['wins'])}/{h.esc(g['n'])})</li>")
+            items.append(
+                f'<li><span class="yes">promoted</span>: {h.esc(g["candidate"])} over {h.esc(g["baseline"])} '
+                f"(gain {h.esc(format(g['gain'], '+.4f'))} nats, wins {h.esc(g['wins'])}/{h.esc(g['n'])})</li>"
+            )
         else:
-            items.append(f'<li><span class="no">not promoted</span>: {h.esc(g.get("candidate"))} over '
-                         f"{h.esc(g.get('baseline'))} ({h.esc('; '.join(g.get('reasons') or []))})</li>")
+            items.append(
+                f'<li><span class="no">not promoted</span>: {h.esc(g.get("candidate"))} over '
+                f"{h.esc(g.get('baseline'))} ({h.esc('; '.join(g.get('reasons') or []))})</li>"
+            )
     return intro + "<ul>" + "".join(items) + "</ul>"
 
 
@@ -394,8 +456,9 @@ def _first_run_config(path: Path, runs: list[dict], study: dict) -> dict | None:
     from drmlab.experiments.ablate.protocol import run_dir
     from drmlab.runs import RunDir
 
-    candidates = [(r["model"], r["seed"]) for r in runs] + [(m, s) for m in study.get("models", [])
-                                                           for s in study.get("seeds", [])]
+    candidates = [(r["model"], r["seed"]) for r in runs] + [
+        (m, s) for m in study.get("models", []) for s in study.get("seeds", [])
+    ]
     for model, seed in candidates:
         run = RunDir(run_dir(path, model, seed))
         if run.has_config():
@@ -413,8 +476,8 @@ def study_page(path: Path, loop: bool = False) -> str:
     def write(folder: Path) -> None:
         ablate_report.write_report(results, folder, log=warnings.append)
         if loop and results.get("models"):
-            from drmlab.experiments.loop import study as loop_study
             from drmlab.experiments.loop import report as loop_study_report
+            from drmlab.experiments.loop import study as loop_study
 
             settings = {arm: loop_study.arm_settings(arm, study["preset"]) for arm in results["models"]}
             extra = {"loop_eval": results["eval_loops"]} if results.get("eval_loops") else {}
@@ -423,27 +486,47 @@ def study_page(path: Path, loop: bool = False) -> str:
     texts, images = _written_report(write)
     kind = "Loop study" if loop else "Ablation study"
     title = f"{kind}: {', '.join(map(str, study.get('models', [])))}"
-    subtitle = (f"drmlab study directory {path}; preset {study.get('preset')}, seeds "
-                f"{', '.join(map(str, study.get('seeds', [])))}")
+    subtitle = (
+        f"drmlab study directory {path}; preset {study.get('preset')}, seeds "
+        f"{', '.join(map(str, study.get('seeds', [])))}"
+    )
     runs = results.get("runs") or []
     first_config = _first_run_config(path, runs, study)
     body = [
-        h.paragraph("Incomplete: some runs are missing." if not results.get("complete") else
-                    f"Complete: {len(runs)} runs.", None if results.get("complete") else "note"),
+        h.paragraph(
+            "Incomplete: some runs are missing." if not results.get("complete") else f"Complete: {len(runs)} runs.",
+            None if results.get("complete") else "note",
+        ),
         h.section("Loop table", h.markdown_html(texts["loop.md"])) if "loop.md" in texts else "",
         h.section("Promotion gate verdicts", _gate_verdicts(results)),
         h.section("Figures", *_figures(images), _not_drawn(["curves.png", "seeds.png"], images, warnings)),
         h.section("Results (results.md)", h.markdown_html(texts.get("results.md", ""), heading_shift=2)),
-        h.section("Runs", h.table(("model", "seed", "params", "val CE (nats/token)", "bits/byte", "tokens", "tokens/s",
-                                   "train seconds"),
-                                  [(r.get("model"), r.get("seed"), r.get("params"), r.get("val_ce"), r.get("val_bpb"),
-                                    r.get("tokens"), r.get("tokens_per_s"), r.get("train_seconds")) for r in runs])
-                  if runs else h.paragraph("No finished run yet.", "note")),
+        h.section(
+            "Runs",
+            h.table(
+                ("model", "seed", "params", "val CE (nats/token)", "bits/byte", "tokens", "tokens/s", "train seconds"),
+                [
+                    (
+                        r.get("model"),
+                        r.get("seed"),
+                        r.get("params"),
+                        r.get("val_ce"),
+                        r.get("val_bpb"),
+                        r.get("tokens"),
+                        r.get("tokens_per_s"),
+                        r.get("train_seconds"),
+                    )
+                    for r in runs
+                ],
+            )
+            if runs
+            else h.paragraph("No finished run yet.", "note"),
+        ),
         h.section("Study settings (study.json)", h.key_value_table(study)),
-        h.section("Data provenance (the first run's config.json)", _provenance(first_config))
-        if first_config else "",
+        h.section("Data provenance (the first run's config.json)", _provenance(first_config)) if first_config else "",
         h.section("Runtime (the first run's config.json)", h.key_value_table(first_config.get("runtime") or {}))
-        if first_config else "",
+        if first_config
+        else "",
     ]
     return h.page(title, subtitle, body)
 
@@ -462,7 +545,7 @@ def mqar_page(path: Path) -> str:
     texts, images = _written_report(lambda folder: mqar_report.write_report(summary, folder, log=warnings.append))
     study = summary["study"]
     runtime = None
-    for run_folder in (sorted((path / "runs").glob("*")) if (path / "runs").is_dir() else []):
+    for run_folder in sorted((path / "runs").glob("*")) if (path / "runs").is_dir() else []:
         if RunDir(run_folder).has_config():
             runtime = RunDir(run_folder).read_config().get("runtime")
             break
@@ -472,6 +555,8 @@ def mqar_page(path: Path) -> str:
         h.section("Figure", *_figures(images), _not_drawn(["mqar.png"], images, warnings)),
         h.section("Results (mqar.md)", h.markdown_html(texts.get("mqar.md", ""), heading_shift=2)),
         h.section("Study settings", h.key_value_table(study)),
-        h.section("Runtime (the first run's config.json)", h.key_value_table(runtime)) if isinstance(runtime, dict) else "",
+        h.section("Runtime (the first run's config.json)", h.key_value_table(runtime))
+        if isinstance(runtime, dict)
+        else "",
     ]
     return h.page(title, subtitle, body)

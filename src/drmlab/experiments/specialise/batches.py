@@ -19,7 +19,9 @@ def uses_language(seed: int, step: int, probability: float = LANGUAGE_PROBABILIT
     return bool(np.random.default_rng([seed, step]).random() < probability)
 
 
-def language_batch(stream: np.ndarray, seed: int, step: int, window: int = LANGUAGE_WINDOW) -> tuple[torch.Tensor, torch.Tensor]:
+def language_batch(
+    stream: np.ndarray, seed: int, step: int, window: int = LANGUAGE_WINDOW
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs [1, window], next tokens [1, window]) of one random window of the training stream, its
     offset from ``default_rng([seed + 1, step, 0])``."""
     starts = window_starts(seed + 1, step, 0, 1, window, len(stream))

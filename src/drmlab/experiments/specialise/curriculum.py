@@ -46,8 +46,9 @@ def check_curriculum(stages) -> list[tuple[int, int]]:
         raise ValueError("the curriculum has no stage")
     for length, steps in stages:
         if length < mqar_distance.CONTROL_LENGTH:
-            raise ValueError(f"curriculum length {length} is below {mqar_distance.CONTROL_LENGTH} (the 8 pairs and "
-                             "their queries)")
+            raise ValueError(
+                f"curriculum length {length} is below {mqar_distance.CONTROL_LENGTH} (the 8 pairs and their queries)"
+            )
         if steps <= 0:
             raise ValueError(f"curriculum stage {length}:{steps} needs a positive number of steps")
     lengths = [length for length, _ in stages]
@@ -89,8 +90,13 @@ class Settings:
         self.curriculum = [list(stage) for stage in check_curriculum(self.curriculum)]
         for name, low in (("backbone_lr", "a non-negative"), ("memory_lr", "a positive")):
             value = getattr(self, name)
-            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
-                    or (name == "memory_lr" and value == 0)):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+                or (name == "memory_lr" and value == 0)
+            ):
                 raise ValueError(f"--{name.replace('_', '-')} must be {low} number, got {value!r}")
         if not 0 <= self.language_probability <= 1:
             raise ValueError(f"the language probability must be in [0, 1], got {self.language_probability!r}")

@@ -14,7 +14,9 @@ from drmlab.experiments.specialise.batches import MixedBatches
 from drmlab.experiments.specialise.curriculum import KD_WEIGHT, TEMPERATURE, Settings
 
 
-def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = TEMPERATURE) -> torch.Tensor:
+def distillation_kl(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = TEMPERATURE
+) -> torch.Tensor:
     """KL(softmax(teacher / T) || softmax(student / T)) summed over the vocabulary, averaged over the
     positions [..., vocab]; computed in float32 or wider."""
     dtype = torch.promote_types(student_logits.dtype, torch.float32)
@@ -24,23 +26,27 @@ def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
     return F.kl_div(log_student, log_teacher, log_target=True, reduction="sum") / positions
 
 
-def language_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor, *,
-                  temperature: float = TEMPERATURE, kd_weight: float = KD_WEIGHT
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def language_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = TEMPERATURE,
+    kd_weight: float = KD_WEIGHT,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(CE + kd_weight T^2 KL, CE, KL) of a language batch: CE of the student against the next tokens."""
     dtype = torch.promote_types(student_logits.dtype, torch.float32)
     logits = student_logits.to(dtype)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     kl = distillation_kl(logits, teacher_logits, temperature)
-    return ce + kd_weight * temperature ** 2 * kl, ce, kl
+    return ce + kd_weight * temperature**2 * kl, ce, kl
 
 
 def mqar_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """CE on the scored positions only (targets other than the ignore index: the 8 queries per example)."""
     dtype = torch.promote_types(logits.dtype, torch.float32)
     logits = logits.to(dtype)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                           ignore_index=mqar_distance.IGNORE)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=mqar_distance.IGNORE)
 
 
 class SpecialiseLoss:
@@ -60,8 +66,9 @@ class SpecialiseLoss:
             with torch.no_grad():
                 teacher_logits = self.teacher(inputs, step=None).logits
             out = model(inputs, step=None)
-            loss, ce, kl = language_loss(out.logits, teacher_logits, targets, temperature=s.temperature,
-                                         kd_weight=s.kd_weight)
+            loss, ce, kl = language_loss(
+                out.logits, teacher_logits, targets, temperature=s.temperature, kd_weight=s.kd_weight
+            )
         else:
             out = model(inputs, step=None)
             loss = ce = mqar_loss(out.logits, targets)
@@ -69,5 +76,10 @@ class SpecialiseLoss:
         aux = out.aux.get("loss_aux") if out.aux else None
         if aux is not None:
             loss = loss + aux.float()
-        return loss, {"ce": ce, "kd": kl, "stage": s.stage_of(step), "batch": "language" if language else "mqar",
-                      "batch_tokens": int(inputs.numel())}
+        return loss, {
+            "ce": ce,
+            "kd": kl,
+            "stage": s.stage_of(step),
+            "batch": "language" if language else "mqar",
+            "batch_tokens": int(inputs.numel()),
+        }

@@ -53,14 +53,18 @@ def check_base(base: str | Path) -> dict:
     config = run.read_config()
     name = config.get("model")
     if name not in BASE_MODELS:
-        raise ValueError(f"--base {base}: a {name} run; the specialisation starts from a J_NO_DIRECTION run "
-                         f"(or continues an ASM_CM one)")
+        raise ValueError(
+            f"--base {base}: a {name} run; the specialisation starts from a J_NO_DIRECTION run "
+            f"(or continues an ASM_CM one)"
+        )
     if not run.has_checkpoint():
         raise FileNotFoundError(f"--base {base}: no checkpoint to start from (missing {run.pointer_path.name})")
     vocab = config.get("vocab_size") or (config.get("model_config") or {}).get("vocab_size")
     if vocab != mqar_distance.VOCAB_SIZE:
-        raise ValueError(f"--base {base}: its vocabulary has {vocab} ids; the recall task's tokens need exactly "
-                         f"{mqar_distance.VOCAB_SIZE} (a bytes run)")
+        raise ValueError(
+            f"--base {base}: its vocabulary has {vocab} ids; the recall task's tokens need exactly "
+            f"{mqar_distance.VOCAB_SIZE} (a bytes run)"
+        )
     return config
 
 
@@ -84,8 +88,13 @@ def build_student(base_config: dict, teacher: nn.Module, seed: int) -> nn.Module
     of them but the new memory's from a J_NO_DIRECTION base), on the teacher's device, in train mode."""
     from drmlab.models import build_model
 
-    student = build_model(STUDENT_MODEL, base_config["preset"], vocab_size=int(base_config["vocab_size"]), seed=seed,
-                          **(base_config.get("overrides") or {}))
+    student = build_model(
+        STUDENT_MODEL,
+        base_config["preset"],
+        vocab_size=int(base_config["vocab_size"]),
+        seed=seed,
+        **(base_config.get("overrides") or {}),
+    )
     student.to(next(teacher.parameters()).device)
     source = teacher.state_dict()
     if base_config["model"] == STUDENT_MODEL:
@@ -94,13 +103,19 @@ def build_student(base_config: dict, teacher: nn.Module, seed: int) -> nn.Module
         missing, unexpected = student.load_state_dict(source, strict=False)
         new = set(memory_parameter_names(student))
         if set(missing) != new or unexpected:
-            raise ValueError(f"the base's weights do not fit {STUDENT_MODEL} beside its memory: missing "
-                             f"{sorted(set(missing) - new)[:3]}, unexpected {sorted(unexpected)[:3]}")
+            raise ValueError(
+                f"the base's weights do not fit {STUDENT_MODEL} beside its memory: missing "
+                f"{sorted(set(missing) - new)[:3]}, unexpected {sorted(unexpected)[:3]}"
+            )
     return student.train()
 
 
-def build_optimizer(student: nn.Module, backbone_lr: float = BACKBONE_LR, memory_lr: float = MEMORY_LR,
-                    weight_decay: float = WEIGHT_DECAY) -> torch.optim.AdamW:
+def build_optimizer(
+    student: nn.Module,
+    backbone_lr: float = BACKBONE_LR,
+    memory_lr: float = MEMORY_LR,
+    weight_decay: float = WEIGHT_DECAY,
+) -> torch.optim.AdamW:
     """AdamW with two groups, ``backbone`` (every parameter but the memory's) and ``memory``
     (``fast_weight_memory.*``), both with ``weight_decay``; each group's rate is its base rate for
     the trainer's (constant) schedule."""
@@ -109,10 +124,13 @@ def build_optimizer(student: nn.Module, backbone_lr: float = BACKBONE_LR, memory
         (memory if name.startswith(MEMORY_PREFIX) else backbone).append(parameter)
     if not memory:
         raise ValueError(f"the student has no {MEMORY_PREFIX}* parameters")
-    return torch.optim.AdamW([
-        {"params": backbone, "lr": backbone_lr, "weight_decay": weight_decay, "name": "backbone"},
-        {"params": memory, "lr": memory_lr, "weight_decay": weight_decay, "name": "memory"},
-    ], lr=memory_lr)
+    return torch.optim.AdamW(
+        [
+            {"params": backbone, "lr": backbone_lr, "weight_decay": weight_decay, "name": "backbone"},
+            {"params": memory, "lr": memory_lr, "weight_decay": weight_decay, "name": "memory"},
+        ],
+        lr=memory_lr,
+    )
 
 
 # ---------------------------------------------------------------------------------- the run
@@ -120,10 +138,22 @@ class Specialisation:
     """One specialisation: the student, the teacher, the batch source and loss, and the trainer's
     pieces; :meth:`run` trains (continuing a killed run) and returns the result (specialise.json)."""
 
-    def __init__(self, base: str | Path, out: str | Path, settings: Settings, corpus, *, eval_tokens: int | None = None,
-                 device="auto", checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY, overwrite: bool = False,
-                 log: Callable[[str], None] | None = None, progress_seconds: float = PROGRESS_SECONDS,
-                 data_source: str | None = None, base_model=None):
+    def __init__(
+        self,
+        base: str | Path,
+        out: str | Path,
+        settings: Settings,
+        corpus,
+        *,
+        eval_tokens: int | None = None,
+        device="auto",
+        checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+        overwrite: bool = False,
+        log: Callable[[str], None] | None = None,
+        progress_seconds: float = PROGRESS_SECONDS,
+        data_source: str | None = None,
+        base_model=None,
+    ):
         from drmlab.devices import resolve_device
 
         self.settings = settings.validate()
@@ -140,8 +170,10 @@ class Specialisation:
         else:  # (teacher, config, pointer) already loaded
             self.teacher, self.base_config, self.base_pointer = base_model
         if corpus.vocab_size != self.base_config.get("vocab_size"):
-            raise ValueError(f"the corpus's vocabulary ({corpus.vocab_size}) differs from the base run's "
-                             f"({self.base_config.get('vocab_size')})")
+            raise ValueError(
+                f"the corpus's vocabulary ({corpus.vocab_size}) differs from the base run's "
+                f"({self.base_config.get('vocab_size')})"
+            )
         base_train = self.base_config.get("train") or {}
         self.rescore_seq_len = int(base_train.get("seq_len") or 256)
         self.rescore_batch = int(base_train.get("eval_batch_size") or 8)
@@ -155,56 +187,91 @@ class Specialisation:
     def spec(self) -> dict:
         """What the run's steps depend on: the base checkpoint, the data, the settings."""
         meta = self.corpus.meta if isinstance(self.corpus.meta, dict) else {}
-        return jsonable({
-            "base": {"path": str(self.base.resolve()), "model": self.base_config["model"],
-                     "preset": self.base_config["preset"], "overrides": self.base_config.get("overrides") or {},
-                     "step": int(self.base_pointer["step"]),
-                     "model_sha256": self.base_pointer["files"]["model.safetensors"]["sha256"]},
-            "data": {"content_sha256": meta.get("content_sha256"), "tokenizer": self.corpus.tokenizer.name},
-            "rescoring": {"seq_len": self.rescore_seq_len, "batch_size": self.rescore_batch,
-                          "eval_tokens": self.eval_tokens},
-            "settings": dataclasses.asdict(self.settings),
-        })
+        return jsonable(
+            {
+                "base": {
+                    "path": str(self.base.resolve()),
+                    "model": self.base_config["model"],
+                    "preset": self.base_config["preset"],
+                    "overrides": self.base_config.get("overrides") or {},
+                    "step": int(self.base_pointer["step"]),
+                    "model_sha256": self.base_pointer["files"]["model.safetensors"]["sha256"],
+                },
+                "data": {"content_sha256": meta.get("content_sha256"), "tokenizer": self.corpus.tokenizer.name},
+                "rescoring": {
+                    "seq_len": self.rescore_seq_len,
+                    "batch_size": self.rescore_batch,
+                    "eval_tokens": self.eval_tokens,
+                },
+                "settings": dataclasses.asdict(self.settings),
+            }
+        )
 
     def train_config(self) -> TrainConfig:
         """The trainer's settings: one batch per step, the curriculum's steps, the memory's rate as
         ``lr`` (each group keeps its own), constant; ``seq_len``, ``eval_batch_size`` and ``eval_tokens``
         are the rescoring's (what ``drmlab eval`` reads), so the nominal step is ``seq_len`` tokens."""
         s, seq = self.settings, self.rescore_seq_len
-        return TrainConfig(tokens=s.total_steps * seq, batch_size=1, grad_accum=1, seq_len=seq, seed=s.seed,
-                           lr=s.memory_lr, schedule="constant", weight_decay=s.weight_decay, grad_clip=s.grad_clip,
-                           eval_every=0, eval_windows=0, eval_tokens=self.eval_tokens,
-                           eval_batch_size=self.rescore_batch, checkpoint_every=self.checkpoint_every * seq,
-                           divergence_steps=0).validate()
+        return TrainConfig(
+            tokens=s.total_steps * seq,
+            batch_size=1,
+            grad_accum=1,
+            seq_len=seq,
+            seed=s.seed,
+            lr=s.memory_lr,
+            schedule="constant",
+            weight_decay=s.weight_decay,
+            grad_clip=s.grad_clip,
+            eval_every=0,
+            eval_windows=0,
+            eval_tokens=self.eval_tokens,
+            eval_batch_size=self.rescore_batch,
+            checkpoint_every=self.checkpoint_every * seq,
+            divergence_steps=0,
+        ).validate()
 
     def run_info(self) -> RunInfo:
         """config.json beside the trainer's entries: ASM_CM at the base's preset and overrides, the data
         and the specialisation's own record (``specialise``: :meth:`spec`)."""
         base = self.base_config
-        return RunInfo(STUDENT_MODEL, base["preset"], base.get("overrides") or {},
-                       data=DataInfo(self.corpus.vocab_size, self.corpus.tokenizer.name, self.data_source,
-                                     self.corpus.meta),
-                       study={"specialise": self.spec()})
+        return RunInfo(
+            STUDENT_MODEL,
+            base["preset"],
+            base.get("overrides") or {},
+            data=DataInfo(self.corpus.vocab_size, self.corpus.tokenizer.name, self.data_source, self.corpus.meta),
+            study={"specialise": self.spec()},
+        )
 
     def pieces(self) -> TrainPieces:
         s = self.settings
         return TrainPieces(
             loss_fn=self.loss,
             optimizer_builder=lambda model, cfg: build_optimizer(model, s.backbone_lr, s.memory_lr, s.weight_decay),
-            hooks=(EvalHook("rescore", {0}, self._before),
-                   EvalHook("stage", {last for _, _, last in s.stage_bounds()}, self._stage)),
-            summary_extras=self._finish, advice=ADVICE)
+            hooks=(
+                EvalHook("rescore", {0}, self._before),
+                EvalHook("stage", {last for _, _, last in s.stage_bounds()}, self._stage),
+            ),
+            summary_extras=self._finish,
+            advice=ADVICE,
+        )
 
     def _trainer_arguments(self) -> dict:
-        return {"run_info": self.run_info(), "evaluate": self._after, "device": str(self.device),
-                "quiet": self.log is None, "progress_seconds": self.progress_seconds, "pieces": self.pieces()}
+        return {
+            "run_info": self.run_info(),
+            "evaluate": self._after,
+            "device": str(self.device),
+            "quiet": self.log is None,
+            "progress_seconds": self.progress_seconds,
+            "pieces": self.pieces(),
+        }
 
     def trainer(self):
         """The :class:`~drmlab.training.trainer.Trainer` of this run, not started (to inspect a step)."""
         from drmlab.training.trainer import Trainer
 
-        return Trainer(self.student, self.batches, self.train_config(), self.run_dir, val_tokens=None,
-                       **self._trainer_arguments())
+        return Trainer(
+            self.student, self.batches, self.train_config(), self.run_dir, val_tokens=None, **self._trainer_arguments()
+        )
 
     # -- everything
     def run(self, stop_after_step: int | None = None) -> dict:
@@ -213,8 +280,17 @@ class Specialisation:
         from drmlab.training.trainer import train
 
         resume = self._plan()
-        train(self.student, self.batches, None, self.train_config(), self.run_dir, resume=resume,
-              overwrite=not resume, stop_after_step=stop_after_step, **self._trainer_arguments())
+        train(
+            self.student,
+            self.batches,
+            None,
+            self.train_config(),
+            self.run_dir,
+            resume=resume,
+            overwrite=not resume,
+            stop_after_step=stop_after_step,
+            **self._trainer_arguments(),
+        )
         return self.result
 
     def _plan(self) -> bool:
@@ -230,14 +306,17 @@ class Specialisation:
         summary = run.read_summary() if run.summary_path.is_file() else None
         reason = self._why_not_continue(saved, summary, spec)
         if reason is not None:
-            raise FileExistsError(f"{run.path} already holds {reason}; choose another --out or --overwrite "
-                                  "(its files are then deleted)")
+            raise FileExistsError(
+                f"{run.path} already holds {reason}; choose another --out or --overwrite (its files are then deleted)"
+            )
         if not run.has_checkpoint():
             return False  # killed before its first checkpoint: start again
         step = int(run.read_pointer()["step"])
         if "before" not in saved:
-            raise RuntimeError(f"{path} lacks the language CE before training although a checkpoint at step "
-                               f"{step} exists; use --overwrite to start again")
+            raise RuntimeError(
+                f"{path} lacks the language CE before training although a checkpoint at step "
+                f"{step} exists; use --overwrite to start again"
+            )
         self.result = dict(saved, spec=spec)
         self._say(f"specialise: continuing {run.path} at step {step} of {self.settings.total_steps}")
         return True
@@ -265,8 +344,10 @@ class Specialisation:
         self._write_result()  # a run killed before its first checkpoint starts again
         self.result["before"] = self.rescore(model)
         self._write_result()
-        self._say(f"specialise: language CE before {self.result['before']['ce']:.4f} nats/token "
-                  f"({self.result['before']['targets']:,} tokens)")
+        self._say(
+            f"specialise: language CE before {self.result['before']['ce']:.4f} nats/token "
+            f"({self.result['before']['targets']:,} tokens)"
+        )
         return self.result["before"]
 
     def _stage(self, model: nn.Module, step: int) -> dict:
@@ -287,10 +368,16 @@ class Specialisation:
         """A finished run: the verdicts into specialise.json, and the summary's own entries."""
         self.result.update(self.verdicts())
         self._write_result()
-        self._say(f"specialise: language CE after {self.result['after']['ce']:.4f} nats/token "
-                  f"({self.result['language']['regression']:+.4f})")
-        return {"specialised_from": str(self.base.resolve()), "recall_pass": self.result["recall_pass"],
-                "language_regression": self.result["language"]["regression"], "passed": self.result["passed"]}
+        self._say(
+            f"specialise: language CE after {self.result['after']['ce']:.4f} nats/token "
+            f"({self.result['language']['regression']:+.4f})"
+        )
+        return {
+            "specialised_from": str(self.base.resolve()),
+            "recall_pass": self.result["recall_pass"],
+            "language_regression": self.result["language"]["regression"],
+            "passed": self.result["passed"],
+        }
 
     # -- evaluations
     def rescore(self, model: nn.Module | None = None) -> dict:
@@ -298,9 +385,15 @@ class Specialisation:
 
         meta = self.corpus.meta if isinstance(self.corpus.meta, dict) else {}
         t0 = time.perf_counter()
-        result = rescore(model if model is not None else self.student, self.corpus.val, self.rescore_seq_len,
-                         batch_size=self.rescore_batch, max_targets=self.eval_tokens, device=self.device,
-                         count_bytes=byte_counter(self.corpus.val, self.corpus.tokenizer, meta.get("val_bytes")))
+        result = rescore(
+            model if model is not None else self.student,
+            self.corpus.val,
+            self.rescore_seq_len,
+            batch_size=self.rescore_batch,
+            max_targets=self.eval_tokens,
+            device=self.device,
+            count_bytes=byte_counter(self.corpus.val, self.corpus.tokenizer, meta.get("val_bytes")),
+        )
         result["seconds"] = time.perf_counter() - t0
         return result
 
@@ -315,14 +408,23 @@ class Specialisation:
             n = s.eval_count(L)
             batch = max(1, min(n, EVAL_TOKENS_PER_FORWARD // L))
             record = mqar_distance.read_length(model, L, n, eval_seed=s.eval_seed, eval_batch=batch, chunk=chunk)
-            records[str(L)] = {k: record[k] for k in ("acc", "correct", "total", "ci95", "by_query", "n_eval",
-                                                      "eval_seed", "seconds")}
+            records[str(L)] = {
+                k: record[k] for k in ("acc", "correct", "total", "ci95", "by_query", "n_eval", "eval_seed", "seconds")
+            }
             lo, hi = record["ci95"]
-            self._say(f"specialise: after stage {length} (step {last}) L={L}: {100 * record['acc']:.2f}% "
-                      f"[{100 * lo:.2f}, {100 * hi:.2f}] ({record['correct']}/{record['total']})")
+            self._say(
+                f"specialise: after stage {length} (step {last}) L={L}: {100 * record['acc']:.2f}% "
+                f"[{100 * lo:.2f}, {100 * hi:.2f}] ({record['correct']}/{record['total']})"
+            )
         failing = [int(L) for L, r in records.items() if r["acc"] < PASS_THRESHOLD]
-        return {"length": length, "first_step": first, "last_step": last, "lengths": records,
-                "pass": not failing, "failing": failing}
+        return {
+            "length": length,
+            "first_step": first,
+            "last_step": last,
+            "lengths": records,
+            "pass": not failing,
+            "failing": failing,
+        }
 
     def verdicts(self) -> dict:
         stages = self.result["stages"]
@@ -330,17 +432,31 @@ class Specialisation:
         first_failed = next((st["length"] for st in stages if not st["pass"]), None)
         final = stages[-1]
         recall = bool(final["pass"]) and len(final["lengths"]) == len(self.settings.curriculum)
-        language = {"before": before, "after": after, "regression": after - before, "limit": CE_REGRESSION_LIMIT,
-                    "pass": after - before <= CE_REGRESSION_LIMIT}
+        language = {
+            "before": before,
+            "after": after,
+            "regression": after - before,
+            "limit": CE_REGRESSION_LIMIT,
+            "pass": after - before <= CE_REGRESSION_LIMIT,
+        }
         control = final["lengths"][str(self.settings.curriculum[0][0])]
         reasons = []
         if not recall:
-            reasons.append(f"recall below {100 * PASS_THRESHOLD:.0f}% at " + ", ".join(str(L) for L in final["failing"])
-                           + f" after the last stage (first failing stage: {first_failed})")
+            reasons.append(
+                f"recall below {100 * PASS_THRESHOLD:.0f}% at "
+                + ", ".join(str(L) for L in final["failing"])
+                + f" after the last stage (first failing stage: {first_failed})"
+            )
         if not language["pass"]:
             reasons.append(f"language CE rose by {after - before:.4f} > {CE_REGRESSION_LIMIT}")
-        return {"control": control, "recall_pass": recall, "first_failed_stage": first_failed, "language": language,
-                "passed": recall and language["pass"], "reasons": reasons}
+        return {
+            "control": control,
+            "recall_pass": recall,
+            "first_failed_stage": first_failed,
+            "language": language,
+            "passed": recall and language["pass"],
+            "reasons": reasons,
+        }
 
     def _say(self, message: str) -> None:
         if self.log is not None:
@@ -357,12 +473,25 @@ def _differences(saved, now, prefix: str = "") -> list[str]:
     return [] if saved == now else [f"{prefix[:-1]}: {saved!r} in the run, {now!r} now"]
 
 
-def specialise(base: str | Path, out: str | Path, corpus, *, curriculum=DEFAULT_CURRICULUM, steps_scale: float = 1.0,
-               seed: int | None = None, backbone_lr: float = BACKBONE_LR, memory_lr: float = MEMORY_LR,
-               eval_sequences: int | None = None, eval_tokens: int | None = None, device="auto",
-               checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY, overwrite: bool = False,
-               stop_after_step: int | None = None, log: Callable[[str], None] | None = None,
-               data_source: str | None = None) -> dict:
+def specialise(
+    base: str | Path,
+    out: str | Path,
+    corpus,
+    *,
+    curriculum=DEFAULT_CURRICULUM,
+    steps_scale: float = 1.0,
+    seed: int | None = None,
+    backbone_lr: float = BACKBONE_LR,
+    memory_lr: float = MEMORY_LR,
+    eval_sequences: int | None = None,
+    eval_tokens: int | None = None,
+    device="auto",
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+    overwrite: bool = False,
+    stop_after_step: int | None = None,
+    log: Callable[[str], None] | None = None,
+    data_source: str | None = None,
+) -> dict:
     """Run the recipe from the run directory ``base`` into ``out`` on ``corpus`` (a
     :class:`drmlab.data.TokenCorpus`; ``data_source`` is its name as config.json records it); ``seed``
     defaults to the base run's. The result (specialise.json); ``stop_after_step`` stops early with a
@@ -374,9 +503,24 @@ def specialise(base: str | Path, out: str | Path, corpus, *, curriculum=DEFAULT_
     base_model = load_base(base, dev)
     if seed is None:
         seed = int((base_model[1].get("train") or {}).get("seed", 0))
-    settings = Settings(curriculum=[list(st) for st in stages], seed=seed, backbone_lr=backbone_lr, memory_lr=memory_lr,
-                        eval_sequences=eval_sequences)
-    job = Specialisation(base, out, settings, corpus, eval_tokens=eval_tokens, device=dev,
-                         checkpoint_every=checkpoint_every, overwrite=overwrite, log=log, data_source=data_source,
-                         base_model=base_model)
+    settings = Settings(
+        curriculum=[list(st) for st in stages],
+        seed=seed,
+        backbone_lr=backbone_lr,
+        memory_lr=memory_lr,
+        eval_sequences=eval_sequences,
+    )
+    job = Specialisation(
+        base,
+        out,
+        settings,
+        corpus,
+        eval_tokens=eval_tokens,
+        device=dev,
+        checkpoint_every=checkpoint_every,
+        overwrite=overwrite,
+        log=log,
+        data_source=data_source,
+        base_model=base_model,
+    )
     return job.run(stop_after_step)

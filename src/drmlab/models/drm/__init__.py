@@ -17,4 +17,13 @@ def build(name: str, preset: str = "tiny", vocab_size: int = 256, seed: int = 0,
     return DRMModel(build_config(name, preset, vocab_size, **overrides), seed=seed, name=name, preset=preset)
 
 
-__all__ = ["MODEL_NAMES", "PRESET_DIMS", "VARIANTS", "DRMConfig", "DRMModel", "build", "build_config", "closed_form_parameter_count"]
+__all__ = [
+    "MODEL_NAMES",
+    "PRESET_DIMS",
+    "VARIANTS",
+    "DRMConfig",
+    "DRMModel",
+    "build",
+    "build_config",
+    "closed_form_parameter_count",
+]

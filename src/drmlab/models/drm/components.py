@@ -142,7 +142,7 @@ class DRMFlow(nn.Module):
         self.fc2 = nn.Linear(c.hidden_size, c.n_directions if out_features is None else out_features)
 
     def token_part(self, e: torch.Tensor) -> torch.Tensor:
-        return F.linear(e, self.fc1.weight[:, self.d_read:], self.fc1.bias)
+        return F.linear(e, self.fc1.weight[:, self.d_read :], self.fc1.bias)
 
     def forward(self, z_read: torch.Tensor, token_part: torch.Tensor) -> torch.Tensor:
         """z_read [..., d_read] broadcast against token_part [..., L, H]."""
@@ -186,7 +186,9 @@ class RiskField(nn.Module):
         return (alpha * bd.pow(beta)).sum(-1).clamp(max=10.0)
 
 
-def naturalize(u: torch.Tensor, gamma: torch.Tensor, u_factor: torch.Tensor, strength: float, damping: float) -> torch.Tensor:
+def naturalize(
+    u: torch.Tensor, gamma: torch.Tensor, u_factor: torch.Tensor, strength: float, damping: float
+) -> torch.Tensor:
     """Section 5: v = (1 - s) u + s (G + lambda I)^-1 u, solved with Woodbury in float32 or wider.
 
     u [N, L, d]; gamma [N, d]; u_factor [N, d, r]. With s <= 0 the input is returned exactly.
@@ -208,8 +210,9 @@ DAMPING_FLOOR = 1e-6  # lambda = max(metric_damping, DAMPING_FLOOR)
 CHOLESKY_RETRY_MULTIPLIERS = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # retry K_lambda + lambda m I, in order
 
 
-def damped_direction_gram(directions: torch.Tensor, gamma: torch.Tensor, u_factor: torch.Tensor,
-                          damping: float) -> torch.Tensor:
+def damped_direction_gram(
+    directions: torch.Tensor, gamma: torch.Tensor, u_factor: torch.Tensor, damping: float
+) -> torch.Tensor:
     """Section U, step 1: K_lambda = sym(V G V^T) + lambda I_n for directions V [..., n, d], gamma [..., d],
     U [..., d, r]; K_ij = sum_k gamma_k V_ik V_jk + (V_i . U)(V_j . U), lambda = max(damping, 1e-6)."""
     gram = coupling_matrix(directions, gamma, u_factor)
@@ -263,12 +266,15 @@ def metric_orthonormal_frame(k_damped: torch.Tensor, directions: torch.Tensor, d
     keep = ((info == 0) | retried)[..., None, None]
     # factor again with gradients, now only matrices known to factor (identity for the rest)
     chol, _ = torch.linalg.cholesky_ex(torch.where(keep, k_damped + shift[..., None, None] * eye, eye))
-    frame = torch.linalg.solve_triangular(chol, torch.where(keep, directions, torch.zeros_like(directions)), upper=False)
+    frame = torch.linalg.solve_triangular(
+        chol, torch.where(keep, directions, torch.zeros_like(directions)), upper=False
+    )
     return torch.where(keep, frame, torch.nan_to_num(directions, nan=0.0))
 
 
-def metric_first_frame(directions: torch.Tensor, gamma: torch.Tensor, u_factor: torch.Tensor, damping: float,
-                       composition: str) -> torch.Tensor:
+def metric_first_frame(
+    directions: torch.Tensor, gamma: torch.Tensor, u_factor: torch.Tensor, damping: float, composition: str
+) -> torch.Tensor:
     """Section U, steps 1-3 and 5: the metric frame F [..., n, d] of ``composition`` ("metric_subspace" or
     "metric_orthonormal") at one geometry, with v_metric = sum_i a_i c_i F_i. Computed in float32 or
     wider with autocast off (a bf16 Gram or Cholesky would lose the metric's small eigenvalues)."""
@@ -283,8 +289,9 @@ def metric_first_frame(directions: torch.Tensor, gamma: torch.Tensor, u_factor: 
         return metric_orthonormal_frame(k_damped, v, damping)
 
 
-def compose_metric_first(gates: torch.Tensor, coeff: torch.Tensor, directions: torch.Tensor,
-                         frame: torch.Tensor | None, strength: float) -> torch.Tensor:
+def compose_metric_first(
+    gates: torch.Tensor, coeff: torch.Tensor, directions: torch.Tensor, frame: torch.Tensor | None, strength: float
+) -> torch.Tensor:
     """Section U, step 4: v = (1 - s) v_raw + s v_metric = sum_i a_i c_i ((1 - s) V_i + s F_i), in span(V).
 
     Shapes as :func:`raw_velocity`; ``frame`` [..., n, d] from :func:`metric_first_frame`. With s <= 0
@@ -321,7 +328,7 @@ class CausalConvMixer(nn.Module):
 
     def token_part(self, e: torch.Tensor) -> torch.Tensor:
         d = self.d_state
-        return F.linear(e, self.in_proj.weight[:, 3 * d: -2], self.in_proj.bias)
+        return F.linear(e, self.in_proj.weight[:, 3 * d : -2], self.in_proj.bias)
 
     def input_features(self, states, diffs, deltas, scalars, token_part) -> torch.Tensor:
         """W_in f + b from its pieces: states/diffs/deltas [N, L, d], scalars [N, 2] (dimD, rho)."""
@@ -330,7 +337,7 @@ class CausalConvMixer(nn.Module):
         if states is not None:  # geometry-free paths have zero diffs and deltas
             pre = pre + F.linear(states.contiguous(), w[:, :d])  # contiguous: see DRMStateInitializer
         if diffs is not None:
-            pre = pre + F.linear(diffs, w[:, d: 2 * d]) + F.linear(deltas, w[:, 2 * d: 3 * d])
+            pre = pre + F.linear(diffs, w[:, d : 2 * d]) + F.linear(deltas, w[:, 2 * d : 3 * d])
         return F.silu(pre)
 
     def forward(self, h: torch.Tensor, return_state: bool = False):
@@ -388,7 +395,7 @@ class SelectiveMemory(nn.Module):
     def token_part(self, e: torch.Tensor) -> torch.Tensor:
         dtype = torch.promote_types(e.dtype, torch.float32)
         with torch.autocast(device_type=e.device.type, enabled=False):
-            return F.linear(e.to(dtype), self.in_proj.weight[:, self.d_read:].to(dtype), self.in_proj.bias.to(dtype))
+            return F.linear(e.to(dtype), self.in_proj.weight[:, self.d_read :].to(dtype), self.in_proj.bias.to(dtype))
 
     def gates(self, prev_read: torch.Tensor, token_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(f, u) [B, L, d_state] in float32 or wider, computed with autocast off."""
@@ -398,7 +405,9 @@ class SelectiveMemory(nn.Module):
             return F.linear(x, layer.weight.to(dtype), layer.bias.to(dtype))
 
         with torch.autocast(device_type=prev_read.device.type, enabled=False):
-            h = F.silu(F.linear(prev_read.to(dtype), self.in_proj.weight[:, : self.d_read].to(dtype)) + token_part.to(dtype))
+            h = F.silu(
+                F.linear(prev_read.to(dtype), self.in_proj.weight[:, : self.d_read].to(dtype)) + token_part.to(dtype)
+            )
             f = torch.sigmoid(linear(h, self.forget) + self.forget_bias)
             u = torch.sigmoid(linear(h, self.write)) * torch.tanh(linear(h, self.candidate))
         return f, u

@@ -173,8 +173,17 @@ class DRMConfig:
 
     def validate(self) -> None:
         positive = [
-            "vocab_size", "d_token", "d_state", "hidden_size", "block_size", "max_seq_len",
-            "mixer_hidden", "mixer_kernel", "mixer_layers", "mixer_dilation_growth", "memory_hidden",
+            "vocab_size",
+            "d_token",
+            "d_state",
+            "hidden_size",
+            "block_size",
+            "max_seq_len",
+            "mixer_hidden",
+            "mixer_kernel",
+            "mixer_layers",
+            "mixer_dilation_growth",
+            "memory_hidden",
         ]
         if self.has_direction_field:
             positive.append("n_directions")
@@ -182,7 +191,13 @@ class DRMConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("metric_rank", "direction_basis_size", "metric_u_basis_size", "refinement_layers", "toroidal_dims"):
+        for name in (
+            "metric_rank",
+            "direction_basis_size",
+            "metric_u_basis_size",
+            "refinement_layers",
+            "toroidal_dims",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
@@ -195,17 +210,30 @@ class DRMConfig:
         if self.risk not in ("none", "dead", "powerlaw"):
             raise ValueError(f"risk must be 'none', 'dead' or 'powerlaw', got {self.risk!r}")
         if self.active_fraction_mode not in ("upper_bound", "target"):
-            raise ValueError(f"active_fraction_mode must be 'upper_bound' or 'target', got {self.active_fraction_mode!r}")
+            raise ValueError(
+                f"active_fraction_mode must be 'upper_bound' or 'target', got {self.active_fraction_mode!r}"
+            )
         if not self.use_drm_geometry and not self.selective_memory:
             raise ValueError("a geometry-free model (use_drm_geometry=False) needs selective_memory=True")
         if self.sequence_mode == "recurrent":
-            extras = [name for name, on in (("mixer", self.mixer != "none"), ("token_state_residual", self.token_state_residual),
-                      ("selective_memory", self.selective_memory), ("refinement_layers", self.refinement_layers > 0)) if on]
+            extras = [
+                name
+                for name, on in (
+                    ("mixer", self.mixer != "none"),
+                    ("token_state_residual", self.token_state_residual),
+                    ("selective_memory", self.selective_memory),
+                    ("refinement_layers", self.refinement_layers > 0),
+                )
+                if on
+            ]
             if not self.use_drm_geometry or extras:
                 raise ValueError(
                     "sequence_mode='recurrent' is the plain Euler rollout of docs/drm.md section 6 (geometry, flow and "
-                    "naturalization only); turn off " + (", ".join(extras) or "nothing") +
-                    ("" if self.use_drm_geometry else " and keep use_drm_geometry=True") + " or use 'block_cumsum'")
+                    "naturalization only); turn off "
+                    + (", ".join(extras) or "nothing")
+                    + ("" if self.use_drm_geometry else " and keep use_drm_geometry=True")
+                    + " or use 'block_cumsum'"
+                )
         if self.dt <= 0 or self.gate_temperature <= 0 or self.state_clip_norm <= 0:
             raise ValueError("dt, gate_temperature and state_clip_norm must be positive")
         self._validate_solvers()
@@ -218,14 +246,21 @@ class DRMConfig:
     def _validate_composition(self) -> None:
         composition = self.directional_metric_composition
         if composition not in COMPOSITIONS:
-            raise ValueError(f"directional_metric_composition must be one of {', '.join(map(repr, COMPOSITIONS))}, "
-                             f"got {composition!r}")
+            raise ValueError(
+                f"directional_metric_composition must be one of {', '.join(map(repr, COMPOSITIONS))}, "
+                f"got {composition!r}"
+            )
         if composition != "post_naturalize" and not (self.has_direction_field and self.has_metric):
-            missing = [name for name in ("use_drm_geometry", "use_direction_field", "use_relational_metric")
-                       if not getattr(self, name)]
-            raise ValueError(f"directional_metric_composition={composition!r} composes the direction frame with the "
-                             f"metric (docs/drm.md section U) and needs both; this model sets {', '.join(missing)}=False "
-                             f"(use 'post_naturalize', or turn them on)")
+            missing = [
+                name
+                for name in ("use_drm_geometry", "use_direction_field", "use_relational_metric")
+                if not getattr(self, name)
+            ]
+            raise ValueError(
+                f"directional_metric_composition={composition!r} composes the direction frame with the "
+                f"metric (docs/drm.md section U) and needs both; this model sets {', '.join(missing)}=False "
+                f"(use 'post_naturalize', or turn them on)"
+            )
 
     def _validate_solvers(self) -> None:
         if self.step_mode not in ("velocity", "candidate", "geodesic"):
@@ -236,14 +271,19 @@ class DRMConfig:
             raise ValueError(
                 "endpoint_correction_weight > 0 is refused: the reference's endpoint correction is not causal "
                 "(every earlier position of a block is moved by a term that depends on the block's last token); "
-                "use block_solver='anderson' or 'fixed_point', which are causal")
+                "use block_solver='anderson' or 'fixed_point', which are causal"
+            )
         uses_solver = self.step_mode != "velocity" or self.block_solver is not None or self.has_consistency_loss
         if uses_solver and not self.use_drm_geometry:
-            raise ValueError("step modes, block solvers and consistency losses need the DRM geometry "
-                             "(a geometry-free model such as SSM_CONTROL has no transition to solve)")
+            raise ValueError(
+                "step modes, block solvers and consistency losses need the DRM geometry "
+                "(a geometry-free model such as SSM_CONTROL has no transition to solve)"
+            )
         if self.step_mode == "candidate" and not self.has_direction_field:
-            raise ValueError("step_mode='candidate' mixes per-direction candidates and needs the direction field "
-                             "(use_direction_field=True)")
+            raise ValueError(
+                "step_mode='candidate' mixes per-direction candidates and needs the direction field "
+                "(use_direction_field=True)"
+            )
         if self.block_solver is not None:
             if self.sequence_mode != "block_cumsum":
                 raise ValueError("block_solver refines the within-block states of sequence_mode='block_cumsum'")
@@ -259,13 +299,19 @@ class DRMConfig:
     def _validate_fast_weight(self) -> None:
         if not self.fast_weight_memory:
             return
-        if not isinstance(self.fast_weight_dim, int) or isinstance(self.fast_weight_dim, bool) or self.fast_weight_dim <= 0:
+        if (
+            not isinstance(self.fast_weight_dim, int)
+            or isinstance(self.fast_weight_dim, bool)
+            or self.fast_weight_dim <= 0
+        ):
             raise ValueError(f"fast_weight_dim must be a positive integer, got {self.fast_weight_dim!r}")
         if self.sequence_mode != "block_cumsum":
             raise ValueError("fast_weight_memory runs after the block path: it needs sequence_mode='block_cumsum'")
         if not 0 <= self.fast_weight_write_threshold < 1:
-            raise ValueError(f"fast_weight_write_threshold must be in [0, 1) (0: soft write gate), "
-                             f"got {self.fast_weight_write_threshold!r}")
+            raise ValueError(
+                f"fast_weight_write_threshold must be in [0, 1) (0: soft write gate), "
+                f"got {self.fast_weight_write_threshold!r}"
+            )
         for name in ("fast_weight_read_scale", "fast_weight_slow_read_scale", "fast_weight_consolidation"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
@@ -276,18 +322,66 @@ class DRMConfig:
 # Presets: the dimensions only. ``125m`` is the reference configuration; ``tiny`` and
 # ``small`` give J about 1.0M and 10.2M parameters (``docs/drm.md`` section A.1).
 PRESET_DIMS: dict[str, dict] = {
-    "micro": dict(d_token=16, d_state=16, n_directions=4, metric_rank=4, hidden_size=32,
-                  direction_basis_size=8, metric_u_basis_size=8, mixer_hidden=16, mixer_kernel=4,
-                  memory_hidden=16, block_size=8, max_seq_len=32, fast_weight_dim=8),
-    "tiny": dict(d_token=128, d_state=128, n_directions=8, metric_rank=8, hidden_size=384,
-                 direction_basis_size=16, metric_u_basis_size=16, mixer_hidden=128, mixer_kernel=8,
-                 memory_hidden=64, block_size=64, max_seq_len=256, fast_weight_dim=64),
-    "small": dict(d_token=448, d_state=448, n_directions=16, metric_rank=16, hidden_size=1344,
-                  direction_basis_size=32, metric_u_basis_size=32, mixer_hidden=224, mixer_kernel=8,
-                  memory_hidden=112, block_size=64, max_seq_len=512, fast_weight_dim=64),
-    "125m": dict(d_token=1536, d_state=1536, n_directions=64, metric_rank=64, hidden_size=3584,
-                 direction_basis_size=128, metric_u_basis_size=128, mixer_hidden=256, mixer_kernel=8,
-                 memory_hidden=256, block_size=64, max_seq_len=512, fast_weight_dim=128),
+    "micro": dict(
+        d_token=16,
+        d_state=16,
+        n_directions=4,
+        metric_rank=4,
+        hidden_size=32,
+        direction_basis_size=8,
+        metric_u_basis_size=8,
+        mixer_hidden=16,
+        mixer_kernel=4,
+        memory_hidden=16,
+        block_size=8,
+        max_seq_len=32,
+        fast_weight_dim=8,
+    ),
+    "tiny": dict(
+        d_token=128,
+        d_state=128,
+        n_directions=8,
+        metric_rank=8,
+        hidden_size=384,
+        direction_basis_size=16,
+        metric_u_basis_size=16,
+        mixer_hidden=128,
+        mixer_kernel=8,
+        memory_hidden=64,
+        block_size=64,
+        max_seq_len=256,
+        fast_weight_dim=64,
+    ),
+    "small": dict(
+        d_token=448,
+        d_state=448,
+        n_directions=16,
+        metric_rank=16,
+        hidden_size=1344,
+        direction_basis_size=32,
+        metric_u_basis_size=32,
+        mixer_hidden=224,
+        mixer_kernel=8,
+        memory_hidden=112,
+        block_size=64,
+        max_seq_len=512,
+        fast_weight_dim=64,
+    ),
+    "125m": dict(
+        d_token=1536,
+        d_state=1536,
+        n_directions=64,
+        metric_rank=64,
+        hidden_size=3584,
+        direction_basis_size=128,
+        metric_u_basis_size=128,
+        mixer_hidden=256,
+        mixer_kernel=8,
+        memory_hidden=256,
+        block_size=64,
+        max_seq_len=512,
+        fast_weight_dim=128,
+    ),
 }
 
 
@@ -295,16 +389,21 @@ def _variant_overrides(name: str, dims: dict) -> dict:
     """The variant's changes relative to the preset (``docs/drm.md`` section A.5.3)."""
     m = dims["mixer_hidden"]
     dilated = dict(mixer_hidden=2 * m, mixer_layers=4, mixer_dilation_growth=2)
-    gate_fix = dict(active_fraction_mode="target", target_active_fraction=0.5, gate_logit_bias=0.0,
-                    loss_weights={**CE_ONLY, "active_fraction": 0.01})
+    gate_fix = dict(
+        active_fraction_mode="target",
+        target_active_fraction=0.5,
+        gate_logit_bias=0.0,
+        loss_weights={**CE_ONLY, "active_fraction": 0.01},
+    )
     ce_only = dict(loss_weights=dict(CE_ONLY))
     a = dict(risk="dead", loss_weights=dict(LOSS_WEIGHTS_BASE))
     b = dict(a, **ce_only)
     c = dict(b, **gate_fix)
     d = dict(c, token_state_residual=True)
     j = dict(ce_only, risk="none", token_state_residual=True, selective_memory=True)
-    direct = dict(j, use_direction_field=False, use_relational_metric=False, use_metric_naturalization=False,
-                  step_mode="velocity")
+    direct = dict(
+        j, use_direction_field=False, use_relational_metric=False, use_metric_naturalization=False, step_mode="velocity"
+    )
     table = {
         "A": a,
         "B": b,
@@ -330,19 +429,30 @@ def _variant_overrides(name: str, dims: dict) -> dict:
         "J_METRIC_SUBSPACE": dict(j, directional_metric_composition="metric_subspace"),
         "J_METRIC_ORTHONORMAL_DIRECTION": dict(j, directional_metric_composition="metric_orthonormal"),
         # ASM-CM (section V): J_NO_DIRECTION with the durable fast-weight memory, float32 state and compute
-        "ASM_CM": dict(j, use_direction_field=False, fast_weight_memory=True, fast_weight_durable=True,
-                       fast_weight_write_threshold=0.5, fast_weight_state_fp32=True, fast_weight_compute_fp32=True),
+        "ASM_CM": dict(
+            j,
+            use_direction_field=False,
+            fast_weight_memory=True,
+            fast_weight_durable=True,
+            fast_weight_write_threshold=0.5,
+            fast_weight_state_fp32=True,
+            fast_weight_compute_fp32=True,
+        ),
     }
     return table[name]
 
 
 def _narrow_two_stage(dims: dict) -> dict:
     """G's narrower dimensions: at 125m d 1024, n = r = 48, H 3200, bases 64, mixer 512."""
+
     def scale(value, ratio):
         return max(1, round(value * ratio))
+
     return dict(
-        d_token=scale(dims["d_token"], 2 / 3), d_state=scale(dims["d_state"], 2 / 3),
-        n_directions=scale(dims["n_directions"], 3 / 4), metric_rank=scale(dims["metric_rank"], 3 / 4),
+        d_token=scale(dims["d_token"], 2 / 3),
+        d_state=scale(dims["d_state"], 2 / 3),
+        n_directions=scale(dims["n_directions"], 3 / 4),
+        metric_rank=scale(dims["metric_rank"], 3 / 4),
         hidden_size=scale(dims["hidden_size"], 3200 / 3584),
         direction_basis_size=scale(dims["direction_basis_size"], 1 / 2),
         metric_u_basis_size=scale(dims["metric_u_basis_size"], 1 / 2),
@@ -351,9 +461,26 @@ def _narrow_two_stage(dims: dict) -> dict:
 
 
 VARIANTS = (
-    "A", "B", "C", "D", "E", "F", "G", "H", "I", "J", "J_DILATED",
-    "J_NO_DIRECTION", "J_NO_METRIC", "J_NO_NATURALIZATION", "SSM_CONTROL",
-    "J_DIRECT_CONTROL", "J_DIRECT_CONTROL_MATCHED", "J_METRIC_SUBSPACE", "J_METRIC_ORTHONORMAL_DIRECTION", "ASM_CM",
+    "A",
+    "B",
+    "C",
+    "D",
+    "E",
+    "F",
+    "G",
+    "H",
+    "I",
+    "J",
+    "J_DILATED",
+    "J_NO_DIRECTION",
+    "J_NO_METRIC",
+    "J_NO_NATURALIZATION",
+    "SSM_CONTROL",
+    "J_DIRECT_CONTROL",
+    "J_DIRECT_CONTROL_MATCHED",
+    "J_METRIC_SUBSPACE",
+    "J_METRIC_ORTHONORMAL_DIRECTION",
+    "ASM_CM",
 )
 # variant -> (the variant whose parameter count its memory width matches, the matching rule)
 MATCHED_MEMORY = {"SSM_CONTROL": ("J", "floor"), "J_DIRECT_CONTROL_MATCHED": ("J_NO_DIRECTION", "nearest")}
@@ -379,7 +506,9 @@ def build_config(variant: str, preset: str, vocab_size: int = 256, **overrides) 
     if variant in MATCHED_MEMORY and "memory_hidden" not in overrides:
         reference_variant, rule = MATCHED_MEMORY[variant]
         own = set(_variant_overrides(variant, dims)) - set(_variant_overrides(reference_variant, dims))
-        reference = build_config(reference_variant, preset, vocab_size, **{k: v for k, v in overrides.items() if k not in own})
+        reference = build_config(
+            reference_variant, preset, vocab_size, **{k: v for k, v in overrides.items() if k not in own}
+        )
         config.memory_hidden = matched_memory_width(config, closed_form_parameter_count(reference), rule=rule)
     return config
 
@@ -392,7 +521,11 @@ def _trunk(c: DRMConfig) -> int:
 
 def _direction_field(c: DRMConfig) -> int:
     h, n = c.hidden_size, c.n_directions
-    head = (h + 1) * n * c.direction_basis_size + c.direction_basis_size * c.d_state if c.direction_basis_size else (h + 1) * n * c.d_state
+    head = (
+        (h + 1) * n * c.direction_basis_size + c.direction_basis_size * c.d_state
+        if c.direction_basis_size
+        else (h + 1) * n * c.d_state
+    )
     return _trunk(c) + head + (h + 1) * n
 
 
@@ -431,7 +564,9 @@ def closed_form_parameter_count(c: DRMConfig) -> int:
         total += c.refinement_layers * (_direction_field(c) + _metric(c) + _flow(c))
     if c.fast_weight_memory:  # section V: W_k, W_v and b_v, the gates (the consolidation gate if durable), W_o
         k = c.fast_weight_dim
-        total += k * dt + (c.d_read + dt + 1) * k + (4 if c.fast_weight_durable else 3) * (c.d_read + 2 * dt + 1) + ds * k
+        total += (
+            k * dt + (c.d_read + dt + 1) * k + (4 if c.fast_weight_durable else 3) * (c.d_read + 2 * dt + 1) + ds * k
+        )
     return total
 
 

@@ -23,7 +23,7 @@ def _entropy_rank(values: torch.Tensor) -> torch.Tensor:
 
 def _participation_ratio(values: torch.Tensor) -> torch.Tensor:
     """(sum lambda)^2 / sum lambda^2 over the last axis."""
-    return values.sum(-1) ** 2 / (values ** 2).sum(-1).clamp_min(1e-300)
+    return values.sum(-1) ** 2 / (values**2).sum(-1).clamp_min(1e-300)
 
 
 @torch.no_grad()
@@ -48,12 +48,14 @@ def geometry_report(model: DRMModel, tokens: torch.Tensor, rank_tolerance: float
         directions = torch.stack([g.directions for g in record], dim=1)  # [B, nb, n, d]
         sv = torch.linalg.svdvals(directions.double())
         report["direction_frame_rank_numerical"] = float((sv > rank_tolerance * sv[..., :1]).sum(-1).double().mean())
-        report["direction_frame_entropy_rank"] = float(_entropy_rank(sv ** 2).mean())
+        report["direction_frame_entropy_rank"] = float(_entropy_rank(sv**2).mean())
         if c.direction_basis_size:
             report["direction_subspace_dim"] = c.direction_basis_size  # every V_i lies in the basis row space
     velocity = torch.cat([g.velocity for g in record], dim=1)
     if record[0].gamma is not None:
-        energies = torch.cat([metric_energy(g.gamma + g.rho.unsqueeze(-1), g.u_factor, g.velocity) for g in record], dim=1)
+        energies = torch.cat(
+            [metric_energy(g.gamma + g.rho.unsqueeze(-1), g.u_factor, g.velocity) for g in record], dim=1
+        )
         g_dense = torch.stack([metric_dense(g.gamma, g.u_factor) for g in record], dim=1).double()  # [B, nb, d, d]
         eig = torch.linalg.eigvalsh(g_dense)
         report["metric_energy_mean"] = float(energies.mean())

@@ -98,11 +98,15 @@ class FastWeightMemory(nn.Module):
         """Zeros: the memory before the first token, for a model whose weights are like ``like``."""
         dtype = self._state_dtype(like.dtype)
         matrix = torch.zeros(batch, self.d_key, self.d_key, dtype=dtype, device=like.device)
-        return FastWeightState(fast=matrix, slow=matrix.clone() if self.durable else None,
-                               previous_token=torch.zeros(batch, self.d_token, dtype=dtype, device=like.device))
+        return FastWeightState(
+            fast=matrix,
+            slow=matrix.clone() if self.durable else None,
+            previous_token=torch.zeros(batch, self.d_token, dtype=dtype, device=like.device),
+        )
 
-    def forward(self, z: torch.Tensor, z_read: torch.Tensor, e: torch.Tensor,
-                state: FastWeightState) -> tuple[torch.Tensor, FastWeightState]:
+    def forward(
+        self, z: torch.Tensor, z_read: torch.Tensor, e: torch.Tensor, state: FastWeightState
+    ) -> tuple[torch.Tensor, FastWeightState]:
         """z' [B, L, d_state] and the memory after the L positions, from the block path's states z
         [B, L, d_state] (read as z_read [B, L, d_read]), the tokens' embeddings e [B, L, d_token] and
         the memory before them.  The state passed in is not modified."""
@@ -133,11 +137,16 @@ class FastWeightMemory(nn.Module):
             slow = None
             if self.durable:  # the slow matrix: retention 1 (decay None), writes where both gates open
                 consolidate = straight_through_threshold(gates[..., CONSOLIDATE], self.threshold)
-                slow_read, slow = delta_rule(query, key, value, None, self.consolidation * write * consolidate, state.slow)
+                slow_read, slow = delta_rule(
+                    query, key, value, None, self.consolidation * write * consolidate, state.slow
+                )
                 read = read + self.slow_read_scale * slow_read
             correction = self.read_scale * gates[..., READ].unsqueeze(-1) * linear(read.to(value.dtype), self.read_out)
             out = (cast(z) + correction).to(z.dtype)
         state_dtype = self._state_dtype(e.dtype)
-        new_state = FastWeightState(fast=fast.to(state_dtype), slow=None if slow is None else slow.to(state_dtype),
-                                    previous_token=e[:, -1].to(state_dtype))
+        new_state = FastWeightState(
+            fast=fast.to(state_dtype),
+            slow=None if slow is None else slow.to(state_dtype),
+            previous_token=e[:, -1].to(state_dtype),
+        )
         return out, new_state

@@ -69,15 +69,18 @@ def auxiliary_losses(config: DRMConfig, record, states: torch.Tensor, logits: to
             else:
                 terms[name] = (fraction - config.target_active_fraction) ** 2
         elif name == "metric_reg" and has_metric:
-            terms[name] = torch.stack([g.gamma.pow(2).mean() + (g.u_factor.pow(2).mean() if g.u_factor.numel() else 0)
-                                       for g in record]).mean()
+            terms[name] = torch.stack(
+                [g.gamma.pow(2).mean() + (g.u_factor.pow(2).mean() if g.u_factor.numel() else 0) for g in record]
+            ).mean()
         elif name == "metric_diversity" and has_metric:
             total = sum(lengths)
             mean = sum(g.gamma * g.length for g in record) / total  # [B, d]
             var = sum((g.gamma - mean) ** 2 * g.length for g in record) / total
             terms[name] = -var.mean()
         elif name == "condition" and has_metric:
-            chi = [(g.gamma.amax(-1) + g.u_factor.pow(2).sum((-1, -2))) / g.gamma.amin(-1).clamp_min(1e-8) for g in record]
+            chi = [
+                (g.gamma.amax(-1) + g.u_factor.pow(2).sum((-1, -2))) / g.gamma.amin(-1).clamp_min(1e-8) for g in record
+            ]
             terms[name] = torch.relu(_position_mean(chi, lengths).log() - math.log(config.target_condition)) ** 2
         elif name == "metric_u_floor" and has_metric and config.metric_rank > 0:
             norms = [g.u_factor.pow(2).sum((-1, -2)).sqrt() for g in record]

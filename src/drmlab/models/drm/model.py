@@ -49,9 +49,19 @@ from .transition import Transition
 # Per-component seed offsets (``docs/drm.md`` section A.2): each component draws its
 # initialisation from the stream seed + offset, so removing one never changes another.
 SEED_OFFSETS = {
-    "embedding": 101, "initial_state": 102, "direction_field": 103, "metric": 104, "flow": 105,
-    "risk": 106, "emitter": 107, "mixer": 108, "token_residual": 109, "memory": 110,
-    "refinement": 111, "direct_transition": 112, "fast_weight_memory": 113,
+    "embedding": 101,
+    "initial_state": 102,
+    "direction_field": 103,
+    "metric": 104,
+    "flow": 105,
+    "risk": 106,
+    "emitter": 107,
+    "mixer": 108,
+    "token_residual": 109,
+    "memory": 110,
+    "refinement": 111,
+    "direct_transition": 112,
+    "fast_weight_memory": 113,
 }
 
 
@@ -86,18 +96,27 @@ class DRMModel(nn.Module):
         self.direction_field = seeded("direction_field", lambda: DirectionField(c)) if c.has_direction_field else None
         self.metric = seeded("metric", lambda: RelationalMetric(c)) if c.has_metric else None
         self.flow = seeded("flow", lambda: DRMFlow(c)) if c.has_direction_field else None
-        self.risk = (seeded("risk", lambda: RiskField(c, enabled=c.risk == "powerlaw"))
-                     if c.has_geometry and c.risk != "none" else None)
+        self.risk = (
+            seeded("risk", lambda: RiskField(c, enabled=c.risk == "powerlaw"))
+            if c.has_geometry and c.risk != "none"
+            else None
+        )
         self.emitter = seeded("emitter", lambda: LanguageEmitter(c))
         self.mixer = seeded("mixer", lambda: CausalConvMixer(c)) if c.mixer == "causal_conv" else None
-        self.token_residual = seeded("token_residual", lambda: TokenStateResidual(c)) if c.token_state_residual else None
+        self.token_residual = (
+            seeded("token_residual", lambda: TokenStateResidual(c)) if c.token_state_residual else None
+        )
         self.memory = seeded("memory", lambda: SelectiveMemory(c)) if c.selective_memory else None
-        self.refinement = seeded("refinement", lambda: nn.ModuleList(
-            RefinementLayer(c) for _ in range(c.refinement_layers if c.has_geometry else 0)))
-        self.direct_transition = (seeded("direct_transition", lambda: DirectStateTransition(c))
-                                  if c.has_direct_transition else None)
-        self.fast_weight_memory = (seeded("fast_weight_memory", lambda: FastWeightMemory(c))
-                                   if c.fast_weight_memory else None)
+        self.refinement = seeded(
+            "refinement",
+            lambda: nn.ModuleList(RefinementLayer(c) for _ in range(c.refinement_layers if c.has_geometry else 0)),
+        )
+        self.direct_transition = (
+            seeded("direct_transition", lambda: DirectStateTransition(c)) if c.has_direct_transition else None
+        )
+        self.fast_weight_memory = (
+            seeded("fast_weight_memory", lambda: FastWeightMemory(c)) if c.fast_weight_memory else None
+        )
         self.transition = Transition(c, self.direction_field, self.metric, self.flow, self.direct_transition, self.risk)
         self.stages = nn.ModuleList(build_stages(self))  # parameter-free: see Stage
         # positions per block: in decoding a recurrent model's every token is a block of its own
@@ -163,8 +182,9 @@ class DRMModel(nn.Module):
         hands its last state to the next, where every stage but those crossing blocks starts afresh."""
         if position < self.block_length:
             return DecodeState(z_start=z_start, position=position, stages=tuple(kept))
-        return DecodeState(z_start=z_last, stages=tuple(s if stage.crosses_blocks else None
-                                                        for stage, s in zip(self.stages, kept)))
+        return DecodeState(
+            z_start=z_last, stages=tuple(s if stage.crosses_blocks else None for stage, s in zip(self.stages, kept))
+        )
 
     # ------------------------------------------------------------------ forward
     def forward(self, tokens: torch.Tensor, step: int | None = None, return_state: bool = False) -> ModelOutput:
@@ -195,7 +215,9 @@ class DRMModel(nn.Module):
         z_start = self.initial_state(batch_size).to(device=ref.device, dtype=ref.dtype)
         return DecodeState(z_start=z_start, stages=tuple(stage.init_state(batch_size, ref) for stage in self.stages))
 
-    def step(self, tokens_t: torch.Tensor, state: DecodeState, step: int | None = None) -> tuple[torch.Tensor, DecodeState]:
+    def step(
+        self, tokens_t: torch.Tensor, state: DecodeState, step: int | None = None
+    ) -> tuple[torch.Tensor, DecodeState]:
         """Advance by one token: tokens_t [B] -> (logits [B, vocab], new state).
 
         Runs the stages of :meth:`forward` one position at a time, each over its own state; stepping

@@ -18,7 +18,8 @@ energy or action is a diagnostic, not a proof.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -51,8 +52,7 @@ def candidate_step(transition, z, anchor, geometry) -> torch.Tensor:
         energy = (gamma.unsqueeze(-2).unsqueeze(-2) * w.pow(2)).sum(-1)
         if u_factor.shape[-1]:
             energy = energy + (w @ u_factor.unsqueeze(-3)).pow(2).sum(-1)
-    score = -(c.geodesic_metric_weight * energy
-              + c.geodesic_anchor_weight * (y - anchor.unsqueeze(-2)).pow(2).sum(-1))
+    score = -(c.geodesic_metric_weight * energy + c.geodesic_anchor_weight * (y - anchor.unsqueeze(-2)).pow(2).sum(-1))
     if transition.risk is not None and transition.risk.enabled:
         score = score - c.geodesic_risk_weight * transition.risk(transition.read(y))
     weights = torch.softmax(score / c.candidate_temperature, dim=-1)  # over the n candidates
@@ -76,8 +76,9 @@ def geodesic_step(transition, z, anchor, geometry) -> torch.Tensor:
         if risk_on:
             with torch.enable_grad():
                 probe = y if y.requires_grad else y.detach().requires_grad_(True)
-                (risk_grad,) = torch.autograd.grad(transition.risk(transition.read(probe)).sum(), probe,
-                                                   create_graph=torch.is_grad_enabled())
+                (risk_grad,) = torch.autograd.grad(
+                    transition.risk(transition.read(probe)).sum(), probe, create_graph=torch.is_grad_enabled()
+                )
             grad = grad + c.geodesic_risk_weight * risk_grad
         y = transition.bound(y - c.geodesic_lr * grad)
     return y
@@ -122,8 +123,15 @@ def _anderson_weights(gram: torch.Tensor, ridge: float) -> torch.Tensor:
         return (coeff / safe).to(gram.dtype)
 
 
-def anderson(phi: Phi, x: torch.Tensor, iterations: int, history: int = 4, ridge: float = 1e-4,
-             relaxation: float = 1.0, causal: bool = True) -> BlockSolution:
+def anderson(
+    phi: Phi,
+    x: torch.Tensor,
+    iterations: int,
+    history: int = 4,
+    ridge: float = 1e-4,
+    relaxation: float = 1.0,
+    causal: bool = True,
+) -> BlockSolution:
     """Section S.3.4: Anderson acceleration of X = Phi(X) over a block x [B, L, d].
 
     causal: per row b and position t, Gamma_{b,t} = sum_{tau <= t} [R_i . R_j] + ridge I, so
@@ -156,8 +164,9 @@ def anderson(phi: Phi, x: torch.Tensor, iterations: int, history: int = 4, ridge
     return BlockSolution(x, residual, iterates, residuals)
 
 
-def reference_endpoint_correction(states: torch.Tensor, endpoint_target: torch.Tensor, weight: float,
-                                  power: float, bound) -> torch.Tensor:
+def reference_endpoint_correction(
+    states: torch.Tensor, endpoint_target: torch.Tensor, weight: float, power: float, bound
+) -> torch.Tensor:
     """Section S.3.1, the reference's endpoint correction -- NOT causal, never used by the model.
 
     z~_j <- B(z~_j + w (j / L)^p Delta) with Delta = F(z~_{L-1}, e_L) - z~_L: every earlier

@@ -12,5 +12,13 @@ def build(name: str, preset: str = "tiny", vocab_size: int = 256, seed: int = 0,
     return GPT2(build_config(preset, vocab_size, **overrides), seed=seed, model_name=name, preset=preset)
 
 
-__all__ = ["GPT2", "MODEL_NAMES", "PRESET_DIMS", "GPT2DecodeState", "GPT2Settings", "build", "build_config",
-           "closed_form_parameter_count"]
+__all__ = [
+    "GPT2",
+    "MODEL_NAMES",
+    "PRESET_DIMS",
+    "GPT2DecodeState",
+    "GPT2Settings",
+    "build",
+    "build_config",
+    "closed_form_parameter_count",
+]

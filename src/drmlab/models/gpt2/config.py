@@ -9,7 +9,7 @@ against DRM J's at the same preset when these were chosen:
     small 10 x 288 (9 heads), 512 positions: 10,212,480   (J 10,203,504: +0.09%)
     125m  13 x 896 (14 heads), 512 positions: 126,080,640
 
-``tests/test_gpt2.py`` re-checks the micro/tiny/small rows against J (within 3%).
+``tests/models/test_gpt2.py`` re-checks the micro/tiny/small rows against J (within 3%).
 """
 
 from __future__ import annotations

@@ -33,9 +33,7 @@ def _transformers():
     try:
         import transformers
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "the GPT2 baseline needs Hugging Face transformers: pip install 'drmlab[hf]'"
-        ) from exc
+        raise ImportError("the GPT2 baseline needs Hugging Face transformers: pip install 'drmlab[hf]'") from exc
     return transformers
 
 
@@ -100,8 +98,10 @@ class GPT2(nn.Module):
 
     def _check_length(self, length: int) -> None:
         if length > self.config.n_positions:
-            raise ValueError(f"sequence length {length} exceeds GPT2's n_positions={self.config.n_positions}; "
-                             "build the model with a larger n_positions")
+            raise ValueError(
+                f"sequence length {length} exceeds GPT2's n_positions={self.config.n_positions}; "
+                "build the model with a larger n_positions"
+            )
 
     # ------------------------------------------------------------------ incremental decoding
     def init_state(self, batch_size: int) -> GPT2DecodeState:
@@ -120,8 +120,9 @@ class GPT2(nn.Module):
         out = self.hf(input_ids=tokens.long(), use_cache=True, **{name: cache})
         returned = out["cache"] if "cache" in out else out["past_key_values"]
         layers = tuple((layer.keys, layer.values) for layer in returned.layers)
-        return out.logits, GPT2DecodeState(layers=layers, length=state.length + tokens.shape[1],
-                                           batch_size=tokens.shape[0])
+        return out.logits, GPT2DecodeState(
+            layers=layers, length=state.length + tokens.shape[1], batch_size=tokens.shape[0]
+        )
 
     def step(self, tokens_t: torch.Tensor, state: GPT2DecodeState) -> tuple[torch.Tensor, GPT2DecodeState]:
         """One token [B] through the key/value cache -> (logits [B, vocab], new state)."""

@@ -8,6 +8,13 @@ from .conv_context import trailing_context
 from .mamba_mixer import MambaMixer, MambaMixerState, mamba_mixer_parameter_count
 
 __all__ = [
-    "CausalSelfAttention", "KVCache", "MLP", "MambaMixer", "MambaMixerState", "PreLNBlock",
-    "mamba_mixer_parameter_count", "rotate", "trailing_context",
+    "CausalSelfAttention",
+    "KVCache",
+    "MLP",
+    "MambaMixer",
+    "MambaMixerState",
+    "PreLNBlock",
+    "mamba_mixer_parameter_count",
+    "rotate",
+    "trailing_context",
 ]

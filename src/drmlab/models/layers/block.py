@@ -32,8 +32,14 @@ class MLP(nn.Module):
 class PreLNBlock(nn.Module):
     """One pre-LN block around ``mixer``; see the module docstring."""
 
-    def __init__(self, mixer: nn.Module, d_model: int, mlp_ratio: int = 4, layer_norm_eps: float = 1e-5,
-                 learnable_scale: bool = False):
+    def __init__(
+        self,
+        mixer: nn.Module,
+        d_model: int,
+        mlp_ratio: int = 4,
+        layer_norm_eps: float = 1e-5,
+        learnable_scale: bool = False,
+    ):
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.mixer = mixer

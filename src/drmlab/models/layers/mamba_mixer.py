@@ -45,16 +45,29 @@ def default_dt_rank(d_model: int) -> int:
     return math.ceil(d_model / 16)
 
 
-def mamba_mixer_parameter_count(d_model: int, d_state: int, d_conv: int = 4, expand: int = 2, dt_rank: int = 0,
-                                bias: bool = False, conv_bias: bool = True) -> int:
+def mamba_mixer_parameter_count(
+    d_model: int,
+    d_state: int,
+    d_conv: int = 4,
+    expand: int = 2,
+    dt_rank: int = 0,
+    bias: bool = False,
+    conv_bias: bool = True,
+) -> int:
     """The closed-form parameter count of ``MambaMixer`` with these settings (no module is built)."""
     d, e, n, r = d_model, expand * d_model, d_state, dt_rank or default_dt_rank(d_model)
-    return (d * 2 * e + (2 * e if bias else 0)  # in_proj
-            + (e * d_conv + (e if conv_bias else 0) if d_conv else 0)  # conv1d
-            + e * (r + 2 * n)  # x_proj
-            + r * e + e  # dt_proj
-            + e * n + e  # A_log, D
-            + e * d + (d if bias else 0))  # out_proj
+    return (
+        d * 2 * e
+        + (2 * e if bias else 0)  # in_proj
+        + (e * d_conv + (e if conv_bias else 0) if d_conv else 0)  # conv1d
+        + e * (r + 2 * n)  # x_proj
+        + r * e
+        + e  # dt_proj
+        + e * n
+        + e  # A_log, D
+        + e * d
+        + (d if bias else 0)
+    )  # out_proj
 
 
 class MambaMixer(nn.Module):
@@ -66,15 +79,33 @@ class MambaMixer(nn.Module):
     dt_init_floor), A_log = log(1..d_state) per channel (S4D-real) and D = 1.
     """
 
-    def __init__(self, d_model: int, d_state: int = 16, d_conv: int = 4, expand: int = 2, dt_rank: int = 0,
-                 bias: bool = False, conv_bias: bool = True, dt_min: float = 1e-3, dt_max: float = 0.1,
-                 dt_init: str = "random", dt_scale: float = 1.0, dt_init_floor: float = 1e-4,
-                 scan_chunk: int = 0, scan_recompute: bool = False):
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 16,
+        d_conv: int = 4,
+        expand: int = 2,
+        dt_rank: int = 0,
+        bias: bool = False,
+        conv_bias: bool = True,
+        dt_min: float = 1e-3,
+        dt_max: float = 0.1,
+        dt_init: str = "random",
+        dt_scale: float = 1.0,
+        dt_init_floor: float = 1e-4,
+        scan_chunk: int = 0,
+        scan_recompute: bool = False,
+    ):
         super().__init__()
         e, n, r = expand * d_model, d_state, dt_rank or default_dt_rank(d_model)
         self.d_inner, self.d_state, self.d_conv, self.dt_rank = e, n, d_conv, r
         self.dt_min, self.dt_max, self.dt_init, self.dt_scale, self.dt_init_floor = (
-            dt_min, dt_max, dt_init, dt_scale, dt_init_floor)
+            dt_min,
+            dt_max,
+            dt_init,
+            dt_scale,
+            dt_init_floor,
+        )
         self.scan_chunk, self.scan_recompute = scan_chunk, scan_recompute
         self.in_proj = nn.Linear(d_model, 2 * e, bias=bias)
         self.conv1d = nn.Conv1d(e, e, d_conv, groups=e, bias=conv_bias, padding=d_conv - 1) if d_conv else None
@@ -89,7 +120,7 @@ class MambaMixer(nn.Module):
         """Mamba's initialisation of the step size, A and D (the class docstring)."""
         e = self.d_inner
         with torch.no_grad():
-            std = self.dt_rank ** -0.5 * self.dt_scale
+            std = self.dt_rank**-0.5 * self.dt_scale
             if self.dt_init == "constant":
                 nn.init.constant_(self.dt_proj.weight, std)
             else:
@@ -125,8 +156,15 @@ class MambaMixer(nn.Module):
         x_in, z = self.in_proj(h).chunk(2, dim=-1)
         x = self._conv(x_in)
         dt, b_t, c_t = self._project(x)
-        y, last = selective_scan(x.to(dt.dtype), dt, -torch.exp(self.A_log.to(dt.dtype)), b_t, c_t,
-                                 chunk=self.scan_chunk, recompute=self.scan_recompute)
+        y, last = selective_scan(
+            x.to(dt.dtype),
+            dt,
+            -torch.exp(self.A_log.to(dt.dtype)),
+            b_t,
+            c_t,
+            chunk=self.scan_chunk,
+            recompute=self.scan_recompute,
+        )
         y = y.to(x.dtype) + x * self.D.to(x.dtype)
         out = self.out_proj(y * F.silu(z))
         if not return_state:
@@ -136,8 +174,10 @@ class MambaMixer(nn.Module):
     def init_state(self, batch_size: int, dtype: torch.dtype | None = None, device=None) -> MambaMixerState:
         ref = self.D
         dtype, device = dtype or ref.dtype, device or ref.device
-        return MambaMixerState(torch.zeros(batch_size, max(0, self.d_conv - 1), self.d_inner, dtype=dtype, device=device),
-                               torch.zeros(batch_size, self.d_inner, self.d_state, dtype=dtype, device=device))
+        return MambaMixerState(
+            torch.zeros(batch_size, max(0, self.d_conv - 1), self.d_inner, dtype=dtype, device=device),
+            torch.zeros(batch_size, self.d_inner, self.d_state, dtype=dtype, device=device),
+        )
 
     def step(self, h_t: torch.Tensor, state: MambaMixerState) -> tuple[torch.Tensor, MambaMixerState]:
         """One token h_t [B, d_model] -> (out [B, d_model], the new state); ``state`` is not modified."""
@@ -147,6 +187,8 @@ class MambaMixer(nn.Module):
             x, conv = causal_depthwise_conv1d_step(x, conv, self.conv1d.weight, self.conv1d.bias)
             x = F.silu(x)
         dt, b_t, c_t = self._project(x)
-        ssm = torch.exp(dt.unsqueeze(-1) * -torch.exp(self.A_log)) * state.ssm + (dt * x).unsqueeze(-1) * b_t.unsqueeze(1)
+        ssm = torch.exp(dt.unsqueeze(-1) * -torch.exp(self.A_log)) * state.ssm + (dt * x).unsqueeze(-1) * b_t.unsqueeze(
+            1
+        )
         y = torch.bmm(ssm, c_t.unsqueeze(-1)).squeeze(-1) + x * self.D.to(x.dtype)
         return self.out_proj(y * F.silu(z)), MambaMixerState(conv, ssm)

@@ -28,7 +28,20 @@ def build(name: str, preset: str = "tiny", vocab_size: int = 256, seed: int = 0,
 
 
 __all__ = [
-    "APPLICATIONS_PER_TOKEN", "ARMS", "DEFAULT_ARM", "MIXERS", "MODEL_NAMES", "PRESET_DIMS", "SCHEDULES",
-    "LoopedConfig", "LoopedLM", "LoopedState", "block_kinds", "build", "build_config",
-    "closed_form_parameter_count", "resolve_eps", "schedule_order",
+    "APPLICATIONS_PER_TOKEN",
+    "ARMS",
+    "DEFAULT_ARM",
+    "MIXERS",
+    "MODEL_NAMES",
+    "PRESET_DIMS",
+    "SCHEDULES",
+    "LoopedConfig",
+    "LoopedLM",
+    "LoopedState",
+    "block_kinds",
+    "build",
+    "build_config",
+    "closed_form_parameter_count",
+    "resolve_eps",
+    "schedule_order",
 ]

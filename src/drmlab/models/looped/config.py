@@ -88,8 +88,17 @@ def _ssm(l, n, sched, eps, conv):
 
 
 def _hybrid(l, n, sched, eps, every):
-    return dict(n_stored=l, n_loop=n, schedule=sched, eps=eps, learnable_eps=False, mixer="hybrid",
-                attn_every=every, attn_offset=0, ssm_conv=4)
+    return dict(
+        n_stored=l,
+        n_loop=n,
+        schedule=sched,
+        eps=eps,
+        learnable_eps=False,
+        mixer="hybrid",
+        attn_every=every,
+        attn_offset=0,
+        ssm_conv=4,
+    )
 
 
 # The study's arms (``docs/looped.md`` section 3), the settings each name resolves to at any preset.
@@ -118,11 +127,18 @@ ARMS: dict[str, dict] = {
     "HE": _hybrid(7, 2, "ssmloop", "1/N", 4),
 }
 # The d=768 rounds' names: same settings (width from the preset); their SSM has the conv.
-ARMS.update({
-    "A768": dict(ARMS["A"]), "C768": dict(ARMS["C"]),
-    "MA768": _ssm(12, 1, "vanilla", 1.0, 4), "MC768": _ssm(6, 2, "layer", "1/N", 4),
-    "HA768": dict(ARMS["HA"]), "HC768": dict(ARMS["HC"]), "HD768": dict(ARMS["HD"]), "HE768": dict(ARMS["HE"]),
-})
+ARMS.update(
+    {
+        "A768": dict(ARMS["A"]),
+        "C768": dict(ARMS["C"]),
+        "MA768": _ssm(12, 1, "vanilla", 1.0, 4),
+        "MC768": _ssm(6, 2, "layer", "1/N", 4),
+        "HA768": dict(ARMS["HA"]),
+        "HC768": dict(ARMS["HC"]),
+        "HD768": dict(ARMS["HD"]),
+        "HE768": dict(ARMS["HE"]),
+    }
+)
 
 PRESET_DIMS: dict[str, dict] = {
     "micro": dict(d_model=16, n_head=2, max_seq_len=32, d_state=8),
@@ -159,8 +175,17 @@ class LoopedConfig:
     arm: str | None = DEFAULT_ARM  # the arm the settings started from (overrides apply after it)
 
     def validate(self) -> None:
-        for name in ("vocab_size", "d_model", "n_head", "max_seq_len", "n_stored", "n_loop", "d_state",
-                     "mlp_ratio", "attn_every"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "n_head",
+            "max_seq_len",
+            "n_stored",
+            "n_loop",
+            "d_state",
+            "mlp_ratio",
+            "attn_every",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -213,8 +238,9 @@ def _positive_number(value) -> bool:
 
 def _check_choice(name: str, value, options) -> None:
     if value not in options:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}"
-                         f"{suggest(str(value), options)}")
+        raise ValueError(
+            f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}{suggest(str(value), options)}"
+        )
 
 
 def _canonical(text: str) -> str:
@@ -236,8 +262,10 @@ def resolve_eps(config: LoopedConfig) -> float:
             try:
                 value = float(Fraction(key))
             except (ValueError, ZeroDivisionError):
-                raise ValueError(f"eps must be a number, a fraction such as '1/4', or one of "
-                                 f"{', '.join(EPS_RULES)}; got {eps!r}{suggest(eps, EPS_RULES)}") from None
+                raise ValueError(
+                    f"eps must be a number, a fraction such as '1/4', or one of "
+                    f"{', '.join(EPS_RULES)}; got {eps!r}{suggest(eps, EPS_RULES)}"
+                ) from None
     else:
         raise ValueError(f"eps must be a number or one of {EPS_RULES}, got {eps!r}")
     if not math.isfinite(value) or value <= 0:

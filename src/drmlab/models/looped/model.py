@@ -46,7 +46,6 @@ the same stored blocks N' times instead of N, with ε frozen at the value the mo
 anew (``"1/N"`` gives 1/N'); the parameters are untouched.
 """
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -57,9 +56,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens, leading_batch
 from drmlab.models.layers import CausalSelfAttention, MambaMixer, PreLNBlock
 from drmlab.models.legacy_names import accept_legacy_names
-from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens, leading_batch
 from drmlab.models.output import ModelOutput
 
 from .config import LoopedConfig, block_kinds, resolve_eps, schedule_order
@@ -153,7 +152,7 @@ class LoopedLM(nn.Module):
                     nn.init.normal_(weight, 0.0, std)
 
     # ------------------------------------------------------------------ loop count at evaluation
-    def set_loop_count(self, n_loop: int, eps: float | str = "frozen") -> "LoopedLM":
+    def set_loop_count(self, n_loop: int, eps: float | str = "frozen") -> LoopedLM:
         """From now on apply each looped block ``n_loop`` times (N') in the config's schedule, with the
         same parameters (``docs/looped.md`` section 4.1). Returns the model.
 
@@ -165,8 +164,10 @@ class LoopedLM(nn.Module):
         """
         c = self.config
         if c.schedule == "vanilla":
-            raise ValueError(f"{self.model_name} (arm {c.arm}) is a vanilla stack: schedule 'vanilla' applies each "
-                             f"stored block once, so it has no loop count to change")
+            raise ValueError(
+                f"{self.model_name} (arm {c.arm}) is a vanilla stack: schedule 'vanilla' applies each "
+                f"stored block once, so it has no loop count to change"
+            )
         if isinstance(n_loop, bool) or not isinstance(n_loop, int) or n_loop <= 0:
             raise ValueError(f"the loop count must be a positive integer, got {n_loop!r}")
         value = self.trained_eps if eps == "frozen" else resolve_eps(dataclasses.replace(c, n_loop=n_loop, eps=eps))
@@ -180,7 +181,8 @@ class LoopedLM(nn.Module):
         if self.has_position_limit and length > self.config.max_seq_len:
             raise ValueError(
                 f"sequence length {length} exceeds LOOPED's learned position table (max_seq_len="
-                f"{self.config.max_seq_len}); build the model with a larger max_seq_len or positions='none'")
+                f"{self.config.max_seq_len}); build the model with a larger max_seq_len or positions='none'"
+            )
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         check_tokens(tokens, self.config.vocab_size, self.model_name)
@@ -222,8 +224,9 @@ class LoopedLM(nn.Module):
         layers = tuple(self.blocks[i].init_state(batch_size, ref.dtype, ref.device) for i in self.order)
         return LoopedState(position=0, layers=layers)
 
-    def step(self, tokens_t: torch.Tensor, state: LoopedState,
-             step: int | None = None) -> tuple[torch.Tensor, LoopedState]:
+    def step(
+        self, tokens_t: torch.Tensor, state: LoopedState, step: int | None = None
+    ) -> tuple[torch.Tensor, LoopedState]:
         """Advance by one token: tokens_t [B] -> (logits [B, V], new state). Reproduces ``forward``."""
         if len(state.layers) != len(self.order):
             raise ValueError(f"state has {len(state.layers)} layer states, the model applies {len(self.order)} blocks")

@@ -144,8 +144,11 @@ class SelectiveSSM(nn.Module):
         ref = self.out_proj.weight
         dtype, device = dtype or ref.dtype, device or ref.device
         s = torch.zeros(batch_size, self.d_state, dtype=torch.promote_types(dtype, torch.float32), device=device)
-        ctx = torch.zeros(batch_size, self.conv_kernel - 1, self.d_model, dtype=dtype, device=device) \
-            if self.conv_kernel else None
+        ctx = (
+            torch.zeros(batch_size, self.conv_kernel - 1, self.d_model, dtype=dtype, device=device)
+            if self.conv_kernel
+            else None
+        )
         return s, ctx
 
     def step(self, h_t: torch.Tensor, state: tuple) -> tuple[torch.Tensor, tuple]:

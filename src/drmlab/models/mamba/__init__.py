@@ -13,5 +13,15 @@ def build(name: str, preset: str = "tiny", vocab_size: int = 256, seed: int = 0,
     return MambaLM(build_config(preset, vocab_size, **overrides), seed=seed, name=name, preset=preset)
 
 
-__all__ = ["MODEL_NAMES", "PRESET_DIMS", "MambaConfig", "MambaLM", "MambaState", "build", "build_config",
-           "closed_form_parameter_count", "config_from_hf", "load_hf_state_dict"]
+__all__ = [
+    "MODEL_NAMES",
+    "PRESET_DIMS",
+    "MambaConfig",
+    "MambaLM",
+    "MambaState",
+    "build",
+    "build_config",
+    "closed_form_parameter_count",
+    "config_from_hf",
+    "load_hf_state_dict",
+]

@@ -57,7 +57,7 @@ class MambaConfig:
     def d_inner(self) -> int:
         return self.expand * self.d_model
 
-    def validate(self) -> "MambaConfig":
+    def validate(self) -> MambaConfig:
         for name in ("d_model", "n_layer", "vocab_size", "d_state", "d_conv", "expand", "max_seq_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -108,7 +108,16 @@ def build_config(preset: str = "tiny", vocab_size: int = 256, **overrides) -> Ma
 def config_from_hf(hf_config, **extra) -> MambaConfig:
     """A :class:`MambaConfig` with the dimensions of a transformers ``MambaConfig``."""
     return MambaConfig(
-        d_model=hf_config.hidden_size, n_layer=hf_config.num_hidden_layers, vocab_size=hf_config.vocab_size,
-        d_state=hf_config.state_size, d_conv=hf_config.conv_kernel, expand=hf_config.expand,
-        dt_rank=int(hf_config.time_step_rank), conv_bias=hf_config.use_conv_bias, bias=hf_config.use_bias,
-        norm_eps=hf_config.layer_norm_epsilon, tie_embeddings=hf_config.tie_word_embeddings, **extra)
+        d_model=hf_config.hidden_size,
+        n_layer=hf_config.num_hidden_layers,
+        vocab_size=hf_config.vocab_size,
+        d_state=hf_config.state_size,
+        d_conv=hf_config.conv_kernel,
+        expand=hf_config.expand,
+        dt_rank=int(hf_config.time_step_rank),
+        conv_bias=hf_config.use_conv_bias,
+        bias=hf_config.use_bias,
+        norm_eps=hf_config.layer_norm_epsilon,
+        tie_embeddings=hf_config.tie_word_embeddings,
+        **extra,
+    )

@@ -11,11 +11,11 @@ division by cumulative gate products, no logarithm of a gate.
 
 Parameter names follow Hugging Face's (``layers.{i}.mixer.in_proj.weight``, ``A_log``, ...), so
 :func:`load_hf_state_dict` loads a ``MambaForCausalLM`` state dict by dropping its ``backbone.``
-prefix; with the same weights the logits agree to float32 rounding (``tests/test_mamba.py``).
+prefix; with the same weights the logits agree to float32 rounding (``tests/models/test_mamba.py``).
 
 Generation: ``init_state(batch)`` / ``step(tokens_t, state)`` advance one token in O(1)
 (per layer: the last ``d_conv - 1`` conv inputs and the [B, d_inner, d_state] SSM state);
-stepping a sequence reproduces ``forward`` (``tests/test_step_equivalence.py``), and
+stepping a sequence reproduces ``forward`` (``tests/models/test_step_equivalence.py``), and
 ``forward(tokens, return_state=True)`` returns the state after the tokens from the parallel scan.
 """
 
@@ -28,8 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from drmlab.models.layers import MambaMixer, MambaMixerState
 from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens, leading_batch
+from drmlab.models.layers import MambaMixer, MambaMixerState
 from drmlab.models.output import ModelOutput
 
 from .config import MambaConfig
@@ -55,9 +55,22 @@ class MambaBlock(nn.Module):
     def __init__(self, c: MambaConfig):
         super().__init__()
         self.norm = RMSNorm(c.d_model, c.norm_eps)
-        self.mixer = MambaMixer(c.d_model, c.d_state, c.d_conv, c.expand, c.dt_rank, c.bias, c.conv_bias,
-                                c.dt_min, c.dt_max, c.dt_init, c.dt_scale, c.dt_init_floor,
-                                scan_chunk=c.scan_chunk, scan_recompute=c.scan_recompute)
+        self.mixer = MambaMixer(
+            c.d_model,
+            c.d_state,
+            c.d_conv,
+            c.expand,
+            c.dt_rank,
+            c.bias,
+            c.conv_bias,
+            c.dt_min,
+            c.dt_max,
+            c.dt_init,
+            c.dt_scale,
+            c.dt_init_floor,
+            scan_chunk=c.scan_chunk,
+            scan_recompute=c.scan_recompute,
+        )
 
     def forward(self, x: torch.Tensor, return_state: bool = False):
         if not return_state:
@@ -143,7 +156,7 @@ def load_hf_state_dict(model: MambaLM, state_dict: dict) -> MambaLM:
     mapped = {}
     for key, value in state_dict.items():
         if key.startswith("backbone."):
-            key = key[len("backbone."):]
+            key = key[len("backbone.") :]
         if key == "lm_head.weight" and model.lm_head is None:
             continue  # tied to the embedding
         mapped[key] = value

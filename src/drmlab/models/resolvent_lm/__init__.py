@@ -13,5 +13,13 @@ def build(name: str, preset: str = "tiny", vocab_size: int = 256, seed: int = 0,
     return ResolventLM(build_config(name, preset, vocab_size, **overrides), seed=seed, name=name, preset=preset)
 
 
-__all__ = ["ATTENTION_KINDS", "MODEL_NAMES", "PRESET_DIMS", "ResolventAttention", "ResolventLM",
-           "ResolventLMConfig", "build", "build_config"]
+__all__ = [
+    "ATTENTION_KINDS",
+    "MODEL_NAMES",
+    "PRESET_DIMS",
+    "ResolventAttention",
+    "ResolventLM",
+    "ResolventLMConfig",
+    "build",
+    "build_config",
+]

@@ -45,8 +45,9 @@ class ResolventLMConfig:
         if self.attention == "rope" and (self.d_model // self.n_head) % 2:
             raise ValueError("rotary positions need an even head dimension")
         if self.gate_parameterisation not in PARAMETERISATIONS:
-            raise ValueError(f"gate_parameterisation must be one of {sorted(PARAMETERISATIONS)}, "
-                             f"got {self.gate_parameterisation!r}")
+            raise ValueError(
+                f"gate_parameterisation must be one of {sorted(PARAMETERISATIONS)}, got {self.gate_parameterisation!r}"
+            )
 
 
 def build_config(name: str, preset: str = "tiny", vocab_size: int = 256, **overrides) -> ResolventLMConfig:

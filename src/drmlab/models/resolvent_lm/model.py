@@ -26,7 +26,6 @@ log |G_ij| and arg G_ij, updated in O(S) per token (G_{i+1,j} = a_{i+1} G_{i,j})
 and arg G_ij as suffix sums of the gates' logarithms and angles).
 """
 
-
 from __future__ import annotations
 
 import math
@@ -35,9 +34,9 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
+from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens, leading_batch
 from drmlab.models.layers import CausalSelfAttention, PreLNBlock
 from drmlab.models.legacy_names import accept_legacy_names
-from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens, leading_batch
 from drmlab.models.output import ModelOutput
 from drmlab.resolvent.attention import resolvent_attention
 from drmlab.resolvent.gates import GateHead
@@ -45,9 +44,14 @@ from drmlab.resolvent.gates import GateHead
 from .config import ResolventLMConfig
 
 # parameter names of checkpoints written before the block was shared with LOOPED
-LEGACY_NAMES = ((".attn.qkv.weight", ".mixer.qkv_weight"), (".attn.qkv.bias", ".mixer.qkv_bias"),
-                (".attn.proj.", ".mixer.out_proj."), (".attn.", ".mixer."),
-                (".fc1.", ".mlp.fc."), (".fc2.", ".mlp.proj."))
+LEGACY_NAMES = (
+    (".attn.qkv.weight", ".mixer.qkv_weight"),
+    (".attn.qkv.bias", ".mixer.qkv_bias"),
+    (".attn.proj.", ".mixer.out_proj."),
+    (".attn.", ".mixer."),
+    (".fc1.", ".mlp.fc."),
+    (".fc2.", ".mlp.proj."),
+)
 
 
 class ResolventCache(NamedTuple):

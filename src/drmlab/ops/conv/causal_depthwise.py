@@ -15,8 +15,6 @@ so future positions never alter prefix outputs.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 import torch.nn.functional as F
 
@@ -46,7 +44,7 @@ def conv_context_size(kernel_size: int, dilation: int = 1) -> int:
 def causal_depthwise_conv1d(
     x: torch.Tensor,
     weight: torch.Tensor,
-    bias: Optional[torch.Tensor] = None,
+    bias: torch.Tensor | None = None,
     dilation: int = 1,
 ) -> torch.Tensor:
     """Causal depthwise conv over dim 1 of ``x`` [B, T, C]; weight [C, 1, K]; bias [C] or None.
@@ -66,7 +64,7 @@ def causal_depthwise_conv1d(
     y = xp[:, 0:T] * taps[0]
     for j in range(1, K):
         off = j * dilation
-        y = torch.addcmul(y, xp[:, off:off + T], taps[j])
+        y = torch.addcmul(y, xp[:, off : off + T], taps[j])
     if bias is not None:
         y = y + bias.to(y.dtype)
     return y
@@ -74,11 +72,11 @@ def causal_depthwise_conv1d(
 
 def causal_depthwise_conv1d_step(
     x_t: torch.Tensor,
-    context: Optional[torch.Tensor],
+    context: torch.Tensor | None,
     weight: torch.Tensor,
-    bias: Optional[torch.Tensor] = None,
+    bias: torch.Tensor | None = None,
     dilation: int = 1,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step of ``causal_depthwise_conv1d``.
 
     Args:

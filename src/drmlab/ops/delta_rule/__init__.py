@@ -24,8 +24,6 @@ the model's business, not this operator's.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from ..backends import Backend, BackendTable
@@ -34,14 +32,19 @@ from .reference import delta_rule_reference
 
 __all__ = ["delta_rule", "delta_rule_reference", "BACKENDS"]
 
-BACKENDS = BackendTable("delta_rule", [
-    Backend("torch", chunked, chunked.unavailable),
-])
+BACKENDS = BackendTable(
+    "delta_rule",
+    [
+        Backend("torch", chunked, chunked.unavailable),
+    ],
+)
 
 
 def _check_shapes(q, k, v, decay, write, init) -> None:
     if k.dim() != 3 or q.shape != k.shape:
-        raise ValueError(f"delta_rule: q and k must be [B, T, d_k] of one shape, got {tuple(q.shape)} and {tuple(k.shape)}")
+        raise ValueError(
+            f"delta_rule: q and k must be [B, T, d_k] of one shape, got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
     batch, length, d_k = k.shape
     if v.dim() != 3 or v.shape[:2] != (batch, length):
         raise ValueError(f"delta_rule: v must be [B, T, d_v] = [{batch}, {length}, d_v], got {tuple(v.shape)}")
@@ -49,15 +52,25 @@ def _check_shapes(q, k, v, decay, write, init) -> None:
         if gate is not None and gate.shape != (batch, length):
             raise ValueError(f"delta_rule: {name} must be [B, T] = [{batch}, {length}], got {tuple(gate.shape)}")
     if init is not None and init.shape != (batch, d_k, v.shape[-1]):
-        raise ValueError(f"delta_rule: init must be [B, d_k, d_v] = [{batch}, {d_k}, {v.shape[-1]}], got {tuple(init.shape)}")
+        raise ValueError(
+            f"delta_rule: init must be [B, d_k, d_v] = [{batch}, {d_k}, {v.shape[-1]}], got {tuple(init.shape)}"
+        )
     tensors = [t for t in (q, k, v, decay, write, init) if t is not None]
     if any(t.device != v.device for t in tensors):
         raise ValueError("delta_rule: every input must be on one device")
 
 
-def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: Optional[torch.Tensor], write: torch.Tensor,
-               init: Optional[torch.Tensor] = None, *, chunk: int = chunked.DEFAULT_CHUNK,
-               backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor | None,
+    write: torch.Tensor,
+    init: torch.Tensor | None = None,
+    *,
+    chunk: int = chunked.DEFAULT_CHUNK,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Reads and final state of the gated delta rule along dim 1 (time).
 
     Args:
@@ -78,8 +91,11 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: Optiona
     _check_shapes(q, k, v, decay, write, init)
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
         raise ValueError(f"delta_rule: chunk must be a positive integer, got {chunk!r}")
-    dtype = torch.float64 if torch.float64 in [t.dtype for t in (q, k, v, decay, write, init) if t is not None] \
+    dtype = (
+        torch.float64
+        if torch.float64 in [t.dtype for t in (q, k, v, decay, write, init) if t is not None]
         else torch.float32
+    )
     impl = BACKENDS.choose(backend, v.device, dtype).impl
     batch, length, d_k = k.shape
     with torch.autocast(device_type=v.device.type, enabled=False):

@@ -41,8 +41,6 @@ no [C, d_k, d_v] states.  Chunks follow one another in a Python loop (T / C of t
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -51,7 +49,7 @@ __all__ = ["forward", "gap_products", "unavailable", "DEFAULT_CHUNK"]
 DEFAULT_CHUNK = 64
 
 
-def unavailable(device: torch.device, dtype: torch.dtype) -> Optional[str]:
+def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     """Never: plain torch operations run on every device and dtype."""
     return None
 
@@ -98,14 +96,16 @@ def _chunk(q, k, v, decay, write, state):
     v [B, C, d_v], decay (None: retention 1), write [B, C] and the state before it [B, d_k, d_v]."""
     if decay is None:  # every decay product is 1: D is the strictly lower mask, a = e = 1
         system = write.unsqueeze(-1) * (k @ k.transpose(-1, -2)).tril_(-1)
-        w = torch.linalg.solve_triangular(system, write.unsqueeze(-1) * (v - k @ state), upper=False, unitriangular=True)
+        w = torch.linalg.solve_triangular(
+            system, write.unsqueeze(-1) * (v - k @ state), upper=False, unitriangular=True
+        )
         reads = torch.baddbmm(q @ state, (q @ k.transpose(-1, -2)).tril_(-1), w)
         return reads, torch.baddbmm(state, k.transpose(-1, -2), w)
     length = decay.shape[1]
     one = decay.new_ones(decay.shape[0], 1)
     table = gap_products(torch.cat([one, decay, one], dim=1))  # positions: start, 0..C-1, end
-    before, between = table[:, 1: length + 1, 0], table[:, 1: length + 1, 1: length + 1]  # a_t, D_{t,i}
-    after, total = table[:, length + 1, 1: length + 1], table[:, length + 1, 0]  # e_i, prod f
+    before, between = table[:, 1 : length + 1, 0], table[:, 1 : length + 1, 1 : length + 1]  # a_t, D_{t,i}
+    after, total = table[:, length + 1, 1 : length + 1], table[:, length + 1, 0]  # e_i, prod f
     system = write.unsqueeze(-1) * (between * (k @ k.transpose(-1, -2)))  # A: strictly lower
     target = write.unsqueeze(-1) * (v - before.unsqueeze(-1) * (k @ state))
     # (I + A) W = target; the unit diagonal is implied (A's own diagonal is zero)
@@ -115,8 +115,15 @@ def _chunk(q, k, v, decay, write, state):
     return reads, new_state
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: torch.Tensor, write: torch.Tensor,
-            init: torch.Tensor, chunk: int = DEFAULT_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor,
+    write: torch.Tensor,
+    init: torch.Tensor,
+    chunk: int = DEFAULT_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(reads [B, T, d_v], final state [B, d_k, d_v]) chunk by chunk; inputs of one dtype and
     device as the dispatcher prepares them (init given, zeros when the caller had none; decay None
     for a retention of 1 everywhere, which skips the decay products)."""
@@ -126,7 +133,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: torch.Tens
     state, reads = init, []
     for start in range(0, length, chunk):
         part = slice(start, min(start + chunk, length))
-        out, state = _chunk(q[:, part], k[:, part], v[:, part], None if decay is None else decay[:, part],
-                            write[:, part], state)
+        out, state = _chunk(
+            q[:, part], k[:, part], v[:, part], None if decay is None else decay[:, part], write[:, part], state
+        )
         reads.append(out)
     return torch.cat(reads, dim=1), state

@@ -14,16 +14,19 @@ backward.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 __all__ = ["delta_rule_reference"]
 
 
-def delta_rule_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: Optional[torch.Tensor],
-                         write: torch.Tensor, init: Optional[torch.Tensor] = None
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+def delta_rule_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor | None,
+    write: torch.Tensor,
+    init: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(reads o [B, T, d_v], final state S [B, d_k, d_v]) of the recurrence above, one position
     at a time: q, k [B, T, d_k], v [B, T, d_v], decay (None: 1 everywhere), write [B, T], init
     [B, d_k, d_v] or None."""

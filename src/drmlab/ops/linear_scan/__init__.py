@@ -35,8 +35,6 @@ to).  Backends:
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from ..backends import Backend, BackendTable
@@ -47,11 +45,14 @@ from .reference import linear_scan_reference
 
 __all__ = ["linear_scan", "backend_for", "linear_scan_reference", "BACKENDS"]
 
-BACKENDS = BackendTable("linear_scan", [
-    Backend("c", c, c.unavailable),
-    Backend("triton", triton_scan, triton_scan.unavailable, auto_devices=triton_scan.AUTO_DEVICES),
-    Backend("torch", log_depth, log_depth.unavailable),
-])
+BACKENDS = BackendTable(
+    "linear_scan",
+    [
+        Backend("c", c, c.unavailable),
+        Backend("triton", triton_scan, triton_scan.unavailable, auto_devices=triton_scan.AUTO_DEVICES),
+        Backend("torch", log_depth, log_depth.unavailable),
+    ],
+)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -64,7 +65,7 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def backend_for(tensor: torch.Tensor, dtype: Optional[torch.dtype] = None) -> str:
+def backend_for(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> str:
     """The backend ``linear_scan`` uses for inputs like ``tensor`` (of ``dtype`` when given)."""
     compute = _compute_dtype(dtype if dtype is not None else tensor.dtype)
     return BACKENDS.choose(None, tensor.device, compute).name
@@ -73,9 +74,9 @@ def backend_for(tensor: torch.Tensor, dtype: Optional[torch.dtype] = None) -> st
 def linear_scan(
     f: torch.Tensor,
     u: torch.Tensor,
-    init: Optional[torch.Tensor] = None,
+    init: torch.Tensor | None = None,
     *,
-    backend: Optional[str] = None,
+    backend: str | None = None,
 ) -> torch.Tensor:
     r"""m_t = f_t * m_{t-1} + u_t along dim 1 (time) of ``[B, T, D]`` tensors.
 
@@ -98,8 +99,7 @@ def linear_scan(
     except RuntimeError as exc:
         raise ValueError(f"f {tuple(f.shape)} and u {tuple(u.shape)} do not broadcast") from exc
     if len(shape) != 3:
-        raise ValueError(f"f {tuple(f.shape)} and u {tuple(u.shape)} do not broadcast to "
-                         "a [B, T, D] shape")
+        raise ValueError(f"f {tuple(f.shape)} and u {tuple(u.shape)} do not broadcast to a [B, T, D] shape")
     B, T, D = shape
     out_dtype = torch.promote_types(f.dtype, u.dtype)
     if init is not None:

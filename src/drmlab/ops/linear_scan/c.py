@@ -13,15 +13,13 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
-from typing import Optional
 
 import torch
 
 from .. import ckernels, threads
 from . import log_depth
 
-__all__ = ["KERNEL", "SOURCE", "prepare", "forward", "backward", "unavailable", "DENSE_INPUTS",
-           "C_DTYPES"]
+__all__ = ["KERNEL", "SOURCE", "prepare", "forward", "backward", "unavailable", "DENSE_INPUTS", "C_DTYPES"]
 
 SOURCE = Path(__file__).resolve().parent / "scan.c"
 ABI_VERSION = 2
@@ -72,7 +70,7 @@ def _self_test(lib: ctypes.CDLL) -> None:
 KERNEL = ckernels.register(ckernels.CKernel("linear_scan", SOURCE, prepare))
 
 
-def unavailable(device: torch.device, dtype: torch.dtype) -> Optional[str]:
+def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why the C kernel cannot run on ``device`` / compute ``dtype``; None when it can."""
     if device.type != "cpu":
         return "the C kernel runs on CPU tensors only"
@@ -85,7 +83,7 @@ def unavailable(device: torch.device, dtype: torch.dtype) -> Optional[str]:
     return None
 
 
-def _dense(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def _dense(x: torch.Tensor | None) -> torch.Tensor | None:
     """A contiguous buffer with conjugation and negation views resolved, or None."""
     if x is None:
         return None
@@ -94,7 +92,7 @@ def _dense(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return x.resolve_neg().contiguous()
 
 
-def _ptr(x: Optional[torch.Tensor]) -> Optional[int]:
+def _ptr(x: torch.Tensor | None) -> int | None:
     return None if x is None else x.data_ptr()
 
 
@@ -144,12 +142,13 @@ def _backward(lib: ctypes.CDLL, f, m, init, dm, need_f: bool, need_init: bool):
     return du, df, dinit
 
 
-def forward(f: torch.Tensor, u: torch.Tensor, init: Optional[torch.Tensor]) -> torch.Tensor:
+def forward(f: torch.Tensor, u: torch.Tensor, init: torch.Tensor | None) -> torch.Tensor:
     """The states m [B, T, D] (inputs: CPU [B, T, D] of one C dtype; init [B, D] or None)."""
     return _forward(KERNEL.library(), f, u, init)
 
 
-def backward(f: torch.Tensor, m: torch.Tensor, init: Optional[torch.Tensor], dm: torch.Tensor,
-             need_f: bool, need_init: bool):
+def backward(
+    f: torch.Tensor, m: torch.Tensor, init: torch.Tensor | None, dm: torch.Tensor, need_f: bool, need_init: bool
+):
     """(du, df or None, dinit or None), as :func:`drmlab.ops.linear_scan.log_depth.backward`."""
     return _backward(KERNEL.library(), f, m, init, dm, need_f, need_init)

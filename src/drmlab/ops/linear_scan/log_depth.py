@@ -58,8 +58,6 @@ plain torch, tested on the CPU against the float64 sequential loop.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 __all__ = ["forward", "backward", "unavailable", "DENSE_INPUTS", "scan_in_place"]
@@ -68,7 +66,7 @@ __all__ = ["forward", "backward", "unavailable", "DENSE_INPUTS", "scan_in_place"
 DENSE_INPUTS = False
 
 
-def unavailable(device: torch.device, dtype: torch.dtype) -> Optional[str]:
+def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     """Never: plain torch operations run on every device and dtype."""
     return None
 
@@ -83,13 +81,23 @@ def _up_slices(n: int, reverse: bool) -> tuple[slice, slice, slice, slice, slice
     half = n // 2
     if not reverse:
         # pairs (0, 1), (2, 3), ...; with odd n the last element is left unpaired
-        return (slice(1, None, 2), slice(0, n - 1, 2), slice(0, None, 2),
-                slice(1, 2 * half - 2, 2), slice(2, 2 * half - 1, 2))
+        return (
+            slice(1, None, 2),
+            slice(0, n - 1, 2),
+            slice(0, None, 2),
+            slice(1, 2 * half - 2, 2),
+            slice(2, 2 * half - 1, 2),
+        )
     # scan order n-1, n-2, ...: pairs (n-1 -> n-2), (n-3 -> n-4), ...; with odd n the element
     # at 0 is left unpaired
     odd = n % 2
-    return (slice(odd, n - 1, 2), slice(odd + 1, None, 2), slice(odd, n - 1, 2),
-            slice(odd, n - 3, 2), slice(odd + 1, n - 2, 2))
+    return (
+        slice(odd, n - 1, 2),
+        slice(odd + 1, None, 2),
+        slice(odd, n - 1, 2),
+        slice(odd, n - 3, 2),
+        slice(odd + 1, n - 2, 2),
+    )
 
 
 def _down_slices(n: int, reverse: bool) -> tuple[slice, slice, slice]:
@@ -144,7 +152,7 @@ def _buffer(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
 
 
-def forward(f: torch.Tensor, u: torch.Tensor, init: Optional[torch.Tensor]) -> torch.Tensor:
+def forward(f: torch.Tensor, u: torch.Tensor, init: torch.Tensor | None) -> torch.Tensor:
     """The states m [B, T, D]: init is folded into the first step (m_0 = f_0 init + u_0, as the
     loop computes it), then the log-depth scan runs from zero."""
     states = _buffer(u)
@@ -158,16 +166,16 @@ def forward(f: torch.Tensor, u: torch.Tensor, init: Optional[torch.Tensor]) -> t
     return states
 
 
-def backward(f: torch.Tensor, m: torch.Tensor, init: Optional[torch.Tensor], dm: torch.Tensor,
-             need_f: bool, need_init: bool):
+def backward(
+    f: torch.Tensor, m: torch.Tensor, init: torch.Tensor | None, dm: torch.Tensor, need_f: bool, need_init: bool
+):
     """(du, df or None, dinit or None) from the gates f, the states m and their gradient dm:
     the reverse log-depth scan of g_t = dm_t + conj(f_{t+1}) g_{t+1}."""
     grad_u = _buffer(dm)
     T = grad_u.shape[1]
     need_init = need_init and init is not None
     if T == 0:
-        return grad_u, (torch.empty_like(m) if need_f else None), (
-            torch.zeros_like(init) if need_init else None)
+        return grad_u, (torch.empty_like(m) if need_f else None), (torch.zeros_like(init) if need_init else None)
     gates_c = _compact(f)
     gates_c = gates_c.conj() if gates_c.is_complex() else gates_c
     if T > 1:

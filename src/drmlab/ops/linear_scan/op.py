@@ -33,8 +33,6 @@ it reads contiguous buffers only).  The backend is looked up by name in
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -50,7 +48,7 @@ def _backend(name: str, like: Tensor):
 
 
 @torch.compiler.assume_constant_result
-def choose_backend(name: Optional[str], device: torch.device, dtype: torch.dtype) -> str:
+def choose_backend(name: str | None, device: torch.device, dtype: torch.dtype) -> str:
     """The name of the backend that runs ``linear_scan`` for ``name`` (None / ``"auto"`` or a
     backend name) on ``device`` with compute ``dtype``; raises as
     :meth:`drmlab.ops.backends.BackendTable.choose`.  Under ``torch.compile`` the answer is taken
@@ -60,7 +58,7 @@ def choose_backend(name: Optional[str], device: torch.device, dtype: torch.dtype
     return BACKENDS.choose(name, device, dtype).name
 
 
-def _dense(x: Optional[Tensor]) -> Optional[Tensor]:
+def _dense(x: Tensor | None) -> Tensor | None:
     return None if x is None else x.contiguous()
 
 
@@ -71,7 +69,7 @@ def result_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @torch.library.custom_op("drmlab::linear_scan", mutates_args=())
-def linear_scan_op(f: Tensor, u: Tensor, init: Optional[Tensor], backend: str) -> Tensor:
+def linear_scan_op(f: Tensor, u: Tensor, init: Tensor | None, backend: str) -> Tensor:
     """m [B, T, D] from f, u [B, T, D] (one shape and dtype; broadcast views allowed) and init
     [B, D] or None, on the named backend."""
     impl = _backend(backend, u)
@@ -88,8 +86,9 @@ def _linear_scan_fake(f, u, init, backend):
 
 
 @torch.library.custom_op("drmlab::linear_scan_backward", mutates_args=())
-def linear_scan_backward_op(f: Tensor, m: Tensor, init: Optional[Tensor], dm: Tensor, need_f: bool,
-                            backend: str) -> tuple[Tensor, Tensor]:
+def linear_scan_backward_op(
+    f: Tensor, m: Tensor, init: Tensor | None, dm: Tensor, need_f: bool, backend: str
+) -> tuple[Tensor, Tensor]:
     """(du, df) of the reverse scan on the named backend; df is an empty tensor when not
     ``need_f``."""
     impl = _backend(backend, m)
@@ -133,7 +132,7 @@ def _backward(ctx, dm):
     return (df if need_f else None, du if need_u else None, dinit if need_init else None, None)
 
 
-def _differentiable_backward(f, m, init: Optional[Tensor], dm, backend: str):
+def _differentiable_backward(f, m, init: Tensor | None, dm, backend: str):
     """The reverse scan from differentiable operations: g is the forward scan, run backwards in
     time, with the gates shifted by one step (g_t's gate is conj(f_{t+1}))."""
     fc = _conj(f)

@@ -9,15 +9,12 @@ it is given (the tests give it float64 / complex128) and is what every backend o
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 __all__ = ["linear_scan_reference"]
 
 
-def linear_scan_reference(f: torch.Tensor, u: torch.Tensor,
-                          init: Optional[torch.Tensor] = None) -> torch.Tensor:
+def linear_scan_reference(f: torch.Tensor, u: torch.Tensor, init: torch.Tensor | None = None) -> torch.Tensor:
     """m_t = f_t * m_{t-1} + u_t along dim 1 of ``[B, T, D]`` (f and u broadcast against each
     other, init ``[B, D]`` or broadcastable), one step at a time in the inputs' dtype."""
     shape = torch.broadcast_shapes(f.shape, u.shape)

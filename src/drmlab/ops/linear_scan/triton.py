@@ -31,7 +31,7 @@ the environment before the first Triton call of the process (the kernels are bui
 or compiled, on first use) -- and only when asked for by name, never by ``"auto"``.  Anywhere
 else :func:`unavailable` says why, and the dispatcher's error names the backends that can run.
 
-**What has been run.**  Nothing of this module has run on a GPU: ``tests/test_ops_triton.py``
+**What has been run.**  Nothing of this module has run on a GPU: ``tests/ops/test_ops_triton.py``
 runs both kernels under the interpreter on CPU tensors (small shapes, float64 and complex128
 against the float64 reference loop, float32 and bfloat16 against it with float32 tolerances),
 forward and backward, and has Triton's compiler build every kernel variant into PTX and a cubin
@@ -48,12 +48,22 @@ from __future__ import annotations
 
 import importlib.util
 import threading
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["forward", "backward", "unavailable", "DENSE_INPUTS", "BLOCK_D", "AUTO_DEVICES",
-           "FP_FUSION", "triton_unavailable", "jit_kernels", "interpreting"]
+__all__ = [
+    "forward",
+    "backward",
+    "unavailable",
+    "DENSE_INPUTS",
+    "BLOCK_D",
+    "AUTO_DEVICES",
+    "FP_FUSION",
+    "triton_unavailable",
+    "jit_kernels",
+    "interpreting",
+]
 
 # reads strided and broadcast (stride-0) views of f and u as they are
 DENSE_INPUTS = False
@@ -85,10 +95,11 @@ def interpreting() -> bool:
     if "interpreted" in _STATE:
         return _STATE["interpreted"]
     import triton
+
     return bool(triton.knobs.runtime.interpret)
 
 
-def triton_unavailable(device: torch.device) -> Optional[str]:
+def triton_unavailable(device: torch.device) -> str | None:
     """Why Triton kernels cannot run on tensors of ``device``; None when they can."""
     if not _triton_installed():
         return "triton is not installed (pip install 'drmlab[gpu]')"
@@ -97,8 +108,10 @@ def triton_unavailable(device: torch.device) -> Optional[str]:
     if device.type == "cpu":
         if interpreting():
             return None
-        return ("Triton runs on CPU tensors only in its interpreter: set TRITON_INTERPRET=1 "
-                "before the first Triton call of the process")
+        return (
+            "Triton runs on CPU tensors only in its interpreter: set TRITON_INTERPRET=1 "
+            "before the first Triton call of the process"
+        )
     return f"Triton kernels run on CUDA tensors (or CPU under its interpreter), not {device.type}"
 
 
@@ -115,7 +128,7 @@ def jit_kernels(module_globals: dict, names: Sequence[str]) -> dict[str, Callabl
         return {name: triton.jit(module_globals[name]) for name in names}
 
 
-def unavailable(device: torch.device, dtype: torch.dtype) -> Optional[str]:
+def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why the Triton scan cannot run on ``device`` / compute ``dtype``; None when it can."""
     if dtype not in (torch.float32, torch.float64, torch.complex64, torch.complex128):
         return "the Triton scan computes in float32, float64, complex64 or complex128 only"
@@ -129,10 +142,24 @@ def unavailable(device: torch.device, dtype: torch.dtype) -> Optional[str]:
 # pointer arithmetic, so no product t * stride can overflow 32 bits).
 
 
-def _forward_kernel(f_ptr, u_ptr, init_ptr, m_ptr, T, D,
-                    f_sb, f_st, f_sd, u_sb, u_st, u_sd,
-                    HAS_INIT: tl.constexpr, COMPLEX: tl.constexpr, ACC: tl.constexpr,
-                    BLOCK: tl.constexpr):
+def _forward_kernel(
+    f_ptr,
+    u_ptr,
+    init_ptr,
+    m_ptr,
+    T,
+    D,
+    f_sb,
+    f_st,
+    f_sd,
+    u_sb,
+    u_st,
+    u_sd,
+    HAS_INIT: tl.constexpr,
+    COMPLEX: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """m_t = f_t m_{t-1} + u_t over t = 0 .. T-1 for one batch row and BLOCK channels.
     init and m are dense ([B, D] and [B, T, D], times 2 lanes when COMPLEX)."""
     b = tl.program_id(0).to(tl.int64)
@@ -167,10 +194,28 @@ def _forward_kernel(f_ptr, u_ptr, init_ptr, m_ptr, T, D,
         m_ptrs += D * lanes
 
 
-def _backward_kernel(f_ptr, m_ptr, init_ptr, dm_ptr, du_ptr, df_ptr, dinit_ptr, T, D,
-                     f_sb, f_st, f_sd, f_last, dense_last,
-                     HAS_INIT: tl.constexpr, NEED_F: tl.constexpr, NEED_INIT: tl.constexpr,
-                     COMPLEX: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr):
+def _backward_kernel(
+    f_ptr,
+    m_ptr,
+    init_ptr,
+    dm_ptr,
+    du_ptr,
+    df_ptr,
+    dinit_ptr,
+    T,
+    D,
+    f_sb,
+    f_st,
+    f_sd,
+    f_last,
+    dense_last,
+    HAS_INIT: tl.constexpr,
+    NEED_F: tl.constexpr,
+    NEED_INIT: tl.constexpr,
+    COMPLEX: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """The reverse scan g_t = dm_t + conj(f_{t+1}) g_{t+1} from t = T-1 down to 0, with
     du_t = g_t, df_t = g_t conj(m_{t-1}) (m_{-1} = init or 0) and dinit = conj(f_0) g_0.
     m, dm, du, df are dense [B, T, D] (times 2 lanes), init and dinit dense [B, D]; f_last and
@@ -212,15 +257,11 @@ def _backward_kernel(f_ptr, m_ptr, init_ptr, dm_ptr, du_ptr, df_ptr, dinit_ptr, 
             # (t as a vector: a scalar condition is a Python bool in the interpreter)
             has_prev = (tl.zeros([BLOCK], dtype=tl.int32) + t) > 0
             later = mask & has_prev
-            mp_re = tl.where(has_prev, tl.load(m_ptrs - row, mask=later, other=0.0).to(ACC),
-                             init_re)
+            mp_re = tl.where(has_prev, tl.load(m_ptrs - row, mask=later, other=0.0).to(ACC), init_re)
             if COMPLEX:
-                mp_im = tl.where(has_prev, tl.load(m_ptrs - row + 1, mask=later, other=0.0).to(ACC),
-                                 init_im)
-                tl.store(df_ptrs, (g_re * mp_re + g_im * mp_im).to(df_ptr.dtype.element_ty),
-                         mask=mask)
-                tl.store(df_ptrs + 1, (g_im * mp_re - g_re * mp_im).to(df_ptr.dtype.element_ty),
-                         mask=mask)
+                mp_im = tl.where(has_prev, tl.load(m_ptrs - row + 1, mask=later, other=0.0).to(ACC), init_im)
+                tl.store(df_ptrs, (g_re * mp_re + g_im * mp_im).to(df_ptr.dtype.element_ty), mask=mask)
+                tl.store(df_ptrs + 1, (g_im * mp_re - g_re * mp_im).to(df_ptr.dtype.element_ty), mask=mask)
             else:
                 tl.store(df_ptrs, (g_re * mp_re).to(df_ptr.dtype.element_ty), mask=mask)
         fn_re = tl.load(f_ptrs, mask=mask, other=0.0).to(ACC)
@@ -234,11 +275,9 @@ def _backward_kernel(f_ptr, m_ptr, init_ptr, dm_ptr, du_ptr, df_ptr, dinit_ptr, 
     if NEED_INIT:
         # after the loop fn holds f_0
         di_off = b * row + d * lanes
-        tl.store(dinit_ptr + di_off, (fn_re * g_re + fn_im * g_im).to(dinit_ptr.dtype.element_ty),
-                 mask=mask)
+        tl.store(dinit_ptr + di_off, (fn_re * g_re + fn_im * g_im).to(dinit_ptr.dtype.element_ty), mask=mask)
         if COMPLEX:
-            tl.store(dinit_ptr + di_off + 1,
-                     (fn_re * g_im - fn_im * g_re).to(dinit_ptr.dtype.element_ty), mask=mask)
+            tl.store(dinit_ptr + di_off + 1, (fn_re * g_im - fn_im * g_re).to(dinit_ptr.dtype.element_ty), mask=mask)
 
 
 def _kernels() -> dict[str, Callable]:
@@ -274,7 +313,7 @@ def _block(D: int) -> int:
     return min(BLOCK_D, 1 << max(0, (D - 1).bit_length()))
 
 
-def forward(f: torch.Tensor, u: torch.Tensor, init: Optional[torch.Tensor]) -> torch.Tensor:
+def forward(f: torch.Tensor, u: torch.Tensor, init: torch.Tensor | None) -> torch.Tensor:
     """The states m [B, T, D] from gates f and inputs u ([B, T, D], one dtype, any strides) and
     init ([B, D] or None); float32 states for float16 / bfloat16 inputs."""
     kernels = _kernels()
@@ -287,15 +326,30 @@ def forward(f: torch.Tensor, u: torch.Tensor, init: Optional[torch.Tensor]) -> t
     il = None if init is None else _lanes(init.contiguous())
     block = _block(D)
     kernels["_forward_kernel"][(B, -(-D // block))](
-        fl, ul, il if il is not None else ol, ol, T, D,
-        fl.stride(0), fl.stride(1), fl.stride(2), ul.stride(0), ul.stride(1), ul.stride(2),
-        HAS_INIT=init is not None, COMPLEX=complex_, ACC=_acc_dtype(u.dtype), BLOCK=block,
-        enable_fp_fusion=FP_FUSION)
+        fl,
+        ul,
+        il if il is not None else ol,
+        ol,
+        T,
+        D,
+        fl.stride(0),
+        fl.stride(1),
+        fl.stride(2),
+        ul.stride(0),
+        ul.stride(1),
+        ul.stride(2),
+        HAS_INIT=init is not None,
+        COMPLEX=complex_,
+        ACC=_acc_dtype(u.dtype),
+        BLOCK=block,
+        enable_fp_fusion=FP_FUSION,
+    )
     return out
 
 
-def backward(f: torch.Tensor, m: torch.Tensor, init: Optional[torch.Tensor], dm: torch.Tensor,
-             need_f: bool, need_init: bool):
+def backward(
+    f: torch.Tensor, m: torch.Tensor, init: torch.Tensor | None, dm: torch.Tensor, need_f: bool, need_init: bool
+):
     """(du, df or None, dinit or None) from the gates f, the states m, init and the gradient dm
     of the states (the reverse scan above)."""
     kernels = _kernels()
@@ -315,10 +369,26 @@ def backward(f: torch.Tensor, m: torch.Tensor, init: Optional[torch.Tensor], dm:
     dil = dul if dinit is None else _lanes(dinit)
     block = _block(D)
     kernels["_backward_kernel"][(B, -(-D // block))](
-        fl, ml, il if il is not None else ml, dml, dul, dfl, dil, T, D,
-        fl.stride(0), fl.stride(1), fl.stride(2), (T - 1) * fl.stride(1), (T - 1) * dul.stride(1),
-        HAS_INIT=init is not None, NEED_F=need_f, NEED_INIT=need_init,
-        COMPLEX=m.is_complex(), ACC=_acc_dtype(m.dtype), BLOCK=block,
-        enable_fp_fusion=FP_FUSION)
+        fl,
+        ml,
+        il if il is not None else ml,
+        dml,
+        dul,
+        dfl,
+        dil,
+        T,
+        D,
+        fl.stride(0),
+        fl.stride(1),
+        fl.stride(2),
+        (T - 1) * fl.stride(1),
+        (T - 1) * dul.stride(1),
+        HAS_INIT=init is not None,
+        NEED_F=need_f,
+        NEED_INIT=need_init,
+        COMPLEX=m.is_complex(),
+        ACC=_acc_dtype(m.dtype),
+        BLOCK=block,
+        enable_fp_fusion=FP_FUSION,
+    )
     return du, df, dinit
-

@@ -38,14 +38,16 @@ from .chunked import AUTO_CHUNK_ELEMENTS
 from .op import choose_backend
 from .reference import selective_scan_reference
 
-__all__ = ["selective_scan", "selective_scan_reference", "selective_scan_backend", "BACKENDS",
-           "AUTO_CHUNK_ELEMENTS"]
+__all__ = ["selective_scan", "selective_scan_reference", "selective_scan_backend", "BACKENDS", "AUTO_CHUNK_ELEMENTS"]
 
-BACKENDS = BackendTable("selective_scan", [
-    Backend("c", c, c.unavailable),
-    Backend("triton", triton_scan, triton_scan.unavailable, auto_devices=triton_scan.AUTO_DEVICES),
-    Backend("torch", chunked, chunked.unavailable),
-])
+BACKENDS = BackendTable(
+    "selective_scan",
+    [
+        Backend("c", c, c.unavailable),
+        Backend("triton", triton_scan, triton_scan.unavailable, auto_devices=triton_scan.AUTO_DEVICES),
+        Backend("torch", chunked, chunked.unavailable),
+    ],
+)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -57,8 +59,7 @@ def selective_scan_backend(x: torch.Tensor) -> str:
     return BACKENDS.choose(None, x.device, _compute_dtype(x)).name
 
 
-def selective_scan(x, dt, A, Bm, Cm, h0=None, *, chunk: int = 0, recompute: bool = False,
-                   backend: str = "auto"):
+def selective_scan(x, dt, A, Bm, Cm, h0=None, *, chunk: int = 0, recompute: bool = False, backend: str = "auto"):
     """The selective scan y_t = C_t . h_t, h_t = exp(dt_t A) h_{t-1} + (dt_t x_t) B_t.
 
     x, dt: [B, T, E]; A: [E, N]; Bm, Cm: [B, T, N]; h0: [B, E, N] or None (zeros).

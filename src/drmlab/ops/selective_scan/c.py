@@ -16,15 +16,13 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
-from typing import Optional
 
 import torch
 
 from .. import ckernels, threads
 from .op import fused_scan
 
-__all__ = ["KERNEL", "SOURCE", "prepare", "scan", "forward", "backward", "saved_shape", "unavailable",
-           "C_DTYPES"]
+__all__ = ["KERNEL", "SOURCE", "prepare", "scan", "forward", "backward", "saved_shape", "unavailable", "C_DTYPES"]
 
 SOURCE = Path(__file__).resolve().parent / "selective_scan.c"
 C_DTYPES = {torch.float32: "f32", torch.float64: "f64"}
@@ -46,7 +44,7 @@ def prepare(lib: ctypes.CDLL) -> None:
 KERNEL = ckernels.register(ckernels.CKernel("selective_scan", SOURCE, prepare))
 
 
-def unavailable(device: torch.device, dtype: torch.dtype) -> Optional[str]:
+def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why the kernel cannot run on ``device`` / compute ``dtype``; None when it can."""
     if device.type != "cpu":
         return "the C kernel runs on CPU tensors only"
@@ -109,8 +107,10 @@ def backward(x, dt, A, Bm, Cm, h0, ck, dy, dh_last):
     n = A.shape[1]
     k = _segment_length(length, n * e)
     if ck.shape != saved_shape(b, length, e, n):
-        raise RuntimeError(f"selective_scan C backward: segment states {tuple(ck.shape)}, expected "
-                           f"{saved_shape(b, length, e, n)} (SEGMENT_ELEMENTS changed between forward and backward?)")
+        raise RuntimeError(
+            f"selective_scan C backward: segment states {tuple(ck.shape)}, expected "
+            f"{saved_shape(b, length, e, n)} (SEGMENT_ELEMENTS changed between forward and backward?)"
+        )
     At = A.t().contiguous()
     dy = dy.contiguous()
     dh_last = None if dh_last is None else dh_last.transpose(1, 2).contiguous()
@@ -124,11 +124,14 @@ def backward(x, dt, A, Bm, Cm, h0, ck, dy, dh_last):
     g = x.new_empty(len(pieces), n, e)
     fn = getattr(lib, f"drm_sscan_bwd_{C_DTYPES[x.dtype]}")
     shared = tuple(map(_ptr, (x, dt, At, Bm, Cm, ck, dy, dh_last, dx, ddt)))
-    threads.run_pieces([
-        functools.partial(fn, *shared, *map(_ptr, (dA[i], dB, dC, dh0, work[i, 0], work[i, 1], g[i])),
-                          b, length, e, n, k, b0, b1)
-        for i, (b0, b1) in enumerate(pieces)
-    ])
+    threads.run_pieces(
+        [
+            functools.partial(
+                fn, *shared, *map(_ptr, (dA[i], dB, dC, dh0, work[i, 0], work[i, 1], g[i])), b, length, e, n, k, b0, b1
+            )
+            for i, (b0, b1) in enumerate(pieces)
+        ]
+    )
     dh0 = x.new_empty(0) if dh0 is None else dh0.transpose(1, 2).contiguous()
     return dx, ddt, dA.sum(0).t().contiguous(), dB, dC, dh0
 

@@ -10,8 +10,6 @@ cumulative gate products, no logarithm of a gate.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.utils.checkpoint
 from torch.autograd.function import once_differentiable
@@ -24,7 +22,7 @@ __all__ = ["scan", "unavailable", "AUTO_CHUNK_ELEMENTS"]
 AUTO_CHUNK_ELEMENTS = 1 << 21
 
 
-def unavailable(device: torch.device, dtype: torch.dtype) -> Optional[str]:
+def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     """Never: the chunked path runs wherever ``linear_scan`` does."""
     return None
 
@@ -140,8 +138,7 @@ def scan(x, dt, A, Bm, Cm, h0=None, *, chunk: int = 0, recompute: bool = False):
         pieces = zip(*(t.split(chunk, dim=1) for t in (dt * x, dt, Bm, Cm)))
         for dtx_c, dt_c, B_c, C_c in pieces:
             if checkpointing:
-                y, h = torch.utils.checkpoint.checkpoint(_scan_chunk, dtx_c, dt_c, A, B_c, C_c, h,
-                                                         use_reentrant=False)
+                y, h = torch.utils.checkpoint.checkpoint(_scan_chunk, dtx_c, dt_c, A, B_c, C_c, h, use_reentrant=False)
             else:
                 y, h = _scan_chunk(dtx_c, dt_c, A, B_c, C_c, h)
             ys.append(y)

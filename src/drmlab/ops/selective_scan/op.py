@@ -30,15 +30,13 @@ backend name once per trace.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
 __all__ = ["selective_scan_op", "selective_scan_backward_op", "choose_backend"]
 
 
-def _backend(name: str, like: Optional[Tensor] = None):
+def _backend(name: str, like: Tensor | None = None):
     """The backend module called ``name``; with ``like``, checked to run on its device and dtype
     (which loads the C kernel on first use).  The table is built in the package ``__init__``."""
     from . import BACKENDS
@@ -47,7 +45,7 @@ def _backend(name: str, like: Optional[Tensor] = None):
 
 
 @torch.compiler.assume_constant_result
-def choose_backend(name: Optional[str], device: torch.device, dtype: torch.dtype) -> str:
+def choose_backend(name: str | None, device: torch.device, dtype: torch.dtype) -> str:
     """The name of the backend that runs the selective scan for ``name`` (None / ``"auto"`` or a
     backend name) on ``device`` with compute ``dtype``; raises as
     :meth:`drmlab.ops.backends.BackendTable.choose`.  Under ``torch.compile`` it is asked once,
@@ -64,16 +62,18 @@ def _result_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @torch.library.custom_op("drmlab::selective_scan", mutates_args=())
-def selective_scan_op(x: Tensor, dt: Tensor, A: Tensor, Bm: Tensor, Cm: Tensor, h0: Optional[Tensor],
-                      need_grad: bool, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+def selective_scan_op(
+    x: Tensor, dt: Tensor, A: Tensor, Bm: Tensor, Cm: Tensor, h0: Tensor | None, need_grad: bool, backend: str
+) -> tuple[Tensor, Tensor, Tensor]:
     """(y [B, T, E], h_last [B, E, N], saved) on the named fused backend (T > 0)."""
     y, h_last, saved = _backend(backend, x).forward(x, dt, A, Bm, Cm, h0, need_grad)
     dtype = _result_dtype(x.dtype)
     return tuple(t.to(dtype).contiguous() for t in (y, h_last, saved))
 
 
-def fused_scan(x: Tensor, dt: Tensor, A: Tensor, Bm: Tensor, Cm: Tensor, h0: Optional[Tensor], backend: str
-               ) -> tuple[Tensor, Tensor]:
+def fused_scan(
+    x: Tensor, dt: Tensor, A: Tensor, Bm: Tensor, Cm: Tensor, h0: Tensor | None, backend: str
+) -> tuple[Tensor, Tensor]:
     """(y, h_last) of a fused backend (``"c"`` or ``"triton"``) through :func:`selective_scan_op`:
     inputs made contiguous in the compute dtype (float64 stays, everything else float32), autocast
     off, the saved segment states only when a gradient will be asked for."""
@@ -81,8 +81,7 @@ def fused_scan(x: Tensor, dt: Tensor, A: Tensor, Bm: Tensor, Cm: Tensor, h0: Opt
     with torch.autocast(device_type=x.device.type, enabled=False):
         x, dt, A, Bm, Cm = (t.to(dtype).contiguous() for t in (x, dt, A, Bm, Cm))
         h0 = None if h0 is None else h0.to(dtype).contiguous()
-        need_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, dt, A, Bm, Cm, h0))
+        need_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, dt, A, Bm, Cm, h0))
         y, h_last, _ = selective_scan_op(x, dt, A, Bm, Cm, h0, need_grad, backend)
     return y, h_last
 
@@ -97,9 +96,18 @@ def _selective_scan_fake(x, dt, A, Bm, Cm, h0, need_grad, backend):
 
 
 @torch.library.custom_op("drmlab::selective_scan_backward", mutates_args=())
-def selective_scan_backward_op(x: Tensor, dt: Tensor, A: Tensor, Bm: Tensor, Cm: Tensor, h0: Optional[Tensor],
-                               saved: Tensor, dy: Tensor, dh_last: Optional[Tensor],
-                               backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def selective_scan_backward_op(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    Bm: Tensor,
+    Cm: Tensor,
+    h0: Tensor | None,
+    saved: Tensor,
+    dy: Tensor,
+    dh_last: Tensor | None,
+    backend: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dx, ddt, dA, dB, dC, dh0) on the named fused backend; dh0 is empty when h0 is None."""
     grads = _backend(backend, x).backward(x, dt, A, Bm, Cm, h0, saved, dy, dh_last)
     dtype = _result_dtype(x.dtype)

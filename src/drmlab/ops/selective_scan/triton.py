@@ -37,7 +37,7 @@ the C kernel's float32 exp is within 1.35 ulp) and its float64 form an inlined p
 **Where it runs, and what has been run.**  As the Triton linear scan
 (:mod:`drmlab.ops.linear_scan.triton`, whose helpers this module shares): on CUDA tensors when
 ``triton`` imports, where ``"auto"`` takes it, and on CPU tensors by name only under
-``TRITON_INTERPRET=1``.  Nothing of this module has run on a GPU: ``tests/test_ops_triton.py``
+``TRITON_INTERPRET=1``.  Nothing of this module has run on a GPU: ``tests/ops/test_ops_triton.py``
 runs both kernels under the interpreter on small CPU tensors against the float64 reference loop
 (forward and backward, several segments, odd T, E not a multiple of the block, N padded, h0)
 and compiles them to PTX and cubins for sm_90 / sm_80 without a GPU.  Compiled-GPU behaviour --
@@ -48,15 +48,24 @@ program, speed, the choice of :data:`BLOCK_E` -- is unverified.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
 from ..linear_scan.triton import AUTO_DEVICES, FP_FUSION, jit_kernels, triton_unavailable
 from .op import fused_scan
 
-__all__ = ["scan", "forward", "backward", "saved_shape", "segment_length", "unavailable",
-           "AUTO_DEVICES", "BLOCK_E", "SEGMENT_STEPS", "TILE_ELEMENTS"]
+__all__ = [
+    "scan",
+    "forward",
+    "backward",
+    "saved_shape",
+    "segment_length",
+    "unavailable",
+    "AUTO_DEVICES",
+    "BLOCK_E",
+    "SEGMENT_STEPS",
+    "TILE_ELEMENTS",
+]
 
 # channels per program at most (a power of two) ...
 BLOCK_E = 64
@@ -70,7 +79,7 @@ tl = None
 _KERNELS: dict = {}
 
 
-def unavailable(device: torch.device, dtype: torch.dtype) -> Optional[str]:
+def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why the Triton selective scan cannot run on ``device`` / compute ``dtype``; None when it can."""
     if dtype not in (torch.float32, torch.float64):
         return "the Triton selective scan computes in float32 or float64 only"
@@ -95,10 +104,27 @@ def saved_shape(b: int, length: int, e: int, n: int) -> tuple[int, int, int, int
 # 64-bit sequence index first, so no product overflows 32 bits.
 
 
-def _forward_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hlast_ptr, ck_ptr,
-                    T, E, N, K, NSEG,
-                    HAS_H0: tl.constexpr, SAVE: tl.constexpr, ACC: tl.constexpr,
-                    BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr):
+def _forward_kernel(
+    x_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    h0_ptr,
+    y_ptr,
+    hlast_ptr,
+    ck_ptr,
+    T,
+    E,
+    N,
+    K,
+    NSEG,
+    HAS_H0: tl.constexpr,
+    SAVE: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """y and the last state for one sequence and BLOCK_E channels; with SAVE, the state entering
     each segment of K steps into ck [B, NSEG, E, N]."""
     b = tl.program_id(0).to(tl.int64)
@@ -138,11 +164,34 @@ def _forward_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hlast_ptr
     tl.store(hlast_ptr + b * E * N + en, h.to(hlast_ptr.dtype.element_ty), mask=mask)
 
 
-def _backward_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, ck_ptr, dy_ptr, dhlast_ptr,
-                     dx_ptr, ddt_ptr, dA_ptr, dB_ptr, dC_ptr, dh0_ptr, ws_ptr,
-                     T, E, N, K, NSEG, NBLK,
-                     HAS_DHLAST: tl.constexpr, HAS_H0: tl.constexpr, ACC: tl.constexpr,
-                     BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr):
+def _backward_kernel(
+    x_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    ck_ptr,
+    dy_ptr,
+    dhlast_ptr,
+    dx_ptr,
+    ddt_ptr,
+    dA_ptr,
+    dB_ptr,
+    dC_ptr,
+    dh0_ptr,
+    ws_ptr,
+    T,
+    E,
+    N,
+    K,
+    NSEG,
+    NBLK,
+    HAS_DHLAST: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """The adjoint recurrence for one sequence and BLOCK_E channels, segment by segment from
     the last.  Writes dx, ddt [B, T, E]; the block's partial dB, dC [B, T, NBLK, N]; the
     sequence's dA [B, E, N]; dh0 [B, E, N] when HAS_H0.  ws [B, K + 1, E, N] is the workspace
@@ -188,20 +237,17 @@ def _backward_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, ck_ptr, dy_ptr, dhlast_
             h_t = tl.load(ws + (j + 1) * E * N, mask=mask, other=0.0).to(ACC)
             h_prev = tl.load(ws + j * E * N, mask=mask, other=0.0).to(ACC)
             decay = tl.exp(dt[:, None] * A)
-            gv = g + dy[:, None] * Ct[None, :]                    # g_t
+            gv = g + dy[:, None] * Ct[None, :]  # g_t
             part = ((b * T + t) * NBLK + blk) * N + n
-            tl.store(dC_ptr + part, tl.sum(dy[:, None] * h_t, axis=0).to(dC_ptr.dtype.element_ty),
-                     mask=mask_n)
-            tl.store(dB_ptr + part, tl.sum(gv * (dt * x)[:, None], axis=0).to(dB_ptr.dtype.element_ty),
-                     mask=mask_n)
-            d_dtx = tl.sum(gv * Bt[None, :], axis=1)              # d(dt x)_t
+            tl.store(dC_ptr + part, tl.sum(dy[:, None] * h_t, axis=0).to(dC_ptr.dtype.element_ty), mask=mask_n)
+            tl.store(dB_ptr + part, tl.sum(gv * (dt * x)[:, None], axis=0).to(dB_ptr.dtype.element_ty), mask=mask_n)
+            d_dtx = tl.sum(gv * Bt[None, :], axis=1)  # d(dt x)_t
             w = gv * h_prev * decay
             dA += w * dt[:, None]
             ddt = tl.sum(w * A, axis=1) + d_dtx * x
             tl.store(ddt_ptr + (b * T + t) * E + e, ddt.to(ddt_ptr.dtype.element_ty), mask=mask_e)
-            tl.store(dx_ptr + (b * T + t) * E + e, (d_dtx * dt).to(dx_ptr.dtype.element_ty),
-                     mask=mask_e)
-            g = gv * decay                                        # carried to t - 1
+            tl.store(dx_ptr + (b * T + t) * E + e, (d_dtx * dt).to(dx_ptr.dtype.element_ty), mask=mask_e)
+            g = gv * decay  # carried to t - 1
         tl.debug_barrier()  # before the next segment overwrites the workspace
     tl.store(dA_ptr + b * E * N + en, dA.to(dA_ptr.dtype.element_ty), mask=mask)
     if HAS_H0:
@@ -240,16 +286,36 @@ def forward(x, dt, A, Bm, Cm, h0, need_grad: bool):
     nseg = -(-length // k)
     y = torch.empty((b, length, e), dtype=dtype, device=x.device)
     h_last = torch.empty((b, e, n), dtype=dtype, device=x.device)
-    ck = (torch.empty(saved_shape(b, length, e, n), dtype=dtype, device=x.device) if need_grad
-          else torch.empty(0, dtype=dtype, device=x.device))
+    ck = (
+        torch.empty(saved_shape(b, length, e, n), dtype=dtype, device=x.device)
+        if need_grad
+        else torch.empty(0, dtype=dtype, device=x.device)
+    )
     block_e, block_n = _blocks(e, n)
     if e == 0:  # no channels: nothing to launch
         return y, h_last, ck
     kernels["_forward_kernel"][(b, -(-e // block_e))](
-        x, dt, A, Bm, Cm, h0 if h0 is not None else h_last, y, h_last, ck if need_grad else y,
-        length, e, n, k, nseg,
-        HAS_H0=h0 is not None, SAVE=need_grad, ACC=tl.float64 if dtype == torch.float64 else tl.float32,
-        BLOCK_E=block_e, BLOCK_N=block_n, enable_fp_fusion=FP_FUSION)
+        x,
+        dt,
+        A,
+        Bm,
+        Cm,
+        h0 if h0 is not None else h_last,
+        y,
+        h_last,
+        ck if need_grad else y,
+        length,
+        e,
+        n,
+        k,
+        nseg,
+        HAS_H0=h0 is not None,
+        SAVE=need_grad,
+        ACC=tl.float64 if dtype == torch.float64 else tl.float32,
+        BLOCK_E=block_e,
+        BLOCK_N=block_n,
+        enable_fp_fusion=FP_FUSION,
+    )
     return y, h_last, ck
 
 
@@ -264,9 +330,11 @@ def backward(x, dt, A, Bm, Cm, h0, saved, dy, dh_last):
     k = segment_length(length)
     nseg = -(-length // k)
     if saved.shape != saved_shape(b, length, e, n):
-        raise RuntimeError(f"selective_scan Triton backward: segment states {tuple(saved.shape)}, "
-                           f"expected {saved_shape(b, length, e, n)} (SEGMENT_STEPS changed between "
-                           "forward and backward?)")
+        raise RuntimeError(
+            f"selective_scan Triton backward: segment states {tuple(saved.shape)}, "
+            f"expected {saved_shape(b, length, e, n)} (SEGMENT_STEPS changed between "
+            "forward and backward?)"
+        )
     block_e, block_n = _blocks(e, n)
     nblk = -(-e // block_e)
     new = {"dtype": dtype, "device": x.device}
@@ -280,12 +348,34 @@ def backward(x, dt, A, Bm, Cm, h0, saved, dy, dh_last):
     if e == 0:  # no channels: B and C receive no gradient
         return dx, ddt, dA_parts.sum(0), dB_parts.sum(2), dC_parts.sum(2), dh0
     kernels["_backward_kernel"][(b, nblk)](
-        x, dt, A, Bm, Cm, saved, dy, dh_last if dh_last is not None else dy,
-        dx, ddt, dA_parts, dB_parts, dC_parts, dh0 if h0 is not None else dx, work,
-        length, e, n, k, nseg, nblk,
-        HAS_DHLAST=dh_last is not None, HAS_H0=h0 is not None,
+        x,
+        dt,
+        A,
+        Bm,
+        Cm,
+        saved,
+        dy,
+        dh_last if dh_last is not None else dy,
+        dx,
+        ddt,
+        dA_parts,
+        dB_parts,
+        dC_parts,
+        dh0 if h0 is not None else dx,
+        work,
+        length,
+        e,
+        n,
+        k,
+        nseg,
+        nblk,
+        HAS_DHLAST=dh_last is not None,
+        HAS_H0=h0 is not None,
         ACC=tl.float64 if dtype == torch.float64 else tl.float32,
-        BLOCK_E=block_e, BLOCK_N=block_n, enable_fp_fusion=FP_FUSION)
+        BLOCK_E=block_e,
+        BLOCK_N=block_n,
+        enable_fp_fusion=FP_FUSION,
+    )
     return dx, ddt, dA_parts.sum(0), dB_parts.sum(2), dC_parts.sum(2), dh0
 
 

@@ -19,8 +19,6 @@ dimensions broadcast.
 
 from __future__ import annotations
 
-from typing import Union
-
 import torch
 
 __all__ = ["woodbury_solve", "metric_energy", "metric_dense", "coupling_matrix"]
@@ -37,7 +35,7 @@ def woodbury_solve(
     d: torch.Tensor,
     U: torch.Tensor,
     v: torch.Tensor,
-    damping: Union[float, torch.Tensor] = 0.0,
+    damping: float | torch.Tensor = 0.0,
 ) -> torch.Tensor:
     r"""(diag(d) + U U^T + damping I)^{-1} v for v [*, L, n]; returns [*, L, n].
 
@@ -47,20 +45,19 @@ def woodbury_solve(
     _check(d, U)
     if v.dim() < 2 or v.shape[-1] != d.shape[-1]:
         raise ValueError(f"v must be [*, L, n] with n={d.shape[-1]}, got {tuple(v.shape)}")
-    dd = d + damping                                  # [*, n]
-    w = v / dd.unsqueeze(-2)                          # D'^{-1} v, [*, L, n]
+    dd = d + damping  # [*, n]
+    w = v / dd.unsqueeze(-2)  # D'^{-1} v, [*, L, n]
     r = U.shape[-1]
     if r == 0:
         return w
-    Ud = U / dd.unsqueeze(-1)                         # D'^{-1} U, [*, n, r]
+    Ud = U / dd.unsqueeze(-1)  # D'^{-1} U, [*, n, r]
     eye = torch.eye(r, dtype=U.dtype, device=U.device)
-    cap = eye + U.mT @ Ud                             # I + U^T D'^{-1} U, [*, r, r]
+    cap = eye + U.mT @ Ud  # I + U^T D'^{-1} U, [*, r, r]
     cap = 0.5 * (cap + cap.mT)
     chol = torch.linalg.cholesky(cap)
-    rhs = (w @ U).mT                                  # U^T D'^{-1} v, [*, r, L]
+    rhs = (w @ U).mT  # U^T D'^{-1} v, [*, r, L]
     batch = torch.broadcast_shapes(rhs.shape[:-2], chol.shape[:-2])
-    x = torch.cholesky_solve(rhs.expand(*batch, *rhs.shape[-2:]),
-                             chol.expand(*batch, r, r))  # [*, r, L]
+    x = torch.cholesky_solve(rhs.expand(*batch, *rhs.shape[-2:]), chol.expand(*batch, r, r))  # [*, r, L]
     return w - (Ud @ x).mT
 
 
@@ -89,6 +86,6 @@ def coupling_matrix(V: torch.Tensor, d: torch.Tensor, U: torch.Tensor) -> torch.
         raise ValueError(f"V must be [*, k, n] with n={d.shape[-1]}, got {tuple(V.shape)}")
     c = (V * d.unsqueeze(-2)) @ V.mT
     if U.shape[-1] > 0:
-        vu = V @ U                                    # [*, k, r]
+        vu = V @ U  # [*, k, r]
         c = c + vu @ vu.mT
     return 0.5 * (c + c.mT)

@@ -47,21 +47,43 @@ This package uses numpy (and matplotlib for the plot) only.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from drmlab.experiments.loop.proofs.common import CONFIRMED, REFUTED, ProofResult, single_blas_thread
-from drmlab.experiments.loop.proofs.lr_transfer import LR_GRID, lr_student_inits, lr_teacher_data, proof4, train_looped_student
+from drmlab.experiments.loop.proofs.lr_transfer import (
+    LR_GRID,
+    lr_student_inits,
+    lr_teacher_data,
+    proof4,
+    train_looped_student,
+)
 from drmlab.experiments.loop.proofs.plot import plot_results
 from drmlab.experiments.loop.proofs.relu_chains import proof1, proof2, proof3
 from drmlab.experiments.loop.proofs.ssm_mixer import proof5
 from drmlab.naming import suggest
 
-__all__ = ["CONFIRMED", "REFUTED", "LR_GRID", "PROOFS", "ProofResult", "lr_student_inits", "lr_teacher_data",
-           "plot_results", "proof1", "proof2", "proof3", "proof4", "proof5", "proof_settings", "run_proof",
-           "single_blas_thread", "train_looped_student"]
+__all__ = [
+    "CONFIRMED",
+    "REFUTED",
+    "LR_GRID",
+    "PROOFS",
+    "ProofResult",
+    "lr_student_inits",
+    "lr_teacher_data",
+    "plot_results",
+    "proof1",
+    "proof2",
+    "proof3",
+    "proof4",
+    "proof5",
+    "proof_settings",
+    "run_proof",
+    "single_blas_thread",
+    "train_looped_student",
+]
 
-PROOFS: dict[int, Callable[..., ProofResult]] = {1: proof1, 2: proof2, 3: proof3, 4: proof4,
-                                                 5: proof5}
+PROOFS: dict[int, Callable[..., ProofResult]] = {1: proof1, 2: proof2, 3: proof3, 4: proof4, 5: proof5}
 
 
 def proof_settings(number: int) -> dict[str, Any]:
@@ -76,6 +98,7 @@ def run_proof(number: int, **settings) -> ProofResult:
     known = proof_settings(number)
     for name in settings:
         if name not in known:
-            raise ValueError(f"proof {number} has no setting {name!r}{suggest(name, known)}; "
-                             f"settings: {', '.join(known)}")
+            raise ValueError(
+                f"proof {number} has no setting {name!r}{suggest(name, known)}; settings: {', '.join(known)}"
+            )
     return PROOFS[number](**settings)

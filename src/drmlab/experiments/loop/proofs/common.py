@@ -25,13 +25,13 @@ class ProofResult:
     title: str
     hypothesis: str
     criterion: str
-    arms: dict[str, str]          # row key -> meaning of that per-arm number
-    rows: list[dict[str, Any]]    # each row: {"n": N, <arm key>: number, ...}
+    arms: dict[str, str]  # row key -> meaning of that per-arm number
+    rows: list[dict[str, Any]]  # each row: {"n": N, <arm key>: number, ...}
     checks: dict[str, bool]
     stats: dict[str, Any]
     params: dict[str, Any]
-    text: str                     # the printed table, criterion lines and verdict
-    plot_keys: list[str]          # arm keys plotted against N
+    text: str  # the printed table, criterion lines and verdict
+    plot_keys: list[str]  # arm keys plotted against N
     plot_ylabel: str
     seconds: float = 0.0
     verdict: str = field(init=False)
@@ -41,20 +41,22 @@ class ProofResult:
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict; non-finite floats become null, tuples lists."""
-        return jsonable({
-            "proof": self.proof,
-            "title": self.title,
-            "hypothesis": self.hypothesis,
-            "criterion": self.criterion,
-            "arms": self.arms,
-            "rows": self.rows,
-            "checks": self.checks,
-            "stats": self.stats,
-            "verdict": self.verdict,
-            "params": self.params,
-            "seconds": self.seconds,
-            "text": self.text,
-        })
+        return jsonable(
+            {
+                "proof": self.proof,
+                "title": self.title,
+                "hypothesis": self.hypothesis,
+                "criterion": self.criterion,
+                "arms": self.arms,
+                "rows": self.rows,
+                "checks": self.checks,
+                "stats": self.stats,
+                "verdict": self.verdict,
+                "params": self.params,
+                "seconds": self.seconds,
+                "text": self.text,
+            }
+        )
 
     def report(self) -> str:
         head = f"Proof {self.proof} -- {self.title}"
@@ -75,7 +77,6 @@ def jsonable(obj):
     if isinstance(obj, (float, np.floating)):
         return float(obj) if math.isfinite(obj) else None
     return obj
-
 
 
 # ----------------------------------------------------------------------------- BLAS threads
@@ -140,6 +141,7 @@ def blas_single(func):
     def wrapper(*args, **kwargs):
         with single_blas_thread():
             return func(*args, **kwargs)
+
     return wrapper
 
 
@@ -172,4 +174,3 @@ def check_ns(ns, minimum: int = 2) -> tuple[int, ...]:
     if any(n < 1 for n in ns):
         raise ValueError(f"loop counts must be >= 1, got {ns}")
     return ns
-

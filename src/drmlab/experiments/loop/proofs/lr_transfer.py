@@ -45,7 +45,7 @@ def train_looped_student(X, Y, W, P, lr, eps, n_loop, steps, div_at=1e6):
             h = hs[n_loop]
             np.matmul(h, P.T, out=e)
             e -= Y
-            loss = float(np.mean(e ** 2))
+            loss = float(np.mean(e**2))
             if not (math.isfinite(loss) and loss <= div_at):
                 return None
             gP = coef * (e.T @ h)
@@ -54,9 +54,9 @@ def train_looped_student(X, Y, W, P, lr, eps, n_loop, steps, div_at=1e6):
             gW.fill(0.0)
             for k in range(n_loop - 1, -1, -1):
                 np.square(acts[k], out=tmp)
-                np.subtract(1.0, tmp, out=tmp)          # 1 - tanh²
+                np.subtract(1.0, tmp, out=tmp)  # 1 - tanh²
                 np.multiply(g, eps, out=v)
-                v *= tmp                                # v = ε·g ⊙ (1 - tanh²)
+                v *= tmp  # v = ε·g ⊙ (1 - tanh²)
                 np.matmul(v.T, hs[k], out=tW)
                 gW += tW
                 np.matmul(v, W, out=tmp)
@@ -95,9 +95,18 @@ def _argmin_first(losses) -> int | None:
 
 
 @blas_single
-def proof4(seed: int = 0, init_seed: int = 42, n_samples: int = 256, d: int = 64, d_out: int = 8,
-           ns=(1, 2, 4, 8), lrs=LR_GRID, steps: int = 300, scaled: bool = True,
-           min_shift: float = 4.0) -> ProofResult:
+def proof4(
+    seed: int = 0,
+    init_seed: int = 42,
+    n_samples: int = 256,
+    d: int = 64,
+    d_out: int = 8,
+    ns=(1, 2, 4, 8),
+    lrs=LR_GRID,
+    steps: int = 300,
+    scaled: bool = True,
+    min_shift: float = 4.0,
+) -> ProofResult:
     """Proof 4 -- learning-rate transfer across N for a looped tanh residual student.
 
     Hypothesis: with ε = 1 the optimal GD learning rate shifts down as N grows (the looped map's
@@ -153,17 +162,20 @@ def proof4(seed: int = 0, init_seed: int = 42, n_samples: int = 256, d: int = 64
     u0, uN = opt_idx[(ns[0], "unscaled")], opt_idx[(ns[-1], "unscaled")]
     s0 = opt_idx[(ns[0], "scaled")]
     shift = (lrs[u0] / lrs[uN]) if (u0 is not None and uN is not None) else None
-    within = s0 is not None and all(opt_idx[(n, "scaled")] is not None
-                                    and abs(opt_idx[(n, "scaled")] - s0) <= 1 for n in ns)
+    within = s0 is not None and all(
+        opt_idx[(n, "scaled")] is not None and abs(opt_idx[(n, "scaled")] - s0) <= 1 for n in ns
+    )
     checks = {
         "unscaled_optimum_shifts": bool(shift is not None and shift >= min_shift),
         "scaled_optimum_within_one_notch": bool(within),
     }
     opts = {mode: [r[mode] for r in rows] for mode in modes}
     lines.append("")
-    lines.append(f"unscaled optima {opts['unscaled']}, scaled {opts['scaled']}; "
-                 f"shift {'%.1fx' % shift if shift is not None else 'n/a'} (>= {min_shift:g}); "
-                 f"scaled within one notch: {within}")
+    lines.append(
+        f"unscaled optima {opts['unscaled']}, scaled {opts['scaled']}; "
+        f"shift {f'{shift:.1f}x' if shift is not None else 'n/a'} (>= {min_shift:g}); "
+        f"scaled within one notch: {within}"
+    )
     if u0 is not None and u0 == len(lrs) - 1:
         lines.append("note: the N_min optimum sits on the top edge of the grid (censored)")
     return ProofResult(
@@ -171,20 +183,30 @@ def proof4(seed: int = 0, init_seed: int = 42, n_samples: int = 256, d: int = 64
         title="learning-rate transfer across N",
         hypothesis="With eps=1 the optimal LR shifts down with N; with eps=1/N it transfers.",
         criterion=f"opt_unscaled(N_min)/opt_unscaled(N_max) >= {min_shift:g} and every scaled "
-                  "optimum within one grid position of the scaled N_min optimum",
-        arms={"unscaled": "optimal LR (first argmin over the grid), eps=1",
-              "scaled": "optimal LR, eps=1/N",
-              "loss_unscaled": "final loss per grid LR (null = diverged), eps=1",
-              "loss_scaled": "final loss per grid LR (null = diverged), eps=1/N"},
+        "optimum within one grid position of the scaled N_min optimum",
+        arms={
+            "unscaled": "optimal LR (first argmin over the grid), eps=1",
+            "scaled": "optimal LR, eps=1/N",
+            "loss_unscaled": "final loss per grid LR (null = diverged), eps=1",
+            "loss_scaled": "final loss per grid LR (null = diverged), eps=1/N",
+        },
         rows=rows,
         checks=checks,
         stats={"lrs": list(lrs), "shift": shift, "optima": opts},
-        params={"seed": seed, "init_seed": init_seed, "n_samples": n_samples, "d": d,
-                "d_out": d_out, "ns": list(ns), "lrs": list(lrs), "steps": steps,
-                "scaled": scaled, "min_shift": min_shift},
+        params={
+            "seed": seed,
+            "init_seed": init_seed,
+            "n_samples": n_samples,
+            "d": d,
+            "d_out": d_out,
+            "ns": list(ns),
+            "lrs": list(lrs),
+            "steps": steps,
+            "scaled": scaled,
+            "min_shift": min_shift,
+        },
         text="\n".join(lines),
         plot_keys=["unscaled", "scaled"],
         plot_ylabel="optimal learning rate",
         seconds=time.perf_counter() - t0,
     )
-

@@ -21,8 +21,7 @@ def plot_results(results: list[ProofResult], path) -> Path:
     for j, res in enumerate(results):
         ax = fig.add_subplot(nrows, ncols, j + 1)
         for key in res.plot_keys:
-            pts = [(r["n"], r[key]) for r in res.rows
-                   if r.get(key) is not None and np.isfinite(r[key]) and r[key] > 0]
+            pts = [(r["n"], r[key]) for r in res.rows if r.get(key) is not None and np.isfinite(r[key]) and r[key] > 0]
             if pts:
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, marker="o", label=key)

@@ -40,9 +40,9 @@ def _ssm_params(rng, d, d_state):
 
 def _ssm_mixer(x, p):
     """Selective SSM on x (T×D): exact sequential scan, gated, projected back."""
-    dt = _softplus(x @ p["W_dt"])                        # (T, 1)
-    decay = np.exp(-_softplus(p["a"])[None, :] * dt)     # (T, n)
-    u = dt * (x @ p["B"].T)                              # (T, n)
+    dt = _softplus(x @ p["W_dt"])  # (T, 1)
+    decay = np.exp(-_softplus(p["a"])[None, :] * dt)  # (T, n)
+    u = dt * (x @ p["B"].T)  # (T, n)
     s = np.zeros(p["a"].shape[0])
     ys = np.empty_like(x)
     for t in range(x.shape[0]):
@@ -52,9 +52,17 @@ def _ssm_mixer(x, p):
 
 
 @blas_single
-def proof5(seed: int = 3, input_seed: int = 11, d: int = 256, d_state: int = 16,
-           seq_len: int = 64, ns=(2, 4, 8, 16), repeats: int = 3, scaled: bool = True,
-           flat_tol: float = 1.5) -> ProofResult:
+def proof5(
+    seed: int = 3,
+    input_seed: int = 11,
+    d: int = 256,
+    d_state: int = 16,
+    seq_len: int = 64,
+    ns=(2, 4, 8, 16),
+    repeats: int = 3,
+    scaled: bool = True,
+    flat_tol: float = 1.5,
+) -> ProofResult:
     """Proof 5 -- the pathology is mixer-agnostic: a selective-SSM residual branch.
 
     Hypothesis: ``x <- x + ε·SSM(LN(x))`` with one SSM shared across N steps grows its norm ~N
@@ -89,10 +97,8 @@ def proof5(seed: int = 3, input_seed: int = 11, d: int = 256, d_state: int = 16,
         for shared, eps in ((True, 1.0), (True, 1.0 / n if scaled else 1.0), (False, 1.0)):
             rng_in = np.random.default_rng(input_seed)
             rng_p = np.random.default_rng(seed)
-            vals.append(float(np.mean([run_once(rng_in, rng_p, n, eps, shared)
-                                       for _ in range(repeats)])))
-        rows.append({"n": n, "shared_eps1": vals[0], "shared_scaled": vals[1],
-                     "indep_eps1": vals[2]})
+            vals.append(float(np.mean([run_once(rng_in, rng_p, n, eps, shared) for _ in range(repeats)])))
+        rows.append({"n": n, "shared_eps1": vals[0], "shared_scaled": vals[1], "indep_eps1": vals[2]})
         lines.append(f"{n:>4} {vals[0]:>13.3f} {vals[1]:>15.3f} {vals[2]:>12.3f}")
     n_ratio = ns[-1] / ns[0]
     r_sh = ratio(rows[-1]["shared_eps1"], rows[0]["shared_eps1"])
@@ -105,26 +111,36 @@ def proof5(seed: int = 3, input_seed: int = 11, d: int = 256, d_state: int = 16,
         "shared_outgrows_indep": bool(ratio(r_sh, r_ind) > 2),
     }
     lines.append("")
-    lines.append(f"N x{n_ratio:.0f}: shared-unscaled norm x{r_sh:.2f} (linear-in-N predicts "
-                 f"x{n_ratio:.0f}), indep x{r_ind:.2f} (sqrt predicts x{np.sqrt(n_ratio):.1f})")
-    lines.append(f"eps=1/N bounded across N (max/min < {flat_tol:g}): {checks['scaled_flat']} "
-                 f"(max/min {flat:.3f})")
+    lines.append(
+        f"N x{n_ratio:.0f}: shared-unscaled norm x{r_sh:.2f} (linear-in-N predicts "
+        f"x{n_ratio:.0f}), indep x{r_ind:.2f} (sqrt predicts x{np.sqrt(n_ratio):.1f})"
+    )
+    lines.append(f"eps=1/N bounded across N (max/min < {flat_tol:g}): {checks['scaled_flat']} (max/min {flat:.3f})")
     return ProofResult(
         proof=5,
         title="SSM-mixer correlated accumulation",
         hypothesis="With a shared selective-SSM branch the eps=1 norm grows ~N, independent "
-                   "~sqrt N, and eps=1/N keeps it bounded.",
+        "~sqrt N, and eps=1/N keeps it bounded.",
         criterion=f"r_sh > 0.6 N_max/N_min and scaled max/min < {flat_tol:g} and r_sh/r_ind > 2",
-        arms={"shared_eps1": "mean token norm / sqrt(D), shared SSM, eps=1",
-              "shared_scaled": "mean token norm / sqrt(D), shared SSM, eps=1/N",
-              "indep_eps1": "mean token norm / sqrt(D), independent SSMs, eps=1"},
+        arms={
+            "shared_eps1": "mean token norm / sqrt(D), shared SSM, eps=1",
+            "shared_scaled": "mean token norm / sqrt(D), shared SSM, eps=1/N",
+            "indep_eps1": "mean token norm / sqrt(D), independent SSMs, eps=1",
+        },
         rows=rows,
         checks=checks,
-        stats={"n_ratio": n_ratio, "shared_ratio": r_sh, "indep_ratio": r_ind,
-               "scaled_max_over_min": flat},
-        params={"seed": seed, "input_seed": input_seed, "d": d, "d_state": d_state,
-                "seq_len": seq_len, "ns": list(ns), "repeats": repeats, "scaled": scaled,
-                "flat_tol": flat_tol},
+        stats={"n_ratio": n_ratio, "shared_ratio": r_sh, "indep_ratio": r_ind, "scaled_max_over_min": flat},
+        params={
+            "seed": seed,
+            "input_seed": input_seed,
+            "d": d,
+            "d_state": d_state,
+            "seq_len": seq_len,
+            "ns": list(ns),
+            "repeats": repeats,
+            "scaled": scaled,
+            "flat_tol": flat_tol,
+        },
         text="\n".join(lines),
         plot_keys=["shared_eps1", "shared_scaled", "indep_eps1"],
         plot_ylabel="mean ||x_t|| / sqrt(D)",

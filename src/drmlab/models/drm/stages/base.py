@@ -52,7 +52,7 @@ class Block:
     flow_tokens: torch.Tensor | None = None  # [B, L, H] the transition's token part
 
     @classmethod
-    def at(cls, start: torch.Tensor, tokens: torch.Tensor, strength: float, record: list | None) -> "Block":
+    def at(cls, start: torch.Tensor, tokens: torch.Tensor, strength: float, record: list | None) -> Block:
         """A block before its first stage: every position still at the start state."""
         anchor = start.unsqueeze(1)  # one view for every stage (one gradient path back to z_s)
         return cls(start, tokens, strength, record, anchor, z=anchor)

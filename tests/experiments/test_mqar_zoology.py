@@ -1,0 +1,353 @@
+"""The Zoology MQAR protocol (docs/mqar.md section 10, drmlab.experiments.mqar.zoology): the task
+generator's properties (disjoint halves, bound answers, the power law of the query slots, labels on
+query positions only, seeds), the settings and recipe, the epoch batches, the models at the
+protocol's width, n/a, the unknown protocol, and a micro study end to end (reuse, resume, locks)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy import stats
+
+from drmlab.experiments.mqar import zoology as zm
+from drmlab.training.trainer import targets_loss
+
+torch.set_num_threads(1)
+
+
+def _rows(seq_len, kv, n, seed=0):
+    x, y = zm.generate(seq_len, kv, n, seed)
+    return x.numpy(), y.numpy()
+
+
+# ---------------------------------------------------------------------------------- the task
+@pytest.mark.parametrize("seq_len, kv", zm.SETTINGS)
+def test_keys_and_values_come_from_disjoint_halves_without_repeats(seq_len, kv):
+    x, y = _rows(seq_len, kv, 400)
+    assert x.shape == y.shape == (400, seq_len) and x.dtype == np.int64
+    keys, values = x[:, 0 : 2 * kv : 2], x[:, 1 : 2 * kv : 2]
+    assert keys.min() >= 1 and keys.max() <= 4095 and values.min() >= 4096 and values.max() <= 8191
+    for k, v in zip(keys, values):
+        assert len(set(k)) == kv and len(set(v)) == kv
+
+
+@pytest.mark.parametrize("seq_len, kv", zm.SETTINGS)
+def test_every_query_is_a_context_key_and_its_target_is_that_keys_value(seq_len, kv):
+    x, y = _rows(seq_len, kv, 300, seed=5)
+    for row, tgt in zip(x, y):
+        lookup = dict(zip(row[0 : 2 * kv : 2].tolist(), row[1 : 2 * kv : 2].tolist()))
+        scored = np.flatnonzero(tgt != zm.IGNORE)
+        assert len(scored) == kv and scored.min() >= 2 * kv  # one query per key, after the pairs
+        assert sorted(row[scored].tolist()) == sorted(lookup)  # every key queried exactly once
+        assert all(tgt[t] == lookup[row[t]] for t in scored)
+
+
+@pytest.mark.parametrize("seq_len, kv", [(64, 4), (256, 16)])
+def test_labels_only_on_query_positions_and_the_rest_is_fill(seq_len, kv):
+    x, y = _rows(seq_len, kv, 200, seed=3)
+    query = np.zeros_like(x, dtype=bool)
+    query[:, 2 * kv :] = x[:, 2 * kv :] != zm.FILL
+    assert np.array_equal(y != zm.IGNORE, query)  # a label exactly where a query stands
+    assert ((query.sum(1)) == kv).all()
+    assert (x[:, 2 * kv :][~query[:, 2 * kv :]] == zm.FILL).all()
+    assert (x[:, 2 * kv + 1 :: 2] == zm.FILL).all()  # queries sit on even positions only
+    assert (y[:, : 2 * kv] == zm.IGNORE).all()
+
+
+def _slot_of_each_key(x, kv):
+    """[n, kv] slot pair of key j's query."""
+    out = np.empty((x.shape[0], kv), dtype=np.int64)
+    for i, row in enumerate(x):
+        pos = {k: t for t, k in enumerate(row[2 * kv :].tolist()) if k != zm.FILL}
+        out[i] = [pos[k] // 2 for k in row[0 : 2 * kv : 2].tolist()]
+    return out
+
+
+def test_the_first_keys_slot_follows_the_power_law():
+    """Key 1's slot pair is the first draw: P(s) = (s + 1)^(a - 1) / sum. Chi-square over the 28 slot
+    pairs of (64, 4) on 20,000 examples; the tolerance is the 0.999 quantile (p = 0.001), and the
+    same counts reject the uniform law (the test can fail)."""
+    x, _ = _rows(64, 4, 20_000, seed=11)
+    slots = _slot_of_each_key(x, 4)
+    space = (64 - 8) // 2
+    counts = np.bincount(slots[:, 0], minlength=space)
+    p = zm.slot_weights(space)
+    chi2 = (((counts - len(slots) * p) ** 2) / (len(slots) * p)).sum()
+    assert chi2 < stats.chi2.ppf(0.999, space - 1), chi2
+    uniform = (((counts - len(slots) / space) ** 2) / (len(slots) / space)).sum()
+    assert uniform > 100 * stats.chi2.ppf(0.999, space - 1)
+    assert abs(p[0] - 1 / sum((s + 1) ** -0.99 for s in range(space))) < 1e-12
+
+
+def test_the_slots_are_drawn_one_after_another_without_replacement():
+    """The ordered pair (g1, g2) of a (10, 2) example has law p_a p_b / (1 - p_a), a != b (numpy's
+    weighted choice without replacement). Chi-square over the 6 ordered pairs, 60,000 examples,
+    tolerance the 0.999 quantile."""
+    x, _ = _rows(10, 2, 60_000, seed=2)
+    slots = _slot_of_each_key(x, 2)
+    assert (slots[:, 0] != slots[:, 1]).all()
+    p = zm.slot_weights(3)
+    pairs = [(a, b) for a in range(3) for b in range(3) if a != b]
+    expected = np.array([p[a] * p[b] / (1 - p[a]) for a, b in pairs]) * len(slots)
+    observed = np.array([((slots[:, 0] == a) & (slots[:, 1] == b)).sum() for a, b in pairs])
+    assert abs(expected.sum() - len(slots)) < 1e-6
+    chi2 = (((observed - expected) ** 2) / expected).sum()
+    assert chi2 < stats.chi2.ppf(0.999, len(pairs) - 1), (observed, expected)
+
+
+def test_reproducible_by_seed_and_dtype():
+    a = zm.generate(128, 8, 500, [0, 128, 8, 0])
+    b = zm.generate(128, 8, 500, [0, 128, 8, 0])
+    c = zm.generate(128, 8, 500, [0, 128, 8, 1])
+    small = zm.generate(128, 8, 500, [0, 128, 8, 0], dtype=torch.int16)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[0], c[0])
+    assert small[0].dtype == torch.int16 and torch.equal(small[0].long(), a[0]) and torch.equal(small[1].long(), a[1])
+    x, _, xt, _ = zm.data_sets(64, 4, n_train=50, n_test=20)
+    assert torch.equal(x.long(), zm.generate(64, 4, 50, [0, 64, 4, 0])[0])
+    assert torch.equal(xt.long(), zm.generate(64, 4, 20, [0, 64, 4, 1])[0])
+
+
+@pytest.mark.parametrize("seq_len, kv, why", [(63, 4, "even"), (64, 17, "seq_len >= 4 kv"), (64, 0, "positive")])
+def test_bad_settings_are_one_line(seq_len, kv, why):
+    with pytest.raises(ValueError, match=why):
+        zm.generate(seq_len, kv, 10, 0)
+
+
+# ---------------------------------------------------------------------------------- settings and recipe
+def test_the_settings_table_and_recipe_are_zoologys():
+    assert zm.SETTINGS == ((64, 4), (128, 8), (256, 16), (512, 64))
+    assert zm.BATCH_SIZES == {64: 512, 128: 512, 256: 256, 512: 128}
+    assert zm.WIDTHS == (64, 128, 256, 512)
+    assert np.allclose(zm.LR_GRID, [1e-4, 10 ** (-4 + 2 / 3), 10 ** (-4 + 4 / 3), 1e-2])
+    r = zm.RECIPE
+    assert (r.vocab_size, r.power_a, r.n_train, r.n_test, r.epochs, r.weight_decay, r.early_stop) == (
+        8192,
+        0.01,
+        100_000,
+        3_000,
+        64,
+        0.1,
+        0.99,
+    )
+    assert (r.n_layer, r.n_head, r.dropout, r.seed, r.data_seed) == (2, 1, 0.1, 123, 0)
+    assert [r.steps_per_epoch(L) for L, _ in zm.SETTINGS] == [196, 196, 391, 782]
+    with pytest.raises(dataclasses_frozen_error()):
+        r.epochs = 3
+    study = zm.plan_study(["ATTENTION"], [64], [256])
+    cfg = study.train_config(256, 1e-3)
+    assert (
+        cfg.batch_size,
+        cfg.seq_len,
+        cfg.schedule,
+        cfg.warmup_steps,
+        cfg.min_lr_ratio,
+        cfg.weight_decay,
+        cfg.decay_all_params,
+        cfg.grad_clip,
+        cfg.seed,
+    ) == (256, 256, "cosine", 0, 0.0, 0.1, True, 0.0, 123)
+    assert cfg.total_steps == 64 * 391
+
+
+def dataclasses_frozen_error():
+    import dataclasses
+
+    return dataclasses.FrozenInstanceError
+
+
+def test_epoch_batches_shuffle_each_epoch_and_keep_the_remainder():
+    x = torch.arange(10).view(10, 1).repeat(1, 4)
+    b = zm.EpochBatches(x, x.clone(), batch_size=4)
+    assert b.per_epoch == 3
+    for epoch in range(2):
+        rows = [b.global_batch(7, epoch * 3 + i + 1, 0)[0][:, 0].tolist() for i in range(3)]
+        assert [len(r) for r in rows] == [4, 4, 2]
+        assert sorted(r for batch in rows for r in batch) == list(range(10))
+    first = b.global_batch(7, 1, 0)[0][:, 0].tolist()
+    assert b.global_batch(7, 4, 0)[0][:, 0].tolist() != first  # another order in the next epoch
+    assert b.global_batch(7, 1, 0)[0][:, 0].tolist() == first  # a pure function of (seed, step)
+
+
+def test_loss_and_accuracy_count_the_query_positions_only():
+    x, y = zm.generate(64, 4, 6, 0)
+    model, _, _ = zm.protocol_model("ATTENTION", "micro", 16, 64, seed=0)
+    model.eval()
+    _, ce = targets_loss(model, x, y)
+    logits = model(x).logits
+    scored = y != zm.IGNORE
+    assert torch.allclose(ce, F.cross_entropy(logits[scored], y[scored]))
+    acc = zm.query_accuracy(model, x, y)
+    assert acc["total"] == 24 and acc["correct"] == int((logits.argmax(-1)[scored] == y[scored]).sum())
+
+
+# ---------------------------------------------------------------------------------- models
+def test_the_attention_baseline_is_zoologys_construction():
+    d, L, V = 64, 64, 8192
+    model, registry, kw = zm.protocol_model("ATTENTION", "tiny", d, L, seed=0)
+    assert registry == "GPT2" and kw == {"n_embd": d, "n_layer": 2, "n_head": 1, "n_positions": L}
+    # Zoology's count: tied embeddings V d, positions L d, per layer 2 LayerNorms, QKV and output
+    # projections with bias (4 d^2 + 8 d), final LayerNorm 2 d
+    assert sum(p.numel() for p in model.parameters()) == V * d + L * d + 2 * (4 * d * d + 8 * d) + 2 * d == 562_304
+    for block in model.hf.transformer.h:
+        assert isinstance(block.mlp, torch.nn.Identity) and block.attn.attn_dropout.p == 0.1
+    assert model.hf.transformer.drop.p == 0.1
+    # without the MLP the block adds its second LayerNorm's output: r + a, then (r + a) + LN2(r + a)
+    block = model.hf.transformer.h[0].eval()
+    r = torch.randn(2, 8, d)
+    a = block.attn(block.ln_1(r))[0]
+    out = block(r)[0] if isinstance(block(r), tuple) else block(r)
+    assert torch.allclose(out, (r + a) + block.ln_2(r + a), atol=1e-5)
+
+
+def test_models_at_the_protocols_width():
+    def kw(name, width=128, seq_len=256):
+        _, kw, why = zm.protocol_overrides(name, "tiny", width, seq_len)
+        assert why is None
+        return kw
+
+    assert kw("GPT2") == {"n_embd": 128, "n_layer": 2, "n_head": 1, "n_positions": 256}
+    assert kw("MAMBA") == {"d_model": 128, "n_layer": 2, "dt_rank": 8, "max_seq_len": 256}
+    assert kw("RESOLVENT") == {"d_model": 128, "n_layer": 2, "n_head": 1, "max_seq_len": 256}
+    for name in ("SSM_CONTROL", "J_NO_DIRECTION", "ASM_CM"):
+        assert kw(name) == {"d_token": 128, "d_state": 128, "max_seq_len": 256}
+    assert kw("LOOPED:A")["n_stored"] == 2 and kw("LOOPED:C")["n_stored"] == 1
+
+
+def test_a_setting_the_model_cannot_hold_is_na_with_the_reason(tmp_path):
+    _, _, why = zm.protocol_overrides("GPT2", "tiny", 64, 256, {"n_positions": 128})
+    assert why == "attention past its positions: n_positions=128 is shorter than the sequence length 256"
+    assert zm.protocol_overrides("GPT2", "tiny", 64, 128, {"n_positions": 128})[2] is None
+    _, _, why = zm.protocol_overrides("LOOPED:E1", "tiny", 64, 64)
+    assert "loops 4 times" in why
+    _, _, why = zm.protocol_overrides("RESOLVENT", "tiny", 64, 64, {"n_head": 3})
+    assert "divisible" in why
+    with pytest.raises(ValueError, match="n/a"):
+        zm.protocol_model("LOOPED:E1", "tiny", 64, 64, seed=0)
+
+
+def test_unknown_protocol_and_model_name_the_known_ones():
+    assert zm.check_protocol("zoology") == "zoology"
+    with pytest.raises(ValueError, match="unknown MQAR protocol 'zoo'.*known: fixed, distance, zoology"):
+        zm.check_protocol("zoo")
+    with pytest.raises(ValueError, match="unknown model 'GPT3'.*did you mean 'GPT2'"):
+        zm.plan_study(["GPT3"], [64], [64])
+    with pytest.raises(ValueError, match="not one of the protocol's lengths"):
+        zm.plan_study(["GPT2"], [64], [96])
+    with pytest.raises(ValueError, match="protocol's own"):
+        zm.plan_study(["GPT2"], [64], [64], settings={"lr": 1e-3})
+    with pytest.raises(ValueError, match="unknown setting"):
+        zm.plan_study(["GPT2"], [64], [64], settings={"n_heads": 2})
+
+
+# ---------------------------------------------------------------------------------- end to end
+MICRO = dict(preset="micro", lr_grid=[1e-3, 1e-2], epochs=2, n_train=48, n_test=16, batch_size=16, device="cpu")
+
+
+def test_a_micro_study_end_to_end_reuses_and_reports_na(tmp_path):
+    summary = zm.run_zoology_study(["ATTENTION", "J_NO_DIRECTION", "LOOPED:E1"], [16], [64], out=tmp_path, **MICRO)
+    cells = summary["cells"]
+    for name in ("ATTENTION", "J_NO_DIRECTION"):
+        c = cells[f"{name} w16 L64"]
+        assert c["status"] == "done" and set(c["scores"]) == {"0.001", "0.01"} and c["lr"] in (1e-3, 1e-2)
+        assert c["acc"] == max(v for v in c["scores"].values() if v is not None)
+    assert cells["LOOPED:E1 w16 L64"]["status"] == "n/a"
+    run = json.loads((tmp_path / "runs" / "ATTENTION_w16_L64_lr0.001" / "result.json").read_text())
+    assert run["status"] == "done" and [e["epoch"] for e in run["epochs"]] == [1, 2] and run["steps"] == 6
+    assert run["test_queries"] == 16 * 4 and run["wall_seconds"] > 0
+    text = (tmp_path / "zoology.md").read_text()
+    assert "n/a (LOOPED:E1 loops 4 times" in text and "| ATTENTION |" in text
+    again = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, **MICRO)
+    assert all(r.get("reused") for r in again["runs"])
+
+
+def test_early_stop_and_a_killed_run_continues(tmp_path, monkeypatch):
+    study = zm.plan_study(
+        ["ATTENTION"], [16], [64], preset="micro", lr_grid=[1e-3], epochs=3, n_train=48, n_test=16, batch_size=16
+    )
+    whole = zm.run_cell(study, "ATTENTION", 16, 64, 4, 1e-3, tmp_path / "whole", device="cpu")
+    real = zm.query_accuracy
+    calls = []
+
+    def dies_on_the_second_epoch(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(zm, "query_accuracy", dies_on_the_second_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        zm.run_cell(study, "ATTENTION", 16, 64, 4, 1e-3, tmp_path / "cut", device="cpu")
+    cut = json.loads((tmp_path / "cut" / "runs" / "ATTENTION_w16_L64_lr0.001" / "result.json").read_text())
+    assert cut["status"] == "training" and len(cut["epochs"]) == 1
+    continued = zm.run_cell(study, "ATTENTION", 16, 64, 4, 1e-3, tmp_path / "cut", device="cpu")
+    assert [e["epoch"] for e in continued["epochs"]] == [1, 2, 3]
+    assert [e["loss"] for e in continued["epochs"]] == [e["loss"] for e in whole["epochs"]]  # bit-identical
+    assert continued["test_correct"] == whole["test_correct"]
+
+    monkeypatch.setattr(zm, "query_accuracy", lambda *a: {"acc": 1.0, "correct": 64, "total": 64, "by_query": []})
+    early = zm.run_cell(study, "ATTENTION", 16, 64, 4, 1e-3, tmp_path / "early", device="cpu")
+    assert early["early_stopped"] and early["epochs_run"] == 1 and early["steps"] == 3
+
+
+def test_a_run_held_by_another_process_is_left_to_it(tmp_path):
+    from drmlab.runs import RunLock
+
+    study = zm.plan_study(
+        ["ATTENTION"], [16], [64], preset="micro", lr_grid=[1e-3], epochs=1, n_train=16, n_test=8, batch_size=16
+    )
+    lock = RunLock(tmp_path / "locks" / "ATTENTION_w16_L64_lr0.001.lock").acquire()
+    try:
+        assert zm.run_cell(study, "ATTENTION", 16, 64, 4, 1e-3, tmp_path, device="cpu")["status"] == "locked"
+    finally:
+        lock.release()
+    assert zm.run_cell(study, "ATTENTION", 16, 64, 4, 1e-3, tmp_path, device="cpu")["status"] == "done"
+
+
+def test_the_cli_runs_the_zoology_protocol_and_refuses_other_protocols_flags(tmp_path, capsys):
+    from drmlab.cli import main
+
+    out = tmp_path / "zoo"
+    assert (
+        main(
+            [
+                "mqar",
+                "--protocol",
+                "zoology",
+                "--models",
+                "ATTENTION",
+                "--widths",
+                "16",
+                "--seq-lens",
+                "64",
+                "--epochs",
+                "1",
+                "--n-train",
+                "64",
+                "--n-test",
+                "32",
+                "--lr-grid",
+                "1e-3",
+                "--preset",
+                "micro",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    assert "ATTENTION w16 L64 lr 0.001" in capsys.readouterr().out and (out / "zoology.json").is_file()
+    for flags, words in (
+        (["--kv", "8"], "--kv: not a setting of --protocol zoology"),
+        (["--steps", "5"], "--steps (zoology trains --epochs)"),
+        (["--seeds", "1,2"], "give --seeds S"),
+    ):
+        assert main(["mqar", "--protocol", "zoology", "--out", str(out), *flags]) == 2
+        assert words in capsys.readouterr().err
+    assert main(["mqar", "--widths", "64", "--out", str(out)]) == 2
+    assert "--widths: only with --protocol zoology" in capsys.readouterr().err

@@ -1,0 +1,103 @@
+"""causal_depthwise_conv1d and its step form (drmlab.ops.conv)."""
+
+import pytest
+import torch
+
+from drmlab.ops import causal_depthwise_conv1d, causal_depthwise_conv1d_step
+
+
+def loop_conv64(x, weight, bias, dilation):
+    """Explicit float64 loop: y[t] = bias + sum_j w[c, 0, j] * x[t - (K-1-j) * dilation]."""
+    x = x.double()
+    w = weight.double()
+    B, T, C = x.shape
+    K = w.shape[-1]
+    y = torch.zeros(B, T, C, dtype=torch.float64)
+    for t in range(T):
+        for j in range(K):
+            s = t - (K - 1 - j) * dilation
+            if s >= 0:
+                y[:, t] += w[:, 0, j] * x[:, s]
+    if bias is not None:
+        y += bias.double()
+    return y
+
+
+def make(B=2, T=23, C=5, K=4, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, C, generator=g, dtype=dtype)
+    w = torch.randn(C, 1, K, generator=g, dtype=dtype)
+    b = torch.randn(C, generator=g, dtype=dtype)
+    return x, w, b
+
+
+@pytest.mark.parametrize("dilation", [1, 2, 4])
+@pytest.mark.parametrize("K", [1, 3, 4])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matches_loop(dilation, K, with_bias):
+    x, w, b = make(K=K)
+    b = b if with_bias else None
+    y = causal_depthwise_conv1d(x, w, b, dilation)
+    assert y.shape == x.shape
+    assert (y - loop_conv64(x, w, b, dilation)).abs().max().item() <= 1e-12
+
+
+@pytest.mark.parametrize("dilation", [1, 2, 4])
+def test_matches_torch_conv1d_with_left_padding(dilation):
+    x, w, b = make(C=6, K=3, dtype=torch.float32)
+    conv = torch.nn.Conv1d(6, 6, 3, groups=6, dilation=dilation, padding=0)
+    with torch.no_grad():
+        conv.weight.copy_(w)
+        conv.bias.copy_(b)
+        ref = conv(torch.nn.functional.pad(x.transpose(1, 2), (dilation * 2, 0))).transpose(1, 2)
+    assert torch.allclose(causal_depthwise_conv1d(x, w, b, dilation), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("dilation", [1, 2, 4])
+def test_causality_exact(dilation):
+    x, w, b = make(T=30)
+    y = causal_depthwise_conv1d(x, w, b, dilation)
+    for t in (0, 7, 29):
+        x2 = x.clone()
+        x2[:, t + 1 :] = torch.randn_like(x2[:, t + 1 :]) * 1e6
+        y2 = causal_depthwise_conv1d(x2, w, b, dilation)
+        assert torch.equal(y[:, : t + 1], y2[:, : t + 1])
+    # gradient of output t reaches inputs <= t only
+    xr = x.clone().requires_grad_()
+    causal_depthwise_conv1d(xr, w, b, dilation)[:, 10].sum().backward()
+    assert torch.count_nonzero(xr.grad[:, 11:]) == 0
+
+
+@pytest.mark.parametrize("dilation", [1, 2, 4])
+@pytest.mark.parametrize("K", [1, 4])
+def test_step_equals_parallel(dilation, K):
+    x, w, b = make(T=19, K=K)
+    y = causal_depthwise_conv1d(x, w, b, dilation)
+    ctx = torch.zeros(x.shape[0], dilation * (K - 1), x.shape[2], dtype=x.dtype)
+    outs = []
+    for t in range(x.shape[1]):
+        yt, ctx = causal_depthwise_conv1d_step(x[:, t], ctx, w, b, dilation)
+        assert ctx.shape == (x.shape[0], dilation * (K - 1), x.shape[2])
+        outs.append(yt)
+    assert (torch.stack(outs, 1) - y).abs().max().item() <= 1e-12
+    # None context means zeros
+    y0, _ = causal_depthwise_conv1d_step(x[:, 0], None, w, b, dilation)
+    assert torch.allclose(y0, y[:, 0], atol=1e-12)
+
+
+def test_gradients():
+    x, w, b = make(T=8, C=3, K=3)
+    args = (x.requires_grad_(), w.requires_grad_(), b.requires_grad_())
+    assert torch.autograd.gradcheck(lambda x, w, b: causal_depthwise_conv1d(x, w, b, 2), args)
+
+
+def test_float32_and_bad_shapes():
+    x, w, b = make(dtype=torch.float32)
+    y = causal_depthwise_conv1d(x, w, b)
+    assert y.dtype == torch.float32
+    with pytest.raises(ValueError):
+        causal_depthwise_conv1d(x, w[:3], b)
+    with pytest.raises(ValueError):
+        causal_depthwise_conv1d(x[0], w, b)
+    with pytest.raises(ValueError):
+        causal_depthwise_conv1d_step(x[:, 0], torch.zeros(2, 5, 5), w, b)

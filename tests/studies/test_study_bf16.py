@@ -1,0 +1,32 @@
+"""The README's claims about bf16 autocast at preset tiny (docs/studies/bf16-tiny): the CE difference
+against float32 on paired seeds is inside the seed spread for every model, and bf16 steps faster."""
+
+from __future__ import annotations
+
+from study_results import load
+
+from drmlab.experiments.stats import mean_std
+
+MODELS = ("J", "J_NO_DIRECTION", "SSM_CONTROL", "MAMBA")
+
+
+def test_bf16_is_inside_the_seed_spread_for_every_model():
+    results = load("bf16-tiny")["models"]
+    assert set(results) == set(MODELS)
+    for name in MODELS:
+        record = results[name]
+        diffs = [record["bf16"]["per_seed"][s] - record["float32"]["per_seed"][s] for s in ("1", "2", "3")]
+        mean_diff = sum(diffs) / 3
+        spread = max(
+            mean_std(list(record["float32"]["per_seed"].values()))[1],
+            mean_std(list(record["bf16"]["per_seed"].values()))[1],
+        )
+        assert abs(mean_diff) < spread, (name, mean_diff, spread)
+        assert abs(mean_diff) < 0.005 and max(abs(d) for d in diffs) < 0.011, (name, diffs)
+
+
+def test_bf16_steps_faster_for_every_model_and_most_for_the_drm_variants():
+    speed = load("bf16-tiny")["speed"]["ms_per_step"]
+    assert all(speed[m]["bf16"] < speed[m]["float32"] for m in MODELS)
+    assert speed["J"]["speedup"] >= 1.5 and speed["J_NO_DIRECTION"]["speedup"] >= 1.5
+    assert speed["SSM_CONTROL"]["speedup"] < 1.2  # its scan stays float32

@@ -1,0 +1,176 @@
+"""The README's generated tables and figure are the committed results in docs/studies, rendered by
+the repository's own tool (tools/readme.py, not part of the installed package); the committed
+records name their command, commit and date and nothing of the machine or of who ran them.
+
+The claims the README's prose makes about the studies are tested in tests/studies/.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location("drmlab_readme_tool", ROOT / "tools" / "readme.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+rt = _load_tool()
+
+
+@pytest.fixture(scope="module")
+def studies() -> dict[str, dict]:
+    return rt.load_studies(ROOT)
+
+
+def _copy_repo_files(tmp_path: Path) -> Path:
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    shutil.copytree(ROOT / "docs" / "studies", tmp_path / "docs" / "studies")
+    shutil.copytree(ROOT / "docs" / "figures", tmp_path / "docs" / "figures")
+    return tmp_path
+
+
+def test_the_readme_s_tables_and_figure_are_current():
+    assert rt.check(ROOT) == []
+
+
+def test_the_tool_runs_from_any_folder(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "readme.py"), "--check"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "match docs/studies" in done.stdout
+
+
+def test_every_generated_block_has_its_markers(studies):
+    readme = (ROOT / "README.md").read_text()
+    assert sorted(rt.find_blocks(readme)) == sorted(rt.render_blocks(studies))
+
+
+def test_derived_numbers_come_from_the_raw_values(studies):
+    import math
+
+    blocks = rt.render_blocks(studies)
+    # tokens/s ratio at 125m: 35 / 23 = 1.52 (the hand-written README had 1.58)
+    assert "| 125m (batch 1 x 512) | 35 | - | 23 | 1.52 |" in blocks["bench-models"]
+    # bits per byte = CE / ln 2, mean and population std from the per-seed CE
+    ce = list(studies["ablate-tiny"]["models"]["J"]["ce_per_seed"].values())
+    mean = sum(ce) / len(ce)
+    std = math.sqrt(sum((c - mean) ** 2 for c in ce) / len(ce))
+    assert f"| J | 1,008,208 | {mean / math.log(2):.4f} +- {std / math.log(2):.4f} |" in blocks["compare-tiny"]
+    # RESOLVENT's MQAR mean and std from its three per-seed accuracies
+    assert "59.0% +- 30.2 (50.8 / 26.8 / 99.5)" in blocks["compare-tiny"]
+    # the decode ratio of the longest to the shortest context: 80.0 / 6.04
+    assert "| GPT2 (key/value cache) | 6.04 | 9.25 | 80.0 | 13.2 | 60 MiB |" in blocks["bench-decode"]
+    # the protocol's tokens/s: the mean of the three runs' own figures
+    runs = [r["tokens_per_s"] for r in studies["protocol-tiny"]["runs"] if r["model"] == "MAMBA"]
+    assert f"| {sum(runs) / 3:,.0f} |" in blocks["protocol-tiny"]
+
+
+def test_the_figure_was_drawn_from_the_committed_values_and_redraws_identically(studies, tmp_path):
+    assert rt.figure_is_current(studies, ROOT / rt.FIGURE_PATH)
+    first, second = rt.render_figure(studies), rt.render_figure(studies)
+    assert first == second and first[:8] == b"\x89PNG\r\n\x1a\n"
+    path = tmp_path / "figure.png"
+    path.write_bytes(first)
+    assert rt.png_text(path)[rt.FIGURE_KEY] == "sha256:" + rt.figure_source(studies)
+
+
+def test_check_names_a_hand_edited_table_number_and_write_restores_it(tmp_path):
+    root = _copy_repo_files(tmp_path)
+    readme = (root / "README.md").read_text()
+    edited = readme.replace("| 35 | - | 23 | 1.52 |", "| 35 | - | 23 | 1.58 |")
+    assert edited != readme
+    (root / "README.md").write_text(edited)
+    problems = rt.check(root)
+    assert len(problems) == 1 and problems[0].startswith("block bench-models:")
+    assert rt.write(root) == ["bench-models"]
+    assert (root / "README.md").read_text() == readme
+    assert rt.check(root) == []
+
+
+def test_a_changed_study_value_flows_into_table_and_figure(tmp_path):
+    root = _copy_repo_files(tmp_path)
+    path = root / "docs" / "studies" / "mqar-tiny" / "results.json"
+    study = json.loads(path.read_text())
+    study["models"]["GPT2"]["acc_mean"] = 26.5
+    path.write_text(json.dumps(study))
+    problems = rt.check(root)
+    assert any(p.startswith("block compare-tiny:") for p in problems)
+    assert any(p.startswith("figure ") for p in problems)
+    assert sorted(rt.write(root)) == sorted(["compare-tiny", str(rt.FIGURE_PATH)])
+    assert rt.check(root) == []
+    assert "| 26.5% +- 0.3 |" in (root / "README.md").read_text()
+
+
+def test_a_changed_per_seed_value_flows_into_the_protocol_table(tmp_path):
+    root = _copy_repo_files(tmp_path)
+    path = root / "docs" / "studies" / "protocol-tiny" / "results.json"
+    study = json.loads(path.read_text())
+    study["models"]["GPT2"]["per_seed"]["1"] += 0.01
+    path.write_text(json.dumps(study))
+    assert [p.split(":")[0] for p in rt.check(root)] == ["block protocol-tiny"]
+
+
+def test_check_reports_a_record_without_provenance(tmp_path):
+    root = _copy_repo_files(tmp_path)
+    path = root / "docs" / "studies" / "bench-decode" / "results.json"
+    study = json.loads(path.read_text())
+    del study["provenance"]["commit"]
+    path.write_text(json.dumps(study))
+    assert rt.check(root) == ["docs/studies/bench-decode/results.json: missing provenance.commit"]
+
+
+def test_every_record_names_its_command_commit_and_date(studies):
+    assert len(studies) >= 20
+    for name, study in studies.items():
+        assert rt.missing_fields(study) == [], name
+        prov = study["provenance"]
+        assert isinstance(prov["command"], str) and prov["command"].strip(), name
+        assert re.fullmatch(r"[0-9a-f]{7,40}", prov["commit"]), name
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", prov["date"]), name
+
+
+def test_no_record_names_a_machine_path_or_who_ran_it():
+    words = re.compile(r"/work|/root|/home|/tmp|/Users|session|agent|claude|helper|engineer", re.IGNORECASE)
+    for path in sorted((ROOT / "docs" / "studies").rglob("*")):
+        if path.is_file():
+            found = words.findall(path.read_text())
+            assert not found, f"{path.relative_to(ROOT)}: {sorted(set(found))}"
+
+
+def test_the_committed_study_data_stays_small():
+    """studies/ is the untracked working area; the committed results are docs/studies, under 5,000 lines."""
+    listed = subprocess.run(
+        ["git", "ls-files", "studies", "docs/studies"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    files = listed.stdout.split()
+    assert files and not [f for f in files if f.startswith("studies/")]
+    lines = sum(len((ROOT / f).read_bytes().splitlines()) for f in files if (ROOT / f).is_file())
+    assert lines < 5000, lines
+
+
+def test_the_tool_is_not_part_of_the_package():
+    from drmlab.cli import VERBS
+
+    assert "readme" not in VERBS
+    assert not (ROOT / "src" / "drmlab" / "cli" / "readme.py").exists()
+    assert not (ROOT / "src" / "drmlab" / "experiments" / "readme_tables.py").exists()
