@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from drmlab.cli import common
 from drmlab.cli.common import add_data_arguments, add_runtime_arguments, apply_threads
 
 EPILOG = """\
@@ -36,7 +37,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument("--ckpt", required=True, metavar="RUN", help="a run directory written by drmlab train")
     parser.add_argument("--tokens", default="512", metavar="N", help="validation tokens to measure on (default 512)")
-    parser.add_argument("--out", default=None, metavar="DIR", help="output folder (default RUN/geometry)")
+    common.add_out_argument(parser, "output folder (default RUN/geometry)")
     add_data_arguments(parser)
     add_runtime_arguments(parser, device_default="cpu")
     parser.set_defaults(func=run)
