@@ -703,3 +703,17 @@ def test_an_unknown_device_is_one_line(device):
 
     with pytest.raises(ValueError, match=rf"--device '{device}'"):
         resolve_device(device)
+
+
+def test_the_advice_after_a_stop_without_a_checkpoint_is_a_command_that_works(tmp_path, capsys, corpus_text):
+    """Issue 23 item 5: --lr 1e6 stopped cleanly but advised --resume, which failed (no checkpoint)."""
+    from drmlab.cli import main
+
+    out = tmp_path / "run"
+    data = ["--data", str(corpus_text), "--cache-dir", str(tmp_path / "cache")]
+    argv = ["train", "--model", "SSM_CONTROL", "--preset", "micro", "--tokens", "2k", "--out", str(out), *data]
+    assert main([*argv, "--lr", "1e6", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    advice = err.split("no checkpoint was written; start again with a fix: drmlab ", 1)[1].split(" (or --set")[0]
+    assert "--overwrite --lr 100000" in advice
+    assert main(advice.replace("--lr 100000", "--lr 0.003").split()) == 0  # the advised command runs

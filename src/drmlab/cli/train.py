@@ -265,11 +265,13 @@ def _train_reporting_stops(args, model, corpus, cfg, out: Path, run_info, evalua
             tensorboard=args.tensorboard,
         )
     except NonFiniteLossError as exc:
-        print(
-            f"drmlab train: error: {exc}\n  to continue from the kept checkpoint with a fix: "
-            f"drmlab train --resume --out {out} --lr LOWER (or --set warmup_fraction=0.05)",
-            file=sys.stderr,
-        )
+        lower = f"--lr {cfg.lr / 10:g}"
+        if RunDir(out).has_checkpoint():
+            advice = f"to continue from the kept checkpoint with a fix: drmlab train --resume --out {out} {lower}"
+        else:  # nothing to resume: the same command again over the stopped run, at a lower rate
+            again = " ".join(a for a in args.argv if a not in ("--resume", "--overwrite"))
+            advice = f"no checkpoint was written; start again with a fix: drmlab {again} --overwrite {lower}"
+        print(f"drmlab train: error: {exc}\n  {advice} (or --set warmup_fraction=0.05)", file=sys.stderr)
         return None, 1
     except CompileError as exc:
         retry = (
