@@ -717,3 +717,17 @@ def test_the_advice_after_a_stop_without_a_checkpoint_is_a_command_that_works(tm
     advice = err.split("no checkpoint was written; start again with a fix: drmlab ", 1)[1].split(" (or --set")[0]
     assert "--overwrite --lr 100000" in advice
     assert main(advice.replace("--lr 100000", "--lr 0.003").split()) == 0  # the advised command runs
+
+
+def test_a_resume_over_lost_metrics_rows_says_so_and_records_it(tmp_path, capsys):
+    cfg = _cfg()
+    train(SmallLM(), _stream(), None, cfg, tmp_path, quiet=True, stop_after_step=3)
+    run = RunDir(tmp_path)
+    run.metrics_path.write_text(
+        "\n".join(r for r in run.metrics_path.read_text().splitlines() if '"step": 2,' not in r)
+    )
+    summary = train(SmallLM(), _stream(), None, cfg, tmp_path, quiet=True, resume=True)
+    assert summary["finished"]
+    assert "lacks the train rows of 1 of the 3 steps before the checkpoint" in capsys.readouterr().err
+    (resume_row,) = [r for r in run.read_metrics() if r["kind"] == "resume"]
+    assert "first missing step 2" in resume_row["lost_rows"]

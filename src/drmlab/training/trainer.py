@@ -332,6 +332,7 @@ class Trainer:
                         "directory, or overwrite it (its files are then deleted)"
                     )
                 run.remove_run()
+        lost_rows = None
         if resume:
             if not run.has_checkpoint():
                 raise FileNotFoundError(f"nothing to resume in {run.path}: no checkpoint")
@@ -354,7 +355,9 @@ class Trainer:
             self.elapsed_before = float(state.get("elapsed", 0.0))
             self.train_seconds_before = float(state.get("train_seconds", 0.0))
             if main:
-                run.truncate_metrics(self.start_step)
+                lost_rows = run.truncate_metrics(self.start_step)
+                if lost_rows:  # resumable (the checkpoint holds the state), but the record has a hole: say so
+                    print(f"note: {lost_rows}", file=sys.stderr)
                 run.summary_path.unlink(missing_ok=True)
         else:
             torch.manual_seed(self.cfg.seed)
@@ -379,6 +382,7 @@ class Trainer:
                     "changed": changed,
                     "device": str(self.device),
                     "threads": torch.get_num_threads(),
+                    **({"lost_rows": lost_rows} if lost_rows else {}),
                 }
             )
         self.t_start = time.perf_counter()
