@@ -731,3 +731,32 @@ def test_a_resume_over_lost_metrics_rows_says_so_and_records_it(tmp_path, capsys
     assert "lacks the train rows of 1 of the 3 steps before the checkpoint" in capsys.readouterr().err
     (resume_row,) = [r for r in run.read_metrics() if r["kind"] == "resume"]
     assert "first missing step 2" in resume_row["lost_rows"]
+
+
+def test_a_model_too_large_for_memory_is_refused_before_it_is_built(tmp_path, capsys, corpus_text, monkeypatch):
+    """Issue 23 item 6: --set d_state=100000000 hung in the allocation, then raised a traceback."""
+    from drmlab.cli import common, main
+
+    monkeypatch.setattr(common, "available_memory_bytes", lambda device: 8 * 2**30)
+    out = tmp_path / "run"
+    argv = [
+        "train",
+        "--model",
+        "J",
+        "--preset",
+        "micro",
+        "--tokens",
+        "1k",
+        "--out",
+        str(out),
+        "--data",
+        str(corpus_text),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--quiet",
+    ]
+    assert main([*argv, "--set", "d_state=100000000"]) == 2
+    err = capsys.readouterr().err
+    assert "J (micro, d_state=100000000) has 32,700,018,952 parameters: training needs at least 487.3 GiB" in err
+    assert "8.0 GiB is available" in err and err.count("\n") == 1 and not out.exists()
+    assert main(argv) == 0  # the preset's model fits

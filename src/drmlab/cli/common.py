@@ -355,3 +355,46 @@ def accept_edited_config(args: argparse.Namespace, run_dir) -> None:
             log_to_stderr(
                 f"accepted the edited {run.config_path} ({'; '.join(changed)}); recorded in its metrics.jsonl"
             )
+
+
+TRAINING_BYTES_PER_PARAMETER = 16  # float32 weight, gradient and AdamW's two moments
+
+
+def available_memory_bytes(device: str | None) -> int | None:
+    """Memory free for a new model on ``device``: the GPU's free memory, else MemAvailable of /proc/meminfo
+    (None where neither can be read)."""
+    import torch
+
+    from drmlab.devices import resolve_device
+
+    target = resolve_device(device)
+    if target.type == "cuda":
+        return int(torch.cuda.mem_get_info(target)[0])
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_model_fits(name: str, preset: str, vocab_size: int, overrides: dict, device: str | None) -> None:
+    """Refuse in one line a model whose training state cannot fit in memory, before allocating it: the model
+    is built on the meta device (no memory) and its parameters counted. ``--set d_state=100000000`` hung in
+    the allocation, then failed with a traceback."""
+    import torch
+
+    from drmlab.models import build_model, count_parameters
+
+    with torch.device("meta"):
+        params = count_parameters(build_model(name, preset, vocab_size=vocab_size, seed=0, **overrides))
+    need, free = params * TRAINING_BYTES_PER_PARAMETER, available_memory_bytes(device)
+    if free is not None and need > free:
+        settings = ", ".join(f"{k}={v}" for k, v in overrides.items()) or "its preset"
+        raise ValueError(
+            f"{name} ({preset}, {settings}) has {params:,} parameters: training needs at least "
+            f"{need / 2**30:,.1f} GiB (weights, gradients, AdamW state), and {free / 2**30:,.1f} GiB "
+            "is available"
+        )

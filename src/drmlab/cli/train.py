@@ -211,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         )
 
     corpus = load_corpus_for(data, tokenizer, args.cache_dir)
+    common.check_model_fits(name, preset, corpus.vocab_size, model_overrides, args.device)
     model = build_model(name, preset, vocab_size=corpus.vocab_size, seed=cfg.seed, **model_overrides)
     common.check_seq_len(model, cfg.seq_len)
     run_info = RunInfo(name, preset, model_overrides, data=DataInfo.of(corpus, data))
