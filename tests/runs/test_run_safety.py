@@ -760,3 +760,38 @@ def test_a_model_too_large_for_memory_is_refused_before_it_is_built(tmp_path, ca
     assert "J (micro, d_state=100000000) has 32,700,018,952 parameters: training needs at least 487.3 GiB" in err
     assert "8.0 GiB is available" in err and err.count("\n") == 1 and not out.exists()
     assert main(argv) == 0  # the preset's model fits
+
+
+def test_a_second_sigterm_stops_at_once_with_143_and_one_line(tmp_path, monkeypatch, capsys, corpus_text):
+    """Issue 23 item 6: a second SIGTERM exited 130 (as Ctrl-C) instead of 143."""
+    from drmlab.cli import main
+
+    real_step = Trainer.train_step
+
+    def step_then_two_sigterms(self, step):
+        row = real_step(self, step)
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return row
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_two_sigterms)
+    argv = [
+        "train",
+        "--model",
+        "SSM_CONTROL",
+        "--preset",
+        "micro",
+        "--tokens",
+        "2k",
+        "--out",
+        str(tmp_path / "run"),
+        "--data",
+        str(corpus_text),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--quiet",
+    ]
+    assert main(argv) == 143
+    err = capsys.readouterr().err
+    assert "SIGTERM received twice: stopped at once" in err and "Traceback" not in err

@@ -58,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (``drmlab inspect --list | head``): nothing left to say
         sys.stdout = open(os.devnull, "w")
         return 0
-    except KeyboardInterrupt:
-        print(f"drmlab {args.verb}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a second SIGINT / SIGTERM during training (StoppedAtOnce)
+        print(f"drmlab {args.verb}: {str(exc) or 'interrupted'}", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
     except RuntimeError as exc:  # a training stop inside a study (drmlab train reports its own)
         code = training_stop(args.verb, exc)
         if code is None:

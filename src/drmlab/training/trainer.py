@@ -118,6 +118,15 @@ class DivergenceError(NonFiniteLossError):
     """The loss stayed far above the uniform guess for ``divergence_steps`` steps in a row."""
 
 
+class StoppedAtOnce(KeyboardInterrupt):
+    """A second SIGINT or SIGTERM: the run stops without finishing its step; ``exit_code`` is 128 + the signal,
+    as a shell reports a process the signal ended, and the message says what is kept."""
+
+    def __init__(self, signum: int, kept: str):
+        super().__init__(f"{signal.Signals(signum).name} received twice: stopped at once, {kept}")
+        self.exit_code = 128 + signum
+
+
 class TrainingInterrupted(RuntimeError):
     """SIGINT or SIGTERM stopped the run after a committed checkpoint; ``signal`` and ``step`` say which and where."""
 
@@ -801,7 +810,7 @@ def _stop_on_signals(trainer: Trainer):
 
     def handler(signum, frame):
         if trainer.stop_signal == signum:  # asked twice: do not wait for the step
-            raise KeyboardInterrupt
+            raise StoppedAtOnce(signum, trainer._kept())
         trainer.stop_signal = signum
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
