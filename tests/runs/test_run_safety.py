@@ -795,3 +795,44 @@ def test_a_second_sigterm_stops_at_once_with_143_and_one_line(tmp_path, monkeypa
     assert main(argv) == 143
     err = capsys.readouterr().err
     assert "SIGTERM received twice: stopped at once" in err and "Traceback" not in err
+
+
+def test_sigterm_during_the_final_evaluation_is_one_line_and_resume_evaluates(tmp_path, capsys, corpus_text):
+    """Issue 23 item 6: SIGTERM during the final evaluation killed the process (exit -15) without a word."""
+    from drmlab.cli import main
+    from drmlab.evaluation import rescoring
+
+    real = rescoring.rescore
+    calls = []
+
+    def sigterm_first_time(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    out = tmp_path / "run"
+    argv = [
+        "train",
+        "--model",
+        "SSM_CONTROL",
+        "--preset",
+        "micro",
+        "--tokens",
+        "2k",
+        "--out",
+        str(out),
+        "--data",
+        str(corpus_text),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--quiet",
+    ]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rescoring, "rescore", sigterm_first_time)
+        assert main(argv) == 143
+        err = capsys.readouterr().err
+        assert "SIGTERM received during the final evaluation: stopped it; the last good checkpoint (step 8)" in err
+        assert f"continue with: drmlab train --resume --out {out}" in err and "Traceback" not in err
+        assert main([*argv, "--resume"]) == 0  # the evaluation runs again
+    assert RunDir(out).finished_summary() is not None

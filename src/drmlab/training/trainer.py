@@ -790,7 +790,8 @@ def train(
         if trainer.bar is not None:
             trainer.bar.close()
         trainer.log.close()
-        return trainer.finish(last_step, final_loss)
+        with _stop_on_signals(trainer, during="the final evaluation"):
+            return trainer.finish(last_step, final_loss)
     except NonFiniteLossError as exc:
         trainer.record_stop("diverged" if isinstance(exc, DivergenceError) else "non-finite", str(exc))
         trainer.close()
@@ -801,14 +802,21 @@ def train(
 
 
 @contextlib.contextmanager
-def _stop_on_signals(trainer: Trainer):
+def _stop_on_signals(trainer: Trainer, during: str | None = None):
     """While training (main thread only), SIGINT and SIGTERM ask the trainer to stop after the
-    current step; a second signal of the same kind stops at once."""
+    current step; a second signal of the same kind stops at once. ``during`` names a phase after the
+    last checkpoint (the final evaluation) that a signal stops at once: nothing of the training is lost."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
+        if during is not None:
+            raise TrainingInterrupted(
+                f"{signal.Signals(signum).name} received during {during}: stopped it; {trainer._kept()}",
+                signum,
+                trainer.last_ckpt_step or 0,
+            )
         if trainer.stop_signal == signum:  # asked twice: do not wait for the step
             raise StoppedAtOnce(signum, trainer._kept())
         trainer.stop_signal = signum
