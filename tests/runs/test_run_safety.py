@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -216,6 +217,25 @@ def test_sigkill_from_outside_then_resume_is_bit_exact(tmp_path):
     summary = train(model, _stream(), None, cfg, run, quiet=True, resume=True)
     assert summary["finished"]
     assert _same(_weights(model), _weights(reference))
+
+
+def _train_argv(out, corpus_text, model: str = "SSM_CONTROL", tokens: str = "2k") -> list[str]:
+    """``drmlab train`` of ``model`` at preset micro on the test corpus into ``out`` (its cache beside it)."""
+    return [
+        "train",
+        "--model",
+        model,
+        "--preset",
+        "micro",
+        "--tokens",
+        tokens,
+        "--out",
+        str(out),
+        "--data",
+        str(corpus_text),
+        "--cache-dir",
+        str(Path(out).parent / "cache"),
+    ]
 
 
 # ---------------------------------------------------------------- checksums and damaged files
@@ -431,22 +451,7 @@ def test_the_cli_exits_143_on_sigterm_with_one_line(tmp_path, monkeypatch, capsy
 
     monkeypatch.setattr(Trainer, "train_step", step_then_sigterm)
     out = tmp_path / "run"
-    argv = [
-        "train",
-        "--model",
-        "SSM_CONTROL",
-        "--preset",
-        "micro",
-        "--tokens",
-        "2k",
-        "--out",
-        str(out),
-        "--data",
-        str(corpus_text),
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "--quiet",
-    ]
+    argv = [*_train_argv(out, corpus_text), "--quiet"]
     assert main(argv) == 143
     err = capsys.readouterr().err
     assert "SIGTERM received: stopped after step 2 of 8" in err and f"--resume --out {out}" in err
@@ -669,19 +674,7 @@ def test_the_cli_refuses_an_edited_config_unless_accepted(tmp_path, capsys, corp
 
     out = tmp_path / "run"
     data = ["--data", str(corpus_text), "--cache-dir", str(tmp_path / "cache")]
-    argv = [
-        "train",
-        "--model",
-        "SSM_CONTROL",
-        "--preset",
-        "micro",
-        "--tokens",
-        "1k",
-        "--out",
-        str(out),
-        *data,
-        "--quiet",
-    ]
+    argv = [*_train_argv(out, corpus_text, tokens="1k"), "--quiet"]
     assert main(argv) == 0
     config = json.loads((out / "config.json").read_text())
     config["train"]["eval_tokens"] = 64
@@ -709,9 +702,7 @@ def test_the_advice_after_a_stop_without_a_checkpoint_is_a_command_that_works(tm
     """Issue 23 item 5: --lr 1e6 stopped cleanly but advised --resume, which failed (no checkpoint)."""
     from drmlab.cli import main
 
-    out = tmp_path / "run"
-    data = ["--data", str(corpus_text), "--cache-dir", str(tmp_path / "cache")]
-    argv = ["train", "--model", "SSM_CONTROL", "--preset", "micro", "--tokens", "2k", "--out", str(out), *data]
+    argv = _train_argv(tmp_path / "run", corpus_text)
     assert main([*argv, "--lr", "1e6", "--quiet"]) == 1
     err = capsys.readouterr().err
     advice = err.split("no checkpoint was written; start again with a fix: drmlab ", 1)[1].split(" (or --set")[0]
@@ -739,22 +730,7 @@ def test_a_model_too_large_for_memory_is_refused_before_it_is_built(tmp_path, ca
 
     monkeypatch.setattr(common, "available_memory_bytes", lambda device: 8 * 2**30)
     out = tmp_path / "run"
-    argv = [
-        "train",
-        "--model",
-        "J",
-        "--preset",
-        "micro",
-        "--tokens",
-        "1k",
-        "--out",
-        str(out),
-        "--data",
-        str(corpus_text),
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "--quiet",
-    ]
+    argv = [*_train_argv(out, corpus_text, "J", "1k"), "--quiet"]
     assert main([*argv, "--set", "d_state=100000000"]) == 2
     err = capsys.readouterr().err
     assert "J (micro, d_state=100000000) has 32,700,018,952 parameters: training needs at least 487.3 GiB" in err
@@ -776,22 +752,7 @@ def test_a_second_sigterm_stops_at_once_with_143_and_one_line(tmp_path, monkeypa
         return row
 
     monkeypatch.setattr(Trainer, "train_step", step_then_two_sigterms)
-    argv = [
-        "train",
-        "--model",
-        "SSM_CONTROL",
-        "--preset",
-        "micro",
-        "--tokens",
-        "2k",
-        "--out",
-        str(tmp_path / "run"),
-        "--data",
-        str(corpus_text),
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "--quiet",
-    ]
+    argv = [*_train_argv(tmp_path / "run", corpus_text), "--quiet"]
     assert main(argv) == 143
     err = capsys.readouterr().err
     assert "SIGTERM received twice: stopped at once" in err and "Traceback" not in err
@@ -812,22 +773,7 @@ def test_sigterm_during_the_final_evaluation_is_one_line_and_resume_evaluates(tm
         return real(*args, **kwargs)
 
     out = tmp_path / "run"
-    argv = [
-        "train",
-        "--model",
-        "SSM_CONTROL",
-        "--preset",
-        "micro",
-        "--tokens",
-        "2k",
-        "--out",
-        str(out),
-        "--data",
-        str(corpus_text),
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "--quiet",
-    ]
+    argv = [*_train_argv(out, corpus_text), "--quiet"]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(rescoring, "rescore", sigterm_first_time)
         assert main(argv) == 143

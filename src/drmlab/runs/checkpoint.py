@@ -239,6 +239,9 @@ def clean_orphans(run: Path) -> list[str]:
     folder = run / CHECKPOINTS_DIR
     if not folder.is_dir():
         return removed
+    owned = {entry: m for entry in folder.iterdir() if (m := own_manifest(entry)) is not None}
+    if _only_the_committed_folder(run, owned):  # nothing to delete or recover: the loader verifies the files
+        return removed
     try:
         keep, manifest, note = resolve_checkpoint(run)
     except (FileNotFoundError, CorruptCheckpointError):
@@ -247,11 +250,23 @@ def clean_orphans(run: Path) -> list[str]:
         write_json_atomic(run / POINTER_FILE, manifest)
         fsync_path(run)
         removed.append(f"recovered {POINTER_FILE}: {note}")
-    for entry in folder.iterdir():
-        if entry != keep and own_manifest(entry) is not None:
+    for entry in owned:
+        if entry != keep:
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(f"{CHECKPOINTS_DIR}/{entry.name}")
     return removed
+
+
+def _only_the_committed_folder(run: Path, owned: dict[Path, dict]) -> bool:
+    """Whether the run's own checkpoint folders are just the one its pointer names, with the pointer an exact
+    copy of that folder's manifest (the state every commit leaves): then clean-up need not hash anything."""
+    try:
+        pointer = read_json(run / POINTER_FILE)
+    except (FileNotFoundError, ValueError):
+        return False
+    if not isinstance(pointer, dict) or not isinstance(pointer.get("dir"), str):
+        return False
+    return list(owned) == [run / pointer["dir"]] and owned[run / pointer["dir"]] == pointer
 
 
 def own_manifest(entry: Path) -> dict | None:
