@@ -242,7 +242,7 @@ class EpochBatches(BatchSource):
 def query_accuracy(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> dict:
     """Accuracy on the query positions only (argmax over all logits), a bounded number of tokens per forward."""
     batch = max(1, EVAL_TOKENS // inputs.shape[1])
-    return accuracy(model, inputs.long(), targets.long(), batch_size=batch)
+    return accuracy(model, inputs.long(), targets.long(), batch_size=batch, scored_only=True)
 
 
 # ---------------------------------------------------------------------------------- the models
@@ -512,7 +512,8 @@ def run_cell(
 ) -> dict:
     """Train (or continue, or reuse) one run; its result (``status``: done, diverged, n/a or locked)."""
     from drmlab.runs import RunDir, RunLock, RunLockedError, write_json_atomic
-    from drmlab.training.trainer import NonFiniteLossError, train
+    from drmlab.training.pieces import TrainPieces
+    from drmlab.training.trainer import NonFiniteLossError, lm_loss_fn, train
 
     label = run_name(name, width, seq_len, lr)
     base = {"model": name, "width": width, "seq_len": seq_len, "kv": kv, "lr": lr}
@@ -540,6 +541,7 @@ def run_cell(
             },
             "epochs": r.epochs,
             "early_stop": r.early_stop,
+            "head_at_queries_only": True,
             "train": dataclasses.asdict(cfg),
         }
     )
@@ -589,6 +591,7 @@ def run_cell(
                     device=device,
                     quiet=True,
                     stop_after_step=(done + 1) * per_epoch,
+                    pieces=TrainPieces(loss_fn=lm_loss_fn(cfg.bf16, scored_only=True)),
                 )
             except NonFiniteLossError as exc:
                 result.update(status="diverged", why=str(exc).split(";")[0])

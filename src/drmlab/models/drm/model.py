@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens
+from drmlab.models.inputs import check_batch_size, check_logits_at, check_step_tokens, check_tokens
 from drmlab.models.output import ModelOutput
 
 from . import solvers
@@ -187,15 +187,25 @@ class DRMModel(nn.Module):
         )
 
     # ------------------------------------------------------------------ forward
-    def forward(self, tokens: torch.Tensor, step: int | None = None, return_state: bool = False) -> ModelOutput:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        step: int | None = None,
+        return_state: bool = False,
+        logits_at: torch.Tensor | None = None,
+    ) -> ModelOutput:
         """tokens [B, T] -> logits [B, T, vocab]; logits[:, t] predicts token t + 1.
 
         ``step`` is the 1-based optimizer step (drives the naturalization warm-up);
         None means evaluation (full strength). ``return_state``: ``.state`` is the
-        :class:`DecodeState` after the last token.
+        :class:`DecodeState` after the last token. ``logits_at``: the emitter at those positions only
+        (:mod:`drmlab.models.inputs`); auxiliary losses that read the logits still see all of them.
         """
+        check_logits_at(logits_at, tokens, self.model_name)
         states, record, state = self._states(tokens, step, return_state)
-        logits = self.emitter(self.read(states))
+        needs_all = self.config.has_geometry and any(w != 0 for w in self.config.loss_weights.values())
+        read = self.read(states)
+        logits = self.emitter(read if logits_at is None or needs_all else read[logits_at])
         aux = {}
         if record:
             aux["dimD"] = _per_position(record, lambda g: g.gates.sum(-1) if g.gates is not None else g.rho * 0)
@@ -203,8 +213,10 @@ class DRMModel(nn.Module):
             aux["solver_iterations"] = torch.tensor(self.config.solver_iters)
             aux["solver_residual"] = torch.cat([g.solver_residual for g in record], dim=1).detach().mean()
             aux["refined_action"] = _refined_action(self.config, record)
-        if self.config.has_geometry and any(w != 0 for w in self.config.loss_weights.values()):
+        if needs_all:
             aux.update(auxiliary_losses(self.config, record, states, logits))
+        if logits_at is not None and needs_all:
+            logits = logits[logits_at]
         return ModelOutput(logits=logits, aux=aux, state=state)
 
     # ------------------------------------------------------------------ incremental decoding
