@@ -343,3 +343,19 @@ def test_gate_settings_are_inert_without_the_gates():
     """ASM_CM ignores the confidence settings (they describe modules it does not build)."""
     config = build_config("ASM_CM", "micro", fast_weight_confidence_hidden=0)
     assert closed_form_parameter_count(config) == closed_form_parameter_count(build_config("ASM_CM", "micro"))
+
+
+def test_geometry_report_gives_the_mean_confidences():
+    """The sampled evaluation's diagnostics (geometry_report) carry the mean c^r and c^w."""
+    from drmlab.models.drm.diagnostics import geometry_report
+
+    model = live(build_model("ASM_CM_E", preset="micro", seed=5)).eval()
+    tokens = torch.randint(0, 256, (2, 19), generator=torch.Generator().manual_seed(2))
+    report = geometry_report(model, tokens)
+    with torch.no_grad():
+        aux = model(tokens).aux
+    assert report["fast_weight_read_confidence_mean"] == pytest.approx(float(aux["fast_weight_read_confidence"].mean()))
+    assert report["fast_weight_write_confidence_mean"] == pytest.approx(
+        float(aux["fast_weight_write_confidence"].mean())
+    )
+    assert "fast_weight_read_confidence_mean" not in geometry_report(build_model("ASM_CM", preset="micro"), tokens)
