@@ -144,6 +144,15 @@ class DRMConfig:
     fast_weight_durable: bool = True
     fast_weight_state_fp32: bool = True
     fast_weight_compute_fp32: bool = True
+    # epistemic gates (section V.4; upstream ASM-CM-E): the read gate and the hard write gate are each
+    # scaled by a confidence c = q_loc q_cons in [0, 1], two MLPs on h_t = [z_t; e_t; e_{t-1}] with
+    # fast_weight_confidence_layers hidden layers of fast_weight_confidence_hidden units (ReLU), dropout
+    # fast_weight_confidence_dropout after each, and a sigmoid; c = fast_weight_confidence_initial at init.
+    fast_weight_epistemic_gates: bool = False
+    fast_weight_confidence_hidden: int = 64
+    fast_weight_confidence_layers: int = 2
+    fast_weight_confidence_dropout: float = 0.0
+    fast_weight_confidence_initial: float = 0.9
 
     # ---------------------------------------------------------------- derived properties
     @property
@@ -298,6 +307,11 @@ class DRMConfig:
 
     def _validate_fast_weight(self) -> None:
         if not self.fast_weight_memory:
+            if self.fast_weight_epistemic_gates:
+                raise ValueError(
+                    "fast_weight_epistemic_gates scales the fast-weight memory's read and write gates: "
+                    "it needs fast_weight_memory=True"
+                )
             return
         if (
             not isinstance(self.fast_weight_dim, int)
@@ -316,6 +330,23 @@ class DRMConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.fast_weight_epistemic_gates:
+            self._validate_epistemic_gates()
+
+    def _validate_epistemic_gates(self) -> None:
+        for name in ("fast_weight_confidence_hidden", "fast_weight_confidence_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        dropout = self.fast_weight_confidence_dropout
+        if not (isinstance(dropout, (int, float)) and not isinstance(dropout, bool) and 0 <= dropout < 1):
+            raise ValueError(f"fast_weight_confidence_dropout must be in [0, 1), got {dropout!r}")
+        initial = self.fast_weight_confidence_initial
+        if not (isinstance(initial, (int, float)) and not isinstance(initial, bool) and 0 < initial < 1):
+            raise ValueError(
+                f"fast_weight_confidence_initial must be in (0, 1) (each factor starts at its square root), "
+                f"got {initial!r}"
+            )
 
 
 # ---------------------------------------------------------------------------------------
@@ -439,6 +470,8 @@ def _variant_overrides(name: str, dims: dict) -> dict:
             fast_weight_compute_fp32=True,
         ),
     }
+    # ASM-CM-E (section V.4): ASM_CM with the epistemic gates on its memory's read and write
+    table["ASM_CM_E"] = dict(table["ASM_CM"], fast_weight_epistemic_gates=True)
     return table[name]
 
 
@@ -481,6 +514,7 @@ VARIANTS = (
     "J_METRIC_SUBSPACE",
     "J_METRIC_ORTHONORMAL_DIRECTION",
     "ASM_CM",
+    "ASM_CM_E",
 )
 # variant -> (the variant whose parameter count its memory width matches, the matching rule)
 MATCHED_MEMORY = {"SSM_CONTROL": ("J", "floor"), "J_DIRECT_CONTROL_MATCHED": ("J_NO_DIRECTION", "nearest")}
@@ -567,6 +601,9 @@ def closed_form_parameter_count(c: DRMConfig) -> int:
         total += (
             k * dt + (c.d_read + dt + 1) * k + (4 if c.fast_weight_durable else 3) * (c.d_read + 2 * dt + 1) + ds * k
         )
+        if c.fast_weight_epistemic_gates:  # section V.4: four MLPs (two factors for each of two gates)
+            u = c.fast_weight_confidence_hidden
+            total += 4 * ((c.d_read + 2 * dt + 1) * u + (c.fast_weight_confidence_layers - 1) * (u + 1) * u + u + 1)
     return total
 
 

@@ -1,4 +1,4 @@
-"""Geometry diagnostics of ``docs/drm.md`` sections 2, 4 and 14 to 16.
+"""Geometry diagnostics of ``docs/drm.md`` sections 2, 4 and 14 to 16 (and V.4's memory confidences).
 
 Everything here is a *measurement*, never a claim: dimD is gate activity (section 2),
 G is full rank by construction (section 4), so the spectral ranks below are labelled
@@ -72,6 +72,10 @@ def geometry_report(model: DRMModel, tokens: torch.Tensor, rank_tolerance: float
             report["coupling_offdiag_abs_mean"] = float(off.abs().mean())
     else:
         report["action_euclidean"] = float((c.dt * velocity.pow(2).sum(-1)).sum(-1).mean())
+    if record[0].fast_weight_confidence is not None:  # section V.4: the memory's read and write confidences
+        for index, gate in enumerate(("read", "write")):
+            values = torch.cat([g.fast_weight_confidence[index] for g in record], dim=1)
+            report[f"fast_weight_{gate}_confidence_mean"] = float(values.mean())
     report["state_norm_mean"] = float(states.norm(dim=-1).mean())
     if c.toroidal_dims:
         report["toroidal_dims"] = c.toroidal_dims

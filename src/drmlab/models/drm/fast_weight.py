@@ -28,6 +28,11 @@ and in the decoding state.
 
 Initialisation (upstream section 3.2): PyTorch's defaults except W_o = 0 (the memory starts as a
 no-op), forget bias 4.0, write bias 0.0 (durable) or -2.0.
+
+With ``fast_weight_epistemic_gates`` (ASM-CM-E, section V.4; :mod:`.epistemic`) the read gate is
+multiplied by a confidence c^r_t and the hard write gate g_t by c^w_t (so C's writes, which use g_t,
+are scaled too), both computed from h_t; their modules are built after every other layer here, so the
+rest of the memory draws the same initial values as without them.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import torch.nn.functional as F
 from drmlab.ops.delta_rule import delta_rule
 
 from .config import DRMConfig
+from .epistemic import EpistemicGates
 
 __all__ = ["FastWeightMemory", "FastWeightState"]
 
@@ -90,6 +96,8 @@ class FastWeightMemory(nn.Module):
             self.read_out.weight.zero_()
             self.gates.bias[FORGET] = FORGET_BIAS
             self.gates.bias[WRITE] = WRITE_BIAS[self.durable]
+        # built last: the layers above draw what they draw without the epistemic gates
+        self.confidence = EpistemicGates(c) if c.fast_weight_epistemic_gates else None
 
     def _state_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return torch.promote_types(dtype, torch.float32) if self.state_fp32 else dtype
@@ -105,11 +113,17 @@ class FastWeightMemory(nn.Module):
         )
 
     def forward(
-        self, z: torch.Tensor, z_read: torch.Tensor, e: torch.Tensor, state: FastWeightState
-    ) -> tuple[torch.Tensor, FastWeightState]:
+        self,
+        z: torch.Tensor,
+        z_read: torch.Tensor,
+        e: torch.Tensor,
+        state: FastWeightState,
+        return_confidence: bool = False,
+    ):
         """z' [B, L, d_state] and the memory after the L positions, from the block path's states z
         [B, L, d_state] (read as z_read [B, L, d_read]), the tokens' embeddings e [B, L, d_token] and
-        the memory before them.  The state passed in is not modified."""
+        the memory before them.  The state passed in is not modified.  ``return_confidence``: a third
+        result, the epistemic gates' (c^r, c^w) [B, L] each (None without them)."""
         if self.compute_fp32:
             dtype = torch.promote_types(torch.promote_types(z.dtype, e.dtype), torch.float32)
             region = torch.autocast(device_type=z.device.type, enabled=False)
@@ -130,8 +144,14 @@ class FastWeightMemory(nn.Module):
             query = F.normalize(projected, dim=-1, eps=1e-12)
             key = F.normalize(projected_previous, dim=-1, eps=1e-12)
             value = torch.tanh(linear(torch.cat([z_read, e], dim=-1), self.value))
-            gates = torch.sigmoid(linear(torch.cat([z_read, e, previous], dim=-1), self.gates))
+            h = torch.cat([z_read, e, previous], dim=-1)
+            gates = torch.sigmoid(linear(h, self.gates))
+            read_gate = gates[..., READ]
             write = straight_through_threshold(gates[..., WRITE], self.threshold)
+            confidence = None
+            if self.confidence is not None:  # section V.4: g^r <- g^r c^r, g^w <- H(g^w) c^w
+                confidence = self.confidence(h, linear)
+                read_gate, write = read_gate * confidence[0], write * confidence[1]
             retain = gates[..., FORGET]
             read, fast = delta_rule(query, key, value, retain, write, state.fast)
             slow = None
@@ -141,7 +161,7 @@ class FastWeightMemory(nn.Module):
                     query, key, value, None, self.consolidation * write * consolidate, state.slow
                 )
                 read = read + self.slow_read_scale * slow_read
-            correction = self.read_scale * gates[..., READ].unsqueeze(-1) * linear(read.to(value.dtype), self.read_out)
+            correction = self.read_scale * read_gate.unsqueeze(-1) * linear(read.to(value.dtype), self.read_out)
             out = (cast(z) + correction).to(z.dtype)
         state_dtype = self._state_dtype(e.dtype)
         new_state = FastWeightState(
@@ -149,4 +169,4 @@ class FastWeightMemory(nn.Module):
             slow=None if slow is None else slow.to(state_dtype),
             previous_token=e[:, -1].to(state_dtype),
         )
-        return out, new_state
+        return (out, new_state, confidence) if return_confidence else (out, new_state)

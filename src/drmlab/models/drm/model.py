@@ -213,6 +213,9 @@ class DRMModel(nn.Module):
             aux["solver_iterations"] = torch.tensor(self.config.solver_iters)
             aux["solver_residual"] = torch.cat([g.solver_residual for g in record], dim=1).detach().mean()
             aux["refined_action"] = _refined_action(self.config, record)
+        if record and record[0].fast_weight_confidence is not None:  # section V.4: c^r, c^w [B, T]
+            aux["fast_weight_read_confidence"] = torch.cat([g.fast_weight_confidence[0] for g in record], dim=1)
+            aux["fast_weight_write_confidence"] = torch.cat([g.fast_weight_confidence[1] for g in record], dim=1)
         if needs_all:
             aux.update(auxiliary_losses(self.config, record, states, logits))
         if logits_at is not None and needs_all:

@@ -29,6 +29,7 @@ class BlockGeometry:
     refined_velocity: torch.Tensor | None = None  # [B, L, d] of the solver-refined states
     solver_residual: torch.Tensor | None = None  # [B, L] |Phi(X) - X| at the last iteration
     consistency: tuple | None = None  # {"block_consistency": (sum, count), ...}
+    fast_weight_confidence: tuple | None = None  # (c^r, c^w) [B, L] each: the epistemic gates (section V.4)
 
 
 @dataclass

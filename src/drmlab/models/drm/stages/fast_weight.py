@@ -1,6 +1,7 @@
 """The fast-weight memory stage (``docs/drm.md`` section V): z' = z + the memory's read, written as it
 goes (:class:`~drmlab.models.drm.fast_weight.FastWeightMemory`). Its state (the fast and slow matrices
-and the previous token) is the only one that crosses block boundaries."""
+and the previous token) is the only one that crosses block boundaries. With the epistemic gates
+(section V.4) the parallel pass leaves their confidences on the block's geometry record."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ class FastWeightStage(Stage):
         return self.fast_weight_memory.init_state(batch, like)
 
     def forward(self, block: Block, part, state, keep):
-        block.z, state = self.fast_weight_memory(block.z, self.transition.read(block.z), block.tokens, state)
+        memory = self.fast_weight_memory
+        block.z, state, confidence = memory(
+            block.z, self.transition.read(block.z), block.tokens, state, return_confidence=True
+        )
+        if confidence is not None and block.record:  # the record of this block (the geometry stage's)
+            block.record[-1].fast_weight_confidence = confidence
         return state
 
     def step(self, block: Block, part, state):
