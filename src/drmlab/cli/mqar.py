@@ -29,6 +29,8 @@ DISTANCE_SEEDS = "1234"
 DISTANCE_LENGTHS = "40,512,4096,32768"
 DISTANCE_STEPS, DISTANCE_BATCH_SIZE, DISTANCE_LR, DISTANCE_OUT = 2000, 32, 1e-3, "runs/mqar-distance"
 DISTANCE_MILESTONES = "250,500,1000,2000"
+# drmlab.experiments.mqar.controls.CONTROLS, spelled here so --help needs no torch (a test compares them)
+RECALL_CONTROLS = "memory_read_off, memory_write_off, keys_shuffled, queries_shuffled"
 DISTANCE_N_EVAL, DISTANCE_EVAL_BATCH, DISTANCE_EVAL_SEED, DISTANCE_CHUNK = 512, 128, 0, 512
 # the fixed protocol's own flags: refused with --protocol distance unless left at these defaults
 FIXED_ONLY = {
@@ -51,6 +53,7 @@ DISTANCE_ONLY = {
     "chunk": "--chunk",
     "read_all": "--read-all",
     "ckpt": "--ckpt",
+    "controls": "--controls",
 }
 
 
@@ -69,7 +72,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "  drmlab mqar --models L4_ds64 --kv 4 --steps 300\n"
         "  drmlab mqar --models GPT2,MAMBA,J --width 128 --kv 4,8,16\n"
         "  drmlab mqar --protocol distance --lengths 40,512,4096,32768   # recall after L - 40 filler tokens\n"
-        "  drmlab mqar --protocol distance --ckpt runs/specialised --read-all",
+        "  drmlab mqar --protocol distance --ckpt runs/specialised --read-all\n"
+        "  drmlab mqar --protocol distance --ckpt runs/specialised --lengths 40,4096 "
+        "--controls memory_read_off,memory_write_off,keys_shuffled,queries_shuffled",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -188,6 +193,17 @@ def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--read-all", action="store_true", help="read the long lengths even when the control failed")
     group.add_argument(
+        "--controls",
+        default=None,
+        metavar="NAME,...",
+        help=f"also read every length under these recall controls (docs/mqar.md section 8.1): {RECALL_CONTROLS}. "
+        "memory_read_off: the fast-weight memory adds nothing; memory_write_off: nothing is written into it; "
+        "keys_shuffled: the written keys permuted among the pairs (a binder falls to chance); "
+        "queries_shuffled: the queries asked in another order (a recaller keeps its accuracy). Each is "
+        "reported beside the plain read with the first-query accuracy and the no-binding levels; a memory "
+        "control on a model without the memory is n/a",
+    )
+    group.add_argument(
         "--ckpt",
         action="append",
         metavar="RUN_DIR",
@@ -276,6 +292,7 @@ def run_distance(args: argparse.Namespace) -> int:
         width=args.width,
         milestones=common.parse_int_list(args.milestones, "milestones") if args.milestones else None,
         read_all=args.read_all,
+        controls=tuple(common.split_list(args.controls, "controls")) if args.controls else (),
         settings=common.parse_assignments(args.assignments),
         **{key: value for key, value in given.items() if value is not None},
     )

@@ -307,12 +307,21 @@ def read_length(
     eval_batch: int = DEFAULT_EVAL_BATCH,
     chunk: int = DEFAULT_CHUNK,
     context: int | None = None,
+    control: str | None = None,
 ) -> dict:
     """Score ``n_eval`` evaluation examples of ``length``: correct, total, accuracy, its Wilson 95%
-    interval, per-query accuracy, the decoding state's bytes per sequence, tokens/s, seconds (and
-    peak CUDA memory). A length whose inputs exceed ``context`` is not read: ``status`` "n/a"."""
+    interval, the same for the first query of each sequence (``first_*``), per-query accuracy, the
+    decoding state's bytes per sequence, tokens/s, seconds (and peak CUDA memory). A length whose
+    inputs exceed ``context`` is not read: ``status`` "n/a". ``control``: one of the recall controls
+    of :mod:`drmlab.experiments.mqar.controls` (section 8.1) read instead of the plain examples; with
+    ``keys_shuffled`` also the hits on the values the queried keys are now bound to (``bound_*``) and
+    ``binder_level``, the share of targets equal to that bound value (a perfect binder's accuracy)."""
+    from drmlab.experiments.mqar import controls
+
     check_length(length)
     record = {"length": length, "n_eval": n_eval, "eval_seed": eval_seed}
+    if control is not None:
+        record["control"] = controls.parse_controls([control])[0]
     if context is not None and length - 1 > context:
         return dict(record, status="n/a", context=context)
     was_training = model.training
@@ -323,29 +332,41 @@ def read_length(
         torch.cuda.reset_peak_memory_stats(device)
     positions = scored_positions(length)
     by_query = torch.zeros(PAIRS, dtype=torch.long)
+    bound_hits = binder_hits = 0
     state_bytes = 0
     t0 = time.perf_counter()
     try:
-        for start in range(0, n_eval, eval_batch):
-            rows = range(start, min(start + eval_batch, n_eval))
-            inputs, targets = split_tokens(evaluation_tokens(eval_seed, length, rows))
-            logits, state = read_scored(model, inputs.to(device), positions, chunk)
-            pred = logits.argmax(dim=-1).cpu()
-            by_query += (pred == targets[:, positions]).sum(0)
-            state_bytes = max(state_bytes, state_nbytes(state) // len(rows))
+        with controls.memory_switched(model, control):
+            for start in range(0, n_eval, eval_batch):
+                rows = range(start, min(start + eval_batch, n_eval))
+                tokens, bound = evaluation_tokens(eval_seed, length, rows), None
+                if control is not None:
+                    tokens, bound = controls.control_tokens(control, tokens, eval_seed, rows)
+                inputs, targets = split_tokens(tokens)
+                logits, state = read_scored(model, inputs.to(device), positions, chunk)
+                pred = logits.argmax(dim=-1).cpu()
+                by_query += (pred == targets[:, positions]).sum(0)
+                if bound is not None:
+                    bound_hits += int((pred == bound).sum())
+                    binder_hits += int((bound == targets[:, positions]).sum())
+                state_bytes = max(state_bytes, state_nbytes(state) // len(rows))
     finally:
         model.train(was_training)
     if cuda:
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
     correct, total = int(by_query.sum()), n_eval * PAIRS
-    low, high = wilson_interval(correct, total)
+    first = int(by_query[0])
     record.update(
         status="read",
         correct=correct,
         total=total,
         acc=correct / total,
-        ci95=[low, high],
+        ci95=list(wilson_interval(correct, total)),
+        first_correct=first,
+        first_total=n_eval,
+        first_acc=first / n_eval,
+        first_ci95=list(wilson_interval(first, n_eval)),
         by_query=(by_query.double() / n_eval).tolist(),
         state_bytes=state_bytes,
         mode="parallel" if length - 1 <= chunk else f"prefill {chunk} + steps",
@@ -353,6 +374,13 @@ def read_length(
         seconds=seconds,
         tokens_per_s=n_eval * (length - 1) / seconds if seconds > 0 else None,
     )
+    if control == "keys_shuffled":
+        record.update(
+            bound_correct=bound_hits,
+            bound_acc=bound_hits / total,
+            bound_ci95=list(wilson_interval(bound_hits, total)),
+            binder_level=binder_hits / total,
+        )
     if cuda:
         record["peak_cuda_bytes"] = int(torch.cuda.max_memory_allocated(device))
     return record
@@ -381,6 +409,7 @@ class DistanceSpec(Spec):
     eval_seed: int = DEFAULT_EVAL_SEED
     chunk: int = DEFAULT_CHUNK
     read_all: bool = False
+    controls: tuple = ()
     settings: dict = dataclasses.field(default_factory=dict)
 
 
@@ -403,6 +432,7 @@ class DistanceStudy:
     eval_seed: int = DEFAULT_EVAL_SEED
     chunk: int = DEFAULT_CHUNK
     read_all: bool = False
+    controls: list[str] = dataclasses.field(default_factory=list)
     model_overrides: dict = dataclasses.field(default_factory=dict)
     train_overrides: dict = dataclasses.field(default_factory=dict)
 
@@ -454,6 +484,7 @@ def plan_study(spec: DistanceSpec) -> DistanceStudy:
     """Check every model, run directory, length and setting of ``spec`` and plan the study. The
     milestones (steps at which the control accuracy is measured) always end at ``steps``; the 40-token
     control is always among the lengths."""
+    from drmlab.experiments.mqar import controls as recall_controls
     from drmlab.models import list_models
     from drmlab.models.registry import config_fields
     from drmlab.runs import RunDir
@@ -492,8 +523,10 @@ def plan_study(spec: DistanceSpec) -> DistanceStudy:
     lengths = sorted(set([CONTROL_LENGTH] + [check_length(L) for L in spec.lengths]))
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    milestones = [m for m in DEFAULT_MILESTONES if m < steps] if spec.milestones is None else spec.milestones
-    milestones = sorted(set(_positive_ints(milestones, "milestones")) | {steps})
+    if spec.milestones is None:  # the defaults below steps (none below 250), then steps itself
+        milestones = sorted({m for m in DEFAULT_MILESTONES if m < steps} | {steps})
+    else:
+        milestones = sorted(set(_positive_ints(spec.milestones, "milestones")) | {steps})
     if milestones[-1] > steps:
         raise ValueError(f"milestone {milestones[-1]} is beyond the {steps} training steps")
     for what, value in (("n_eval", spec.n_eval), ("eval_batch", spec.eval_batch), ("chunk", spec.chunk)):
@@ -501,6 +534,15 @@ def plan_study(spec: DistanceSpec) -> DistanceStudy:
             raise ValueError(f"{what} must be a positive integer, got {value!r}")
     if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
+    controls = recall_controls.parse_controls(spec.controls)
+    memory = [c for c in controls if c in recall_controls.MEMORY_CONTROLS]
+    holders = [_has_memory(*resolve_model(name, preset, width, {}), preset) for name in models]
+    holders += [_has_memory(c["model"], c.get("overrides") or {}, c["preset"]) for c in map(_ckpt_config, ckpts)]
+    if memory and not any(holders):
+        raise ValueError(
+            f"--controls {','.join(memory)}: none of the study's models has a fast-weight memory "
+            "(ASM_CM, or a DRM with fast_weight_memory=True)"
+        )
     train_kw, model_kw = split_overrides(spec.settings, fields) if spec.settings else ({}, {})
     for key in ("tokens", "seq_len", "seed", "lr", "batch_size"):
         if key in train_kw:
@@ -524,6 +566,7 @@ def plan_study(spec: DistanceSpec) -> DistanceStudy:
         eval_seed=spec.eval_seed,
         chunk=spec.chunk,
         read_all=spec.read_all,
+        controls=controls,
         model_overrides=model_kw,
         train_overrides=train_kw,
     )
@@ -535,6 +578,18 @@ def plan_study(spec: DistanceSpec) -> DistanceStudy:
     return study
 
 
+def _has_memory(registry: str, overrides: dict, preset: str) -> bool:
+    from drmlab.models.registry import config_fields
+
+    return bool(config_fields(registry, preset, VOCAB_SIZE, **overrides).get("fast_weight_memory"))
+
+
+def _ckpt_config(path: str) -> dict:
+    from drmlab.runs import RunDir
+
+    return RunDir(path).read_config()
+
+
 def _write(path: Path, result: dict) -> None:
     from drmlab.runs import write_json_atomic
 
@@ -544,17 +599,15 @@ def _write(path: Path, result: dict) -> None:
 
 def _read_lengths(study: DistanceStudy, runtime: Runtime, model: nn.Module, result: dict, path: Path) -> None:
     """Fill ``result["lengths"]`` with every length of ``study`` not yet read under its settings;
-    the long ones only after a passed control unless ``read_all``. Saves after each length."""
+    the long ones only after a passed control unless ``read_all``; then each length read gets the
+    study's recall controls (its ``controls``) not yet read there. Saves after each read."""
     lengths = result.setdefault("lengths", {})
     spec = study.eval_spec()
-    context = result.get("context", "unknown")
     for length in study.lengths:
         saved = lengths.get(str(length))
-        if saved is not None and saved.get("spec") == spec and saved.get("status") in ("read", "n/a"):
-            continue
-        if length != CONTROL_LENGTH and not study.read_all:
-            control = lengths.get(str(CONTROL_LENGTH)) or {}
-            if not (control.get("status") == "read" and control["acc"] >= GATE_THRESHOLD):
+        if saved is None or saved.get("spec") != spec or saved.get("status") not in ("read", "n/a"):
+            record = _read_one(study, runtime, model, result, length, None)
+            if record is None:  # not authorised
                 lengths[str(length)] = {
                     "length": length,
                     "status": "not read",
@@ -562,30 +615,73 @@ def _read_lengths(study: DistanceStudy, runtime: Runtime, model: nn.Module, resu
                     "why": "the control did not pass (read_all reads anyway)",
                 }
                 continue
-        if context == "unknown":
-            context = result["context"] = context_limit(model)
-        record = read_length(
-            model,
-            length,
-            study.n_eval,
-            eval_seed=study.eval_seed,
-            eval_batch=study.eval_batch,
-            chunk=study.chunk,
-            context=context,
-        )
-        lengths[str(length)] = dict(record, spec=spec)
-        _write(path, result)
-        label = result["label"]
-        if record["status"] == "read":
-            lo, hi = record["ci95"]
-            runtime.say(
-                f"mqar-distance {label} L={length}: {100 * record['acc']:.2f}% [{100 * lo:.2f}, "
-                f"{100 * hi:.2f}] ({record['correct']}/{record['total']}), state {record['state_bytes']:,} "
-                f"B/seq, {record['seconds']:.1f} s"
-            )
-        else:
-            runtime.say(f"mqar-distance {label} L={length}: n/a (context {record['context']})")
+            lengths[str(length)] = dict(record, spec=spec)
+            _write(path, result)
+        plain = lengths[str(length)]
+        if plain.get("status") != "read":
+            continue
+        controls = plain.setdefault("controls", {})
+        for control in study.controls:
+            saved = controls.get(control)
+            if saved is not None and saved.get("spec") == spec and saved.get("status") in ("read", "n/a"):
+                continue
+            controls[control] = dict(_read_one(study, runtime, model, result, length, control), spec=spec)
+            _write(path, result)
     _write(path, result)
+
+
+def _read_one(
+    study: DistanceStudy, runtime: Runtime, model: nn.Module, result: dict, length: int, control: str | None
+) -> dict | None:
+    """One length read plain (``control`` None) or under a recall control, said in one line; None for
+    a long plain length that the 40-token control did not authorise; a memory control on a model
+    without the memory is "n/a" with the reason."""
+    from drmlab.experiments.mqar import controls as recall_controls
+
+    lengths = result["lengths"]
+    if control is None and length != CONTROL_LENGTH and not study.read_all:
+        rec = lengths.get(str(CONTROL_LENGTH)) or {}
+        if not (rec.get("status") == "read" and rec["acc"] >= GATE_THRESHOLD):
+            return None
+    label = result["label"] + ("" if control is None else f" [{control}]")
+    why = None if control is None else recall_controls.applies(control, model)
+    if why is not None:
+        runtime.say(f"mqar-distance {label} L={length}: n/a ({why})")
+        return {
+            "length": length,
+            "n_eval": study.n_eval,
+            "eval_seed": study.eval_seed,
+            "control": control,
+            "status": "n/a",
+            "why": why,
+        }
+    if result.get("context", "unknown") == "unknown":
+        result["context"] = context_limit(model)
+    record = read_length(
+        model,
+        length,
+        study.n_eval,
+        eval_seed=study.eval_seed,
+        eval_batch=study.eval_batch,
+        chunk=study.chunk,
+        context=result["context"],
+        control=control,
+    )
+    if record["status"] == "read":
+        lo, hi = record["ci95"]
+        flo, fhi = record["first_ci95"]
+        bound = ""
+        if "bound_acc" in record:
+            bound = f"; on the values now bound to the keys {100 * record['bound_acc']:.2f}%"
+        runtime.say(
+            f"mqar-distance {label} L={length}: {100 * record['acc']:.2f}% [{100 * lo:.2f}, "
+            f"{100 * hi:.2f}] ({record['correct']}/{record['total']}), first query {100 * record['first_acc']:.2f}% "
+            f"[{100 * flo:.2f}, {100 * fhi:.2f}]{bound}, state {record['state_bytes']:,} B/seq, "
+            f"{record['seconds']:.1f} s"
+        )
+    else:
+        runtime.say(f"mqar-distance {label} L={length}: n/a (context {record['context']})")
+    return record
 
 
 def train_one(study: DistanceStudy, runtime: Runtime, out: Path, name: str, seed: int) -> dict:
@@ -748,11 +844,18 @@ def evaluate_ckpt(study: DistanceStudy, runtime: Runtime, out: Path, ckpt: str |
 def summarize(study: DistanceStudy, results: list[dict]) -> dict:
     """The study's numbers: their provenance (:func:`drmlab.experiments.results.provenance`), the protocol,
     then per trained run or evaluated checkpoint its milestones, per-length records and gate verdicts."""
+    from drmlab.experiments.mqar import controls as recall_controls
     from drmlab.experiments.results import provenance
+
+    def bare(record: dict) -> dict:
+        out = {key: v for key, v in record.items() if key != "spec"}
+        if "controls" in out:
+            out["controls"] = {c: bare(rec) for c, rec in out["controls"].items()}
+        return out
 
     entries = []
     for r in results:
-        lengths = {k: {key: v for key, v in rec.items() if key != "spec"} for k, rec in r["lengths"].items()}
+        lengths = {k: bare(rec) for k, rec in r["lengths"].items()}
         entries.append(
             {
                 key: r.get(key)
@@ -768,7 +871,11 @@ def summarize(study: DistanceStudy, results: list[dict]) -> dict:
                     "context",
                 )
             }
-            | {"lengths": lengths, "gates": gate_verdicts(lengths)}
+            | {
+                "lengths": lengths,
+                "gates": gate_verdicts(lengths),
+                "controls": recall_controls.control_verdicts(lengths, study.controls),
+            }
         )
     protocol = jsonable(dataclasses.asdict(study)) | {
         "vocab_size": VOCAB_SIZE,
@@ -781,6 +888,7 @@ def summarize(study: DistanceStudy, results: list[dict]) -> dict:
         "chance": CHANCE,
         "context_guess": CONTEXT_GUESS,
         "elimination_guess": ELIMINATION_GUESS,
+        "no_binding_levels": recall_controls.binding_levels(),
         "gate_threshold": GATE_THRESHOLD,
         "state_growth_limit": STATE_GROWTH_LIMIT,
     }

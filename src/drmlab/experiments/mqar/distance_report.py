@@ -5,6 +5,8 @@
   interval, "n/a (context N)" or "not read"; the gate verdicts; the control accuracy at each training
   milestone; how each length was read (parallel or prefill + steps), the decoding state's bytes per
   sequence, tokens/s;
+  the recall controls (section 8.1) and the first-query accuracy beside the all-query one, per length,
+  with their no-binding levels and verdicts;
 * ``results.json`` -- the whole summary, with each trained run's downsampled curves;
 * ``results.png`` -- accuracy against length (log axis) with the intervals, chance and the 80% gate,
   drawn when matplotlib can (:mod:`drmlab.experiments.plotting`).
@@ -57,6 +59,63 @@ def cell(record: dict | None) -> str:
         return "not read"
     lo, hi = record["ci95"]
     return f"{100 * record['acc']:.2f}% [{100 * lo:.2f}, {100 * hi:.2f}]"
+
+
+def pair_cell(record: dict | None) -> str:
+    """A read's all-query / first-query accuracies [Wilson 95%] (and, keys shuffled, the share of
+    answers that are the value now bound to the queried key), or why it was not read."""
+    if record is None:
+        return "--"
+    if record.get("status") == "n/a" and "why" in record:
+        return f"n/a ({record['why']})"
+    if record.get("status") != "read" or "first_acc" not in record:
+        return cell(record)
+    lo, hi = record["first_ci95"]
+    text = f"{cell(record)} / {100 * record['first_acc']:.2f}% [{100 * lo:.2f}, {100 * hi:.2f}]"
+    if "bound_acc" in record:
+        text += f"; bound {100 * record['bound_acc']:.2f}% (binder level {100 * record['binder_level']:.2f}%)"
+    return text
+
+
+def controls_table(summary: dict) -> list[str]:
+    """The first-query accuracy beside the all-query one for the plain read and each recall control
+    (docs/mqar.md section 8.1), per entry and length, with each control's verdict; [] when no read has it."""
+    p = summary["protocol"]
+    lengths, controls = p["lengths"], p.get("controls") or []
+    entries = [e for e in summary["entries"] if any("first_acc" in r for r in e["lengths"].values())]
+    if not entries:
+        return []
+    levels = p.get("no_binding_levels") or {
+        "chance": p["chance"],
+        "all_queries": p["elimination_guess"],
+        "first_query": p["context_guess"],
+    }
+    lines = [
+        "",
+        "Recall controls (docs/mqar.md section 8.1): all-query / first-query accuracy [Wilson 95%]. No-binding "
+        f"levels: {100 * levels['all_queries']:.2f}% over all queries (elimination), "
+        f"{100 * levels['first_query']:.2f}% on the first query (context guess), chance "
+        f"{100 * levels['chance']:.2f}%. A control other than queries_shuffled falls when both lower bounds are "
+        "at or below these levels; queries_shuffled keeps when its interval meets the plain read's. Keys "
+        "shuffled: 'bound' is the share of answers naming the value the queried key now precedes, 'binder "
+        "level' the share of targets equal to it (what a perfect binder scores).",
+        "",
+        "| model | read | " + " | ".join(f"L={L:,}" for L in lengths) + " | verdict |",
+        "|---|---|" + "---|" * len(lengths) + "---|",
+    ]
+    for e in entries:
+        lines.append(
+            f"| {e['label']} | plain | " + " | ".join(pair_cell(e["lengths"].get(str(L))) for L in lengths) + " | -- |"
+        )
+        for c in controls:
+            v = (e.get("controls") or {}).get(c) or {"verdict": "not read", "reasons": {}}
+            verdict = v["verdict"] + "".join(f"; {L}: {why}" for L, why in v["reasons"].items())
+            lines.append(
+                f"| {e['label']} | {c} | "
+                + " | ".join(pair_cell((e["lengths"].get(str(L), {}).get("controls") or {}).get(c)) for L in lengths)
+                + f" | {verdict} |"
+            )
+    return lines
 
 
 def _bytes(n) -> str:
@@ -129,6 +188,7 @@ def markdown(summary: dict) -> str:
                 + " | ".join(cell(dict(by_step[s], status="read")) if s in by_step else "--" for s in steps)
                 + " |"
             )
+    lines += controls_table(summary)
     lines += ["", "Reads (bytes of decoding state per sequence after the last token; tokens read per second):", ""]
     for e in summary["entries"]:
         parts = []

@@ -409,7 +409,20 @@ class Specialisation:
             batch = max(1, min(n, EVAL_TOKENS_PER_FORWARD // L))
             record = mqar_distance.read_length(model, L, n, eval_seed=s.eval_seed, eval_batch=batch, chunk=chunk)
             records[str(L)] = {
-                k: record[k] for k in ("acc", "correct", "total", "ci95", "by_query", "n_eval", "eval_seed", "seconds")
+                k: record[k]
+                for k in (
+                    "acc",
+                    "correct",
+                    "total",
+                    "ci95",
+                    "first_acc",
+                    "first_correct",
+                    "first_ci95",
+                    "by_query",
+                    "n_eval",
+                    "eval_seed",
+                    "seconds",
+                )
             }
             lo, hi = record["ci95"]
             self._say(

@@ -33,6 +33,11 @@ With ``fast_weight_epistemic_gates`` (ASM-CM-E, section V.4; :mod:`.epistemic`) 
 multiplied by a confidence c^r_t and the hard write gate g_t by c^w_t (so C's writes, which use g_t,
 are scaled too), both computed from h_t; their modules are built after every other layer here, so the
 rest of the memory draws the same initial values as without them.
+
+Two evaluation-time switches, plain attributes (no parameter, buffer or config field; both False by
+default, when the forward is the one above), serve the recall controls of docs/mqar.md section 8.1:
+``read_off`` returns z' = z (the correction term is not added) and ``write_off`` sets g_t = 0 at
+every position, so nothing enters M or C (M only decays, C stays as it was). Both refuse train mode.
 """
 
 from __future__ import annotations
@@ -98,6 +103,7 @@ class FastWeightMemory(nn.Module):
             self.gates.bias[WRITE] = WRITE_BIAS[self.durable]
         # built last: the layers above draw what they draw without the epistemic gates
         self.confidence = EpistemicGates(c) if c.fast_weight_epistemic_gates else None
+        self.read_off = self.write_off = False  # evaluation-time controls (docs/mqar.md section 8.1)
 
     def _state_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return torch.promote_types(dtype, torch.float32) if self.state_fp32 else dtype
@@ -124,6 +130,10 @@ class FastWeightMemory(nn.Module):
         [B, L, d_state] (read as z_read [B, L, d_read]), the tokens' embeddings e [B, L, d_token] and
         the memory before them.  The state passed in is not modified.  ``return_confidence``: a third
         result, the epistemic gates' (c^r, c^w) [B, L] each (None without them)."""
+        if (self.read_off or self.write_off) and self.training:
+            raise RuntimeError(
+                "the fast-weight memory's read_off / write_off are evaluation controls: not in train mode"
+            )
         if self.compute_fp32:
             dtype = torch.promote_types(torch.promote_types(z.dtype, e.dtype), torch.float32)
             region = torch.autocast(device_type=z.device.type, enabled=False)
@@ -152,6 +162,8 @@ class FastWeightMemory(nn.Module):
             if self.confidence is not None:  # section V.4: g^r <- g^r c^r, g^w <- H(g^w) c^w
                 confidence = self.confidence(h, linear)
                 read_gate, write = read_gate * confidence[0], write * confidence[1]
+            if self.write_off:  # section 8.1 of docs/mqar.md: g_t = 0, nothing is written into M or C
+                write = torch.zeros_like(write)
             retain = gates[..., FORGET]
             read, fast = delta_rule(query, key, value, retain, write, state.fast)
             slow = None
@@ -162,7 +174,7 @@ class FastWeightMemory(nn.Module):
                 )
                 read = read + self.slow_read_scale * slow_read
             correction = self.read_scale * read_gate.unsqueeze(-1) * linear(read.to(value.dtype), self.read_out)
-            out = (cast(z) + correction).to(z.dtype)
+            out = z if self.read_off else (cast(z) + correction).to(z.dtype)
         state_dtype = self._state_dtype(e.dtype)
         new_state = FastWeightState(
             fast=fast.to(state_dtype),
