@@ -251,7 +251,7 @@ def test_write_off_from_a_full_memory_only_decays_the_fast_matrix_float64():
 
 def test_the_switches_hold_in_the_stepped_read_are_restored_and_refuse_training():
     model = _asm_cm()
-    for control in mc.MEMORY_CONTROLS:
+    for control in ("memory_read_off", "memory_write_off"):
         parallel = md.read_length(model, 72, 6, eval_batch=3, chunk=128, control=control)
         stepped = md.read_length(model, 72, 6, eval_batch=3, chunk=20, control=control)  # prefill 20, step 51
         assert stepped["mode"] == "prefill 20 + steps" and stepped["by_query"] == parallel["by_query"]
@@ -307,7 +307,14 @@ def test_verdicts_on_synthetic_numbers():
     assert "first query" in v["memory_read_off"]["reasons"]["4096"]
     assert "all queries" not in v["memory_read_off"]["reasons"]["4096"]
     assert v["queries_shuffled"]["verdict"] == "does not keep" and list(v["queries_shuffled"]["reasons"]) == ["512"]
-    assert v["keys_shuffled"] == {"verdict": "not read", "lengths_read": 0, "reasons": {}}
+    assert v["keys_shuffled"] == {"verdict": "not read", "lengths_read": 0, "lengths_recalled": 0, "reasons": {}}
+    assert v["memory_read_off"]["lengths_recalled"] == 3
+    # a plain read at the no-binding level itself: a fall there rules nothing out
+    weak = {"40": dict(_rec(150, first=5), controls={"memory_read_off": _rec(10)})}
+    assert mc.control_verdicts(weak, ["memory_read_off"])["memory_read_off"]["verdict"].startswith(
+        "falls (uninformative"
+    )
+    assert mc.recalls(_rec(510)) and not mc.recalls(_rec(150, first=5)) and mc.recalls(_rec(150, first=30))
     na = {"40": dict(plain, controls={"memory_write_off": {"status": "n/a", "why": mc.NO_MEMORY}})}
     assert mc.control_verdicts(na, ["memory_write_off"])["memory_write_off"]["verdict"] == "n/a (no fast-weight memory)"
 
@@ -406,3 +413,31 @@ def test_the_study_reads_the_controls_beside_the_plain_reads_and_reuses_them(tmp
     assert reads == ["memory_write_off"] * 2  # ASM_CM at 40 and 64; SSM_CONTROL is n/a without a read
     entry = json.loads((out / "results.json").read_text())["entries"][0]
     assert entry["lengths"]["64"]["controls"]["memory_write_off"]["status"] == "read"
+
+
+def test_pairs_unwritten_is_an_empty_memory_after_the_pairs_and_the_ordinary_read_from_there():
+    """Reference: the 16 pair tokens prefilled with the read off (an empty memory reads exactly zero),
+    the memory's matrices then emptied, every later token stepped plainly: the same logits bit for bit."""
+    model = _asm_cm()
+    inputs, targets = md.split_tokens(md.evaluation_tokens(0, 72, range(3)))
+    pos = md.scored_positions(72)
+    logits, state = mc.read_pairs_unwritten(model, inputs, pos)
+    with torch.no_grad():
+        with mc.memory_switched(model, "memory_read_off"):
+            ref_state = model(inputs[:, :16], return_state=True).state
+        for s in _walk(ref_state):
+            if isinstance(s, FastWeightState):
+                assert s.fast.any()  # written, then emptied by hand
+                s.fast.zero_(), s.slow.zero_()
+        kept = {}
+        for t in range(16, inputs.shape[1]):
+            out, ref_state = model.step(inputs[:, t], ref_state)
+            kept[t] = out
+    reference = torch.stack([kept[int(p)] for p in pos], dim=1)
+    assert torch.equal(logits, reference)
+    plain = model(inputs).logits[:, pos]
+    assert not torch.allclose(logits, plain)  # the pairs' writes mattered
+    record = md.read_length(model, 72, 3, control="pairs_unwritten")
+    assert record["mode"] == "prefill 16 + steps"
+    assert record["correct"] == int((reference.argmax(-1) == targets[:, pos]).sum())
+    assert mc.applies("pairs_unwritten", build_model("SSM_CONTROL", preset="micro", vocab_size=256)) == mc.NO_MEMORY

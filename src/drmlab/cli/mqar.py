@@ -30,7 +30,7 @@ DISTANCE_LENGTHS = "40,512,4096,32768"
 DISTANCE_STEPS, DISTANCE_BATCH_SIZE, DISTANCE_LR, DISTANCE_OUT = 2000, 32, 1e-3, "runs/mqar-distance"
 DISTANCE_MILESTONES = "250,500,1000,2000"
 # drmlab.experiments.mqar.controls.CONTROLS, spelled here so --help needs no torch (a test compares them)
-RECALL_CONTROLS = "memory_read_off, memory_write_off, keys_shuffled, queries_shuffled"
+RECALL_CONTROLS = "memory_read_off, memory_write_off, pairs_unwritten, keys_shuffled, queries_shuffled"
 DISTANCE_N_EVAL, DISTANCE_EVAL_BATCH, DISTANCE_EVAL_SEED, DISTANCE_CHUNK = 512, 128, 0, 512
 # the fixed protocol's own flags: refused with --protocol distance unless left at these defaults
 FIXED_ONLY = {
@@ -198,6 +198,7 @@ def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME,...",
         help=f"also read every length under these recall controls (docs/mqar.md section 8.1): {RECALL_CONTROLS}. "
         "memory_read_off: the fast-weight memory adds nothing; memory_write_off: nothing is written into it; "
+        "pairs_unwritten: nothing is written into it at the 8 pairs (read token by token); "
         "keys_shuffled: the written keys permuted among the pairs (a binder falls to chance); "
         "queries_shuffled: the queries asked in another order (a recaller keeps its accuracy). Each is "
         "reported beside the plain read with the first-query accuracy and the no-binding levels; a memory "

@@ -6,6 +6,10 @@ fail (or, for ``queries_shuffled``, pass), while a leak or a shortcut would not.
 * ``memory_write_off`` -- its write gate is 0 at every position: nothing enters the fast or slow matrix.
   Both switch :class:`~drmlab.models.drm.fast_weight.FastWeightMemory` at evaluation only
   (:func:`memory_switched`); a model without the memory is refused (the study reports it "n/a").
+* ``pairs_unwritten`` -- the write gate is 0 at the 16 positions of the written pairs only: they are
+  prefilled under ``memory_write_off`` and the rest is stepped with the memory as usual
+  (:func:`read_pairs_unwritten`), so the memory is empty when the filler starts. Unlike the two above
+  it leaves the memory's every other use in place; it costs a token-by-token read.
 * ``keys_shuffled`` -- in each row the 8 written keys are permuted by a derangement sigma drawn from
   ``default_rng([eval_seed, 0, r, 3])``: written slot j holds key k_sigma(j) before the unchanged value
   v_j. Values, their positions, the filler and the whole query block (keys, order, targets) are
@@ -33,11 +37,12 @@ import torch.nn as nn
 from drmlab.experiments.mqar import distance as md
 from drmlab.naming import suggest
 
-MEMORY_CONTROLS = ("memory_read_off", "memory_write_off")
+MEMORY_CONTROLS = ("memory_read_off", "memory_write_off", "pairs_unwritten")
 CONTROLS = (*MEMORY_CONTROLS, "keys_shuffled", "queries_shuffled")
 KEEPS_ACCURACY = ("queries_shuffled",)  # must keep the plain read's accuracy; every other control must fall
 STREAM = {"keys_shuffled": 3, "queries_shuffled": 4}  # the last word of the row's seed list
 NO_MEMORY = "no fast-weight memory"
+N_WRITTEN = 2 * md.PAIRS  # the tokens of the written pairs
 
 
 def parse_controls(names) -> list[str]:
@@ -66,19 +71,26 @@ def applies(control: str, model: nn.Module) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def memory_switched(model: nn.Module, control: str | None):
-    """Within the block, the memory control ``control`` is on in every fast-weight memory of ``model``
-    (in eval mode); restored on leaving, also after an error. Any other control (or None) switches nothing."""
-    if control not in MEMORY_CONTROLS:
-        yield
-        return
+def _require_memory(model: nn.Module, control: str) -> list[nn.Module]:
     modules = memory_modules(model)
     if not modules:
         name = getattr(model, "model_name", type(model).__name__)
         raise ValueError(f"control {control}: {name} has {NO_MEMORY} to switch off")
     if model.training:
         raise ValueError(f"control {control}: an evaluation control; put the model in eval mode")
+    return modules
+
+
+@contextlib.contextmanager
+def memory_switched(model: nn.Module, control: str | None):
+    """Within the block, the memory control ``control`` is on in every fast-weight memory of ``model``
+    (in eval mode); restored on leaving, also after an error. Any other control (or None) switches nothing."""
+    if control not in ("memory_read_off", "memory_write_off"):
+        if control == "pairs_unwritten":
+            _require_memory(model, control)
+        yield
+        return
+    modules = _require_memory(model, control)
     attribute = "read_off" if control == "memory_read_off" else "write_off"
     try:
         for m in modules:
@@ -87,6 +99,24 @@ def memory_switched(model: nn.Module, control: str | None):
     finally:
         for m in modules:
             setattr(m, attribute, False)
+
+
+@torch.no_grad()
+def read_pairs_unwritten(model: nn.Module, inputs: torch.Tensor, positions) -> tuple[torch.Tensor, object]:
+    """(logits [B, len(positions), vocab] at the input ``positions``, the decoding state after the last
+    input) with nothing written into the memory at the 16 positions of the pairs: those prefilled under
+    ``memory_write_off``, every later input stepped with ``model.step`` as usual."""
+    wanted = {int(p) for p in positions}
+    if min(wanted) < N_WRITTEN:
+        raise ValueError(f"pairs_unwritten scores positions after the {N_WRITTEN} written tokens only")
+    with memory_switched(model, "memory_write_off"):
+        state = model(inputs[:, :N_WRITTEN].long(), return_state=True).state
+    kept = {}
+    for t in range(N_WRITTEN, inputs.shape[1]):
+        logits, state = model.step(inputs[:, t].long(), state)
+        if t in wanted:
+            kept[t] = logits
+    return torch.stack([kept[int(p)] for p in positions], dim=1), state
 
 
 def derangement(rng: np.random.Generator, n: int = md.PAIRS) -> np.ndarray:
@@ -150,13 +180,21 @@ def length_verdict(control: str, plain: dict, record: dict) -> str | None:
     return "lower bound " + ", ".join(above) if above else None
 
 
+def recalls(plain: dict) -> bool:
+    """Whether a plain read is above the no-binding levels (a Wilson lower bound above either): only
+    there can a control's fall rule anything out."""
+    levels = binding_levels()
+    return plain["ci95"][0] > levels["all_queries"] or plain["first_ci95"][0] > levels["first_query"]
+
+
 def control_verdicts(lengths: dict, controls) -> dict:
     """Per control: ``verdict`` ("falls" / "keeps" at every length read, "does not fall" / "does not keep"
-    with ``reasons`` per length, "n/a (why)", or "not read"), from the per-length records
-    (``{length: record}``, each with its ``controls``)."""
+    with ``reasons`` per length, "n/a (why)", or "not read"; a fall where no plain read was above the
+    no-binding levels is "falls (uninformative: ...)"), from the per-length records (``{length:
+    record}``, each with its ``controls``)."""
     out = {}
     for control in controls:
-        reasons, read, why = {}, 0, None
+        reasons, read, why, informative = {}, 0, None, 0
         for length, plain in sorted(lengths.items(), key=lambda kv: int(kv[0])):
             record = (plain.get("controls") or {}).get(control)
             if record is None:
@@ -166,6 +204,7 @@ def control_verdicts(lengths: dict, controls) -> dict:
             if record.get("status") != "read":
                 continue
             read += 1
+            informative += recalls(plain)
             reason = length_verdict(control, plain, record)
             if reason:
                 reasons[str(length)] = reason
@@ -176,7 +215,9 @@ def control_verdicts(lengths: dict, controls) -> dict:
             verdict = "not read"
         elif reasons:
             verdict = "does not keep" if keeps else "does not fall"
+        elif keeps:
+            verdict = "keeps"
         else:
-            verdict = "keeps" if keeps else "falls"
-        out[control] = {"verdict": verdict, "lengths_read": read, "reasons": reasons}
+            verdict = "falls" if informative else "falls (uninformative: no plain read above the no-binding levels)"
+        out[control] = {"verdict": verdict, "lengths_read": read, "lengths_recalled": informative, "reasons": reasons}
     return out

@@ -343,7 +343,10 @@ def read_length(
                 if control is not None:
                     tokens, bound = controls.control_tokens(control, tokens, eval_seed, rows)
                 inputs, targets = split_tokens(tokens)
-                logits, state = read_scored(model, inputs.to(device), positions, chunk)
+                if control == "pairs_unwritten":
+                    logits, state = controls.read_pairs_unwritten(model, inputs.to(device), positions)
+                else:
+                    logits, state = read_scored(model, inputs.to(device), positions, chunk)
                 pred = logits.argmax(dim=-1).cpu()
                 by_query += (pred == targets[:, positions]).sum(0)
                 if bound is not None:
@@ -369,7 +372,13 @@ def read_length(
         first_ci95=list(wilson_interval(first, n_eval)),
         by_query=(by_query.double() / n_eval).tolist(),
         state_bytes=state_bytes,
-        mode="parallel" if length - 1 <= chunk else f"prefill {chunk} + steps",
+        mode=(
+            "prefill 16 + steps"
+            if control == "pairs_unwritten"
+            else "parallel"
+            if length - 1 <= chunk
+            else f"prefill {chunk} + steps"
+        ),
         chunk=chunk,
         seconds=seconds,
         tokens_per_s=n_eval * (length - 1) / seconds if seconds > 0 else None,
