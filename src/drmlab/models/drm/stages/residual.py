@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import stepping
 from .base import Block, Stage
 
 
@@ -17,5 +18,9 @@ class TokenResidualStage(Stage):
         return None
 
     def step(self, block: Block, part, state):
+        block.z = stepping.bound(block.z + part, self.config)
+        return None
+
+    def step_reference(self, block: Block, part, state):
         block.z = self.transition.bound(block.z + part)
         return None
