@@ -240,10 +240,10 @@ class DRMModel(nn.Module):
         e = self.embedding(tokens_t.long()).unsqueeze(1)  # [B, 1, d_t]
         block = Block.at(state.z_start, e, self.naturalization_strength(step), None)
         reference = reference or not stepping.fast_step_supported(state.z_start)
-        kept = [
-            (stage.step_reference if reference else stage.step)(block, stage.token_part(e), s)
-            for stage, s in zip(self.stages, state.stages)
-        ]
+        if reference:
+            kept = [stage.step_reference(block, stage.token_part(e), s) for stage, s in zip(self.stages, state.stages)]
+        else:
+            kept = [stage.step(block, stage.step_token_part(e), s) for stage, s in zip(self.stages, state.stages)]
         z = block.z[:, 0]
         if reference:
             logits = self.emitter(self.read(z))

@@ -143,7 +143,7 @@ def causal_depthwise_conv1d_step_partials(
     touched = torch.addcmul(partials[:, ::dilation], x_t.unsqueeze(1), later)  # outputs t, t + dilation, ...
     y = touched[:, 0]
     if bias is not None:
-        y = y + bias.to(y.dtype)
+        y = y + (bias if bias.dtype == y.dtype else bias.to(y.dtype))
     opened = (x_t * first).unsqueeze(1)  # output t + L: its first term
     if dilation == 1:
         return y, torch.cat([touched[:, 1:], opened], dim=1)

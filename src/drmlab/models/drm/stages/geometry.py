@@ -22,7 +22,7 @@ class StepConstants(NamedTuple):
     """What the one-token velocity at the block start z_s reads that does not depend on the token,
     computed once per block by the reference's own operations (``docs/drm.md`` section A.4.5).
 
-    ``state_part`` [B, 1, H]: the first layer's state half at z_s; ``gates`` [B, 1, n] (None without
+    ``state_part`` [B, H]: the first layer's state half at z_s; ``gates`` [B, n] (None without
     directions); ``directions`` [B, n, d]: V, or the metric-first blend (1 - s) V + s F (section U);
     ``solve``: the Woodbury pieces of (G + lambda I)^-1 at z_s (section 5), (d + lambda as [B, 1, d],
     U, D'^-1 U, the Cholesky factor of the capacitance), with None for U's three on a rank-0 metric,
@@ -77,7 +77,7 @@ class PrefixStage(Stage):
             return None
         gates, directions, gamma, u_factor, rho = geometry
         module = f.flow if directions is not None else f.direct_transition
-        state_part = F.linear(f.read(block.start).unsqueeze(-2), module.fc1.weight[:, : module.d_read])
+        state_part = F.linear(f.read(block.start), module.fc1.weight[:, : module.d_read])
         if directions is not None and f.metric_first and strength > 0:
             directions = (1.0 - strength) * directions + strength * frame
         solve = None
@@ -91,9 +91,7 @@ class PrefixStage(Stage):
                 capacitance = 0.5 * (capacitance + capacitance.mT)
                 solve = (solve[0], u_factor, scaled, torch.linalg.cholesky(capacitance))
         dim_d = gates.sum(-1) if gates is not None else rho.new_zeros(block.start.shape[0])
-        return StepConstants(
-            strength, state_part, None if gates is None else gates.unsqueeze(-2), directions, solve, dim_d
-        )
+        return StepConstants(strength, state_part, gates, directions, solve, dim_d)
 
     def step(self, block: Block, part, state: PrefixState | None):
         """The fast step: :meth:`step_reference`'s values from the block's :class:`StepConstants`."""
@@ -106,24 +104,29 @@ class PrefixStage(Stage):
                 geometry, frame = state.geometry, state.frame
             constants = self._constants(block, geometry, frame)
             if constants is None:
-                return self.step_reference(block, part, state)
+                return self.step_reference(block, part.unsqueeze(1), state)  # the 2-D rows as token_part gives them
             state = PrefixState(geometry, frame, None if state is None else state.delta_sum, constants)
         c, k, anchor = self.config, constants, block.anchor
         module = self.transition.flow if k.directions is not None else self.transition.direct_transition
         v = torch.tanh(F.linear(F.gelu(k.state_part + part), module.fc2.weight, module.fc2.bias))
         if k.directions is not None:
-            v = (v * k.gates) @ k.directions
+            v = (v * k.gates).unsqueeze(1) @ k.directions  # [B, 1, d]
+        else:
+            v = v.unsqueeze(1)
         if k.solve is not None:
             damped, u_factor, scaled, chol = k.solve
             solved = v / damped
             if u_factor is not None:
                 solved = solved - (scaled @ torch.cholesky_solve((solved @ u_factor).mT, chol)).mT
-            v = (1.0 - k.strength) * v + k.strength * solved
-        delta = stepping.bound(anchor + c.dt * v, c) - anchor
+            v = v * stepping.scalar(1.0 - k.strength, v) + solved * stepping.scalar(k.strength, v)
+        delta = stepping.bound(anchor + v * stepping.scalar(c.dt, v), c) - anchor
         delta_sum = delta if state.delta_sum is None else state.delta_sum + delta
-        block.z, block.delta, block.rho, block.flow_tokens = stepping.bound(anchor + delta_sum, c), delta, state.geometry[4], part
-        block.dim_d = k.dim_d
+        block.z, block.delta = stepping.bound(anchor + delta_sum, c), delta
+        block.rho, block.dim_d, block.flow_tokens = state.geometry[4], k.dim_d, part.unsqueeze(1)
         return PrefixState(state.geometry, state.frame, delta_sum, k)
+
+    def step_token_part(self, e):
+        return self.transition.token_part(e[:, 0])
 
     def step_reference(self, block: Block, part, state: PrefixState | None):
         f, anchor = self.transition, block.anchor

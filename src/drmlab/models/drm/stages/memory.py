@@ -39,18 +39,23 @@ class MemoryStage(Stage):
         block.z = f.bound(z + self.memory.scale * m)
         return kept
 
+    def step_token_part(self, e):
+        memory = self.memory
+        return F.linear(e[:, 0], memory.in_proj.weight[:, memory.d_read :], memory.in_proj.bias)
+
     def step(self, block: Block, part, state: MemoryState | None):
         """The fast step: :meth:`step_reference`'s values."""
         memory, z = self.memory, block.z
         previous = block.anchor if state is None else state.previous
         m_prev = block.start if state is None else state.memory
-        h = F.silu(F.linear(self.transition.read(previous[:, 0]), memory.in_proj.weight[:, : memory.d_read]) + part[:, 0])
-        forget = torch.sigmoid(F.linear(h, memory.forget.weight, memory.forget.bias) + memory.forget_bias)
+        h = F.silu(F.linear(self.transition.read(previous[:, 0]), memory.in_proj.weight[:, : memory.d_read]) + part)
+        forget = F.linear(h, memory.forget.weight, memory.forget.bias) + stepping.scalar(memory.forget_bias, h)
+        forget = torch.sigmoid(forget)
         update = torch.sigmoid(F.linear(h, memory.write.weight, memory.write.bias)) * torch.tanh(
             F.linear(h, memory.candidate.weight, memory.candidate.bias)
         )
         m = forget * m_prev + update
-        block.z = stepping.bound(z + memory.scale * m.unsqueeze(1), self.config)
+        block.z = stepping.bound(z + (m * stepping.scalar(memory.scale, m)).unsqueeze(1), self.config)
         return MemoryState(z, m)
 
     def step_reference(self, block: Block, part, state: MemoryState | None):

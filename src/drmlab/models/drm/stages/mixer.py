@@ -66,6 +66,9 @@ class MixerStage(Stage):
         ]
         return MixerStepCache(scalar_part, taps, partials)
 
+    def step_token_part(self, e):
+        return self.mixer.token_part(e[:, 0])
+
     def step(self, block: Block, part, state: MixerState | None):
         """The fast step: :meth:`step_reference`'s values (``CausalConvMixer.input_features`` and
         ``CausalConvMixer.step`` over 2-D rows, the convolutions by open partial sums)."""
@@ -78,10 +81,10 @@ class MixerStage(Stage):
             state = MixerState(state.previous, state.contexts, self._cache(block, state.contexts))
         cache = state.cache
         if cache is None:
-            return self.step_reference(block, part, state)
+            return self.step_reference(block, part.unsqueeze(1), state)  # the 2-D rows as token_part gives them
         d, w = mixer.d_state, mixer.in_proj.weight
         rows = z[:, 0]
-        pre = part[:, 0] + cache.scalar_part + F.linear(rows, w[:, :d])
+        pre = part + cache.scalar_part + F.linear(rows, w[:, :d])
         if block.delta is not None:
             pre = pre + F.linear(rows - state.previous[:, 0], w[:, d : 2 * d]) + F.linear(block.delta[:, 0], w[:, 2 * d : 3 * d])
         h = F.silu(pre)
@@ -93,7 +96,7 @@ class MixerStage(Stage):
             contexts.append(torch.cat([context[:, 1:], h.unsqueeze(1)], dim=1))
             partials.append(open_sums)
             h = h + F.linear(F.silu(y), point.weight, point.bias)
-        correction = mixer.scale * F.linear(h, mixer.out_proj.weight, mixer.out_proj.bias)
+        correction = F.linear(h, mixer.out_proj.weight, mixer.out_proj.bias) * stepping.scalar(mixer.scale, h)
         block.z = stepping.bound(z + correction.unsqueeze(1), self.config)
         return MixerState(z, contexts, MixerStepCache(cache.scalar_part, cache.taps, partials))
 

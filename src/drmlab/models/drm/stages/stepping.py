@@ -16,6 +16,18 @@ import torch
 from ..components import bound_state
 
 FAST_STEP_DTYPES = (torch.float32, torch.float64)
+_SCALARS: dict = {}
+
+
+def scalar(value: float, like: torch.Tensor) -> torch.Tensor:
+    """``value`` as a 0-dim tensor of ``like``'s dtype and device, made once: ``x * scalar(a, x)`` runs
+    the kernel of ``x * a`` on the same float (a 0-dim operand is the CPU-scalar case, as a Python
+    number is) without wrapping and casting the number at every call."""
+    key = (value, like.dtype, like.device)
+    found = _SCALARS.get(key)
+    if found is None:
+        found = _SCALARS[key] = torch.tensor(value, dtype=like.dtype, device=like.device)
+    return found
 
 
 def fast_step_supported(like: torch.Tensor) -> bool:
@@ -33,5 +45,6 @@ def bound(z: torch.Tensor, config) -> torch.Tensor:
     radius = config.state_clip_norm
     if config.toroidal_dims:
         return bound_state(z, radius, config.toroidal_dims)
-    scale = torch.linalg.vector_norm(z, 2, -1, True).clamp_min_(1e-8).reciprocal_().mul_(radius).clamp_(max=1.0)
-    return torch.tanh_(z.mul(scale).div_(radius)).mul_(radius)
+    r = scalar(radius, z)
+    scale = torch.linalg.vector_norm(z, 2, -1, True).clamp_min_(1e-8).reciprocal_().mul_(r).clamp_(max=1.0)
+    return torch.tanh_(z.mul(scale).div_(r)).mul_(r)
