@@ -75,7 +75,9 @@ def test_step_bound_is_bound_state(dtype, radius):
     class Config:
         bounded_state, state_clip_norm, toroidal_dims = True, radius, 0
 
-    z = torch.randn(4, 1, 33, dtype=dtype, generator=torch.Generator().manual_seed(0)) * torch.tensor([0.01, 0.3, 2.0, 50.0], dtype=dtype).view(4, 1, 1)
+    z = torch.randn(4, 1, 33, dtype=dtype, generator=torch.Generator().manual_seed(0)) * torch.tensor(
+        [0.01, 0.3, 2.0, 50.0], dtype=dtype
+    ).view(4, 1, 1)
     z[0] = 0.0
     assert torch.equal(_bits(stepping.bound(z, Config())), _bits(bound_state(z, radius)))
     Config.bounded_state = False

@@ -121,7 +121,10 @@ def test_step_by_partial_sums_is_the_step_bit_for_bit(dtype, kernel, dilation, b
     bias = torch.randn(channels, generator=g, dtype=dtype)
     taps = conv_step_taps(weight, dtype)
     length = dilation * (kernel - 1)
-    for context in (torch.zeros(batch, length, channels, dtype=dtype), torch.randn(batch, length, channels, generator=g, dtype=dtype)):
+    for context in (
+        torch.zeros(batch, length, channels, dtype=dtype),
+        torch.randn(batch, length, channels, generator=g, dtype=dtype),
+    ):
         partials = causal_depthwise_conv1d_partials(context, taps, dilation)
         for t in range(3 * length + 2):
             x = torch.randn(batch, channels, generator=g, dtype=dtype)

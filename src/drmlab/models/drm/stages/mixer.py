@@ -75,7 +75,9 @@ class MixerStage(Stage):
         mixer, z = self.mixer, block.z
         if state is None:
             width = self.config.mixer_kernel - 1
-            contexts = [z.new_zeros(z.shape[0], dilation * width, mixer.in_proj.out_features) for dilation in mixer.dilations]
+            contexts = [
+                z.new_zeros(z.shape[0], dilation * width, mixer.in_proj.out_features) for dilation in mixer.dilations
+            ]
             state = MixerState(block.anchor, contexts, self._cache(block, contexts))
         elif state.cache is None:
             state = MixerState(state.previous, state.contexts, self._cache(block, state.contexts))
@@ -86,7 +88,11 @@ class MixerStage(Stage):
         rows = z[:, 0]
         pre = part + cache.scalar_part + F.linear(rows, w[:, :d])
         if block.delta is not None:
-            pre = pre + F.linear(rows - state.previous[:, 0], w[:, d : 2 * d]) + F.linear(block.delta[:, 0], w[:, 2 * d : 3 * d])
+            pre = (
+                pre
+                + F.linear(rows - state.previous[:, 0], w[:, d : 2 * d])
+                + F.linear(block.delta[:, 0], w[:, 2 * d : 3 * d])
+            )
         h = F.silu(pre)
         contexts, partials = [], []
         for conv, point, dilation, context, taps, open_sums in zip(
