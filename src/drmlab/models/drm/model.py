@@ -14,6 +14,7 @@ state-dependent work runs inside the block loop.
 Decoding (section A.4.5): ``init_state`` / ``step`` run the same stages one token at a time, each
 over its own state, and ``forward(tokens, return_state=True)`` returns, from the parallel pass, the
 state that stepping through the tokens would reach -- mid-block included -- so a prompt needs no stepping.
+``step`` runs each stage's fast step, ``step_reference`` its plain one: the same logits, bit for bit.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from drmlab.models.inputs import check_batch_size, check_logits_at, check_step_tokens, check_tokens
 from drmlab.models.output import ModelOutput
@@ -43,7 +45,7 @@ from .components import (
 from .config import DRMConfig
 from .fast_weight import FastWeightMemory
 from .losses import auxiliary_losses
-from .stages import Block, BlockGeometry, build_stages
+from .stages import Block, BlockGeometry, build_stages, stepping
 from .transition import Transition
 
 # Per-component seed offsets (``docs/drm.md`` section A.2): each component draws its
@@ -236,14 +238,36 @@ class DRMModel(nn.Module):
         """Advance by one token: tokens_t [B] -> (logits [B, vocab], new state).
 
         Runs the stages of :meth:`forward` one position at a time, each over its own state; stepping
-        a sequence reproduces the parallel logits. The state passed in is not modified.
+        a sequence reproduces the parallel logits. The state passed in is not modified. Each stage's
+        fast step (``stages.stepping``) gives :meth:`step_reference`'s logits and states bit for bit.
         """
+        return self._step(tokens_t, state, step, reference=False)
+
+    def step_reference(
+        self, tokens_t: torch.Tensor, state: DecodeState, step: int | None = None
+    ) -> tuple[torch.Tensor, DecodeState]:
+        """:meth:`step` by each stage's plain step (``Stage.step_reference``): the reference the fast
+        step is tested against and benchmarked beside."""
+        return self._step(tokens_t, state, step, reference=True)
+
+    def _step(self, tokens_t, state: DecodeState, step, reference: bool):
         check_step_tokens(tokens_t, self.config.vocab_size, state.z_start.shape[0], self.model_name)
         e = self.embedding(tokens_t.long()).unsqueeze(1)  # [B, 1, d_t]
         block = Block.at(state.z_start, e, self.naturalization_strength(step), None)
-        kept = [stage.step(block, stage.token_part(e), s) for stage, s in zip(self.stages, state.stages)]
+        reference = reference or not stepping.fast_step_supported(state.z_start)
+        if reference:
+            kept = [stage.step_reference(block, stage.token_part(e), s) for stage, s in zip(self.stages, state.stages)]
+        else:
+            kept = [stage.step(block, stage.step_token_part(e), s) for stage, s in zip(self.stages, state.stages)]
         z = block.z[:, 0]
-        return self.emitter(self.read(z)), self._after(state.z_start, state.position + 1, kept, z)
+        if reference:
+            logits = self.emitter(self.read(z))
+        else:  # LanguageEmitter.forward without the module calls
+            emitter = self.emitter
+            hidden = F.rms_norm(self.read(z), emitter.norm.normalized_shape, emitter.norm.weight, emitter.norm.eps)
+            hidden = F.gelu(F.linear(hidden, emitter.fc1.weight, emitter.fc1.bias))
+            logits = F.linear(hidden, emitter.fc2.weight, emitter.fc2.bias)
+        return logits, self._after(state.z_start, state.position + 1, kept, z)
 
 
 def _refined_action(config: DRMConfig, record: list[BlockGeometry]) -> torch.Tensor:
