@@ -64,6 +64,7 @@ def test_degenerate_floor_naturalizes_through_the_damped_pseudo_inverse(diagonal
     assert float(kernel_project(gamma, u_factor, (v - (1 - s) * u) / s).abs().max()) < 1e-12
 
 
+@torch.no_grad()
 def test_relu_floor_has_exact_zeros_a_kernel_and_its_exact_rank():
     model = _model(metric_diagonal="relu")
     c = model.config
@@ -80,6 +81,7 @@ def test_relu_floor_has_exact_zeros_a_kernel_and_its_exact_rank():
     assert float((g @ p).norm() / g.norm()) < 1e-12
 
 
+@torch.no_grad()
 def test_low_rank_metric_is_u_u_transpose_of_rank_r():
     model = _model(metric_diagonal="none")
     assert model.metric.diag_head is None
