@@ -76,6 +76,8 @@ def test_the_degenerate_option_gets_exact_ranks_labelled_with_their_source():
     assert result["exact_rank"] == sorted(set(exact_rank(gamma, u).tolist()))
     assert result["exact_rank_how"].startswith("exact: the floor's zero set (metric_diagonal='relu')")
     assert result["pinv_vs_model_max_rel"] < 1e-12  # the model's batched pseudo-inverse against the SVD split
+    assert max(result["kernel_dim"]) > 0 and result["condition_number_mean"] is None  # an exact kernel: cond = inf
+    assert f"smallest margin: {result['u_z_margin_min']:.3g}" in result["exact_rank_how"]
     strata = measure_strata(view, BUDGET)
     assert strata["metric_exact_how"].startswith("exact: the floor's zero set") and "metric_exact" in strata
 

@@ -57,7 +57,9 @@ def write_tables(record: dict) -> str:
             for k, v in m["numerical_rank_approx"].items()
         ]
         lines += [
-            f"| condition number (mean) | {_fmt(m['condition_number_mean'])} |",
+            "| condition number (mean) | "
+            + ("infinite (an exact kernel)" if m["condition_number_mean"] is None else _fmt(m["condition_number_mean"]))
+            + " |",
             f"| damped pseudo-inverse vs Woodbury (max rel.) | {_fmt(m['pinv_vs_woodbury_max_rel'])} |",
         ]
         if "pinv_vs_model_max_rel" in m:

@@ -119,8 +119,8 @@ def measure_metric(view: ModelView) -> dict:
     else:
         out["exact_rank"] = sorted({s.rank for s in splits})
         out["kernel_dim"] = sorted({s.kernel_dim for s in splits})
-        out["exact_rank_how"] = source
         out["u_z_margin_min"] = min(s.margin for s in splits)
+        out["exact_rank_how"] = source.replace("u_z_margin_min", f"{out['u_z_margin_min']:.3g}")
         out["note"] = "exact rank from the exact kernel; rtol ranks are numerical approximations"
     out.update(
         {
@@ -128,7 +128,10 @@ def measure_metric(view: ModelView) -> dict:
             "numerical_rank_approx": {k: float(v.double().mean()) for k, v in ranks.items()},
             "eigenvalue_min": float(sigma[:, 0].min()),
             "eigenvalue_max": float(sigma[:, -1].max()),
-            "condition_number_mean": float((sigma[:, -1] / sigma[:, 0]).mean()),
+            # infinite where G has an exact kernel (None); otherwise from the spectrum
+            "condition_number_mean": None
+            if any(s.kernel_dim for s in splits) and source is not None
+            else float((sigma[:, -1] / sigma[:, 0]).mean()),
             "pinv_vs_woodbury_max_rel": float((pinv - wood).abs().max() / wood.abs().max()),
             "damping": lam,
             "_spectrum_first": sigma[0].tolist(),
