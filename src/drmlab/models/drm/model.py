@@ -45,6 +45,7 @@ from .components import (
 from .config import DRMConfig
 from .fast_weight import FastWeightMemory
 from .losses import auxiliary_losses
+from .metric_options import PullbackMetric
 from .stages import Block, BlockGeometry, build_stages, stepping
 from .transition import Transition
 
@@ -96,7 +97,7 @@ class DRMModel(nn.Module):
         self.embedding = seeded("embedding", lambda: nn.Embedding(c.vocab_size, c.d_token))
         self.initial_state = seeded("initial_state", lambda: DRMStateInitializer(c))
         self.direction_field = seeded("direction_field", lambda: DirectionField(c)) if c.has_direction_field else None
-        self.metric = seeded("metric", lambda: RelationalMetric(c)) if c.has_metric else None
+        self.metric = seeded("metric", lambda: RelationalMetric(c)) if c.has_relational_metric else None
         self.flow = seeded("flow", lambda: DRMFlow(c)) if c.has_direction_field else None
         self.risk = (
             seeded("risk", lambda: RiskField(c, enabled=c.risk == "powerlaw"))
@@ -119,7 +120,9 @@ class DRMModel(nn.Module):
         self.fast_weight_memory = (
             seeded("fast_weight_memory", lambda: FastWeightMemory(c)) if c.fast_weight_memory else None
         )
-        self.transition = Transition(c, self.direction_field, self.metric, self.flow, self.direct_transition, self.risk)
+        # metric="pullback": the emitter's pullback J^T F J stands where the metric module would (docs/geometry.md 9)
+        metric = PullbackMetric(self.emitter, c) if c.metric == "pullback" else self.metric
+        self.transition = Transition(c, self.direction_field, metric, self.flow, self.direct_transition, self.risk)
         self.stages = nn.ModuleList(build_stages(self))  # parameter-free: see Stage
         # positions per block: in decoding a recurrent model's every token is a block of its own
         self.block_length = 1 if c.sequence_mode == "recurrent" else c.block_size

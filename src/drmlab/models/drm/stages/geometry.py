@@ -46,6 +46,9 @@ class PrefixState(NamedTuple):
     delta_sum: torch.Tensor
     constants: StepConstants | None = None
 
+    # derived from the rest (recomputable); not counted as the state a sequence carries (state_nbytes)
+    DERIVED_FIELDS = ("constants",)
+
 
 class PrefixStage(Stage):
     """Section 7 with the geometry at the block start; records the block's geometry."""

@@ -34,6 +34,9 @@ class MixerState(NamedTuple):
     contexts: list
     cache: MixerStepCache | None = None
 
+    # derived from the rest (recomputable); not counted as the state a sequence carries (state_nbytes)
+    DERIVED_FIELDS = ("cache",)
+
 
 class MixerStage(Stage):
     def __init__(self, transition, mixer):
