@@ -78,6 +78,8 @@ class PrefixStage(Stage):
         c, f, strength = self.config, self.transition, block.strength
         if c.step_mode != "velocity" or not stepping.fast_step_supported(block.start):
             return None
+        if c.metric == "pullback" or c.has_degenerate_metric:  # their naturalizers (metric_options): the plain step
+            return None
         gates, directions, gamma, u_factor, rho = geometry
         module = f.flow if directions is not None else f.direct_transition
         state_part = F.linear(f.read(block.start), module.fc1.weight[:, : module.d_read])
