@@ -269,6 +269,20 @@ def test_a_micro_study_end_to_end_reuses_and_reports_na(tmp_path):
     assert jnd["state_bytes"] == zm.decode_state_bytes("J_NO_DIRECTION", "micro", 16, 16)  # constant in length
     assert f"| ATTENTION | {attention['state_bytes']:,} |" in text
     assert (tmp_path / "frontier.png").stat().st_size > 1000
+    # the committed results.json continues the study in another folder: its finished runs are reused
+    committed = json.loads((tmp_path / "results.json").read_text())
+    assert committed["provenance"]["settings"] == summary["study"] and committed["cells"] == summary["cells"]
+    other = tmp_path / "elsewhere"
+    restored = zm.restore_runs(tmp_path / "results.json", other)
+    assert sorted(restored) == sorted(f"ATTENTION_w16_L64_lr{r}" for r in ("0.001", "0.01")) + sorted(
+        f"J_NO_DIRECTION_w16_L64_lr{r}" for r in ("0.001", "0.01")
+    )
+    moved = zm.run_zoology_study(["ATTENTION", "J_NO_DIRECTION"], [16], [64], out=other, **MICRO)
+    assert all(r.get("reused") for r in moved["runs"])
+    assert moved["cells"] == {k: v for k, v in summary["cells"].items() if not k.startswith("LOOPED")}
+    assert zm.restore_runs(tmp_path / "results.json", other) == []  # nothing overwritten
+    with pytest.raises(ValueError, match="not a Zoology results.json"):
+        zm.restore_runs(tmp_path / "zoology.md", other)
     again = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, **MICRO)
     assert all(r.get("reused") for r in again["runs"])
 

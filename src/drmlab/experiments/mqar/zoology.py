@@ -720,7 +720,36 @@ def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
         "study": study.record(),
         "cells": cells,
         "runs": [{k: v for k, v in r.items() if k != "spec"} for r in results],
+        "finished": [
+            {k: v for k, v in r.items() if k != "reused"} for r in results if r["status"] in ("done", "diverged")
+        ],
     }
+
+
+def restore_runs(results_path: str | Path, out: str | Path) -> list[str]:
+    """Put the finished runs of a committed ``results.json`` (its ``finished`` records, each with the spec
+    it ran under) back as ``OUT/runs/<run>/result.json`` where OUT holds none, so a study continued in
+    another checkout reuses them (:func:`run_cell` reuses a finished result whose spec matches, and
+    retrains one whose spec differs). The names restored."""
+    from drmlab.runs import write_json_atomic
+
+    path = Path(results_path)
+    try:
+        records = json.loads(path.read_text())["finished"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(f"{path} is not a Zoology results.json with finished runs") from None
+    restored = []
+    for record in records:
+        if not isinstance(record, dict) or not isinstance(record.get("spec"), dict):
+            raise ValueError(f"{path}: a finished run without its spec cannot be restored")
+        label = run_name(record["model"], record["width"], record["seq_len"], record["lr"])
+        target = Path(out) / "runs" / label / "result.json"
+        if target.is_file():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(target, record)
+        restored.append(label)
+    return restored
 
 
 def run_planned(

@@ -6,7 +6,9 @@
   rate's accuracy, epochs and wall time per run;
 * ``frontier.png`` -- Zoology's state-size frontier: each cell's accuracy against the bytes of one
   sequence's decoding state at that length, one panel per length (log scale);
-* ``zoology.json`` -- the whole summary.
+* ``zoology.json`` -- the whole summary; ``results.json`` -- the same with its title and provenance,
+  the file to commit (docs/studies/README.md); its ``finished`` runs, specs included, are what
+  ``--restore`` puts back to continue the study elsewhere.
 """
 
 from __future__ import annotations
@@ -19,9 +21,18 @@ from drmlab.experiments import lr_sweep
 from drmlab.experiments.plotting import draw_or_log, pyplot
 
 
+TITLE = "MQAR under the Zoology protocol (Arora et al. 2024) on the CPU: best-rate test accuracy per model, width, length"
+
+
 def write_report(summary: dict, out: str | Path, log: Callable[[str], None] | None = None) -> None:
+    from drmlab.experiments import results
+
     out = Path(out)
     (out / "zoology.json").write_text(json.dumps(summary, indent=2) + "\n")
+    results.write(
+        out / "results.json",
+        {"title": TITLE, "provenance": results.provenance(summary["study"]), **summary},
+    )
     (out / "zoology.md").write_text(markdown(summary))
     if draw_or_log(lambda: frontier_figure(summary, out / "frontier.png"), log, "frontier.png") and log is not None:
         log(f"wrote {out / 'frontier.png'}")
