@@ -20,8 +20,9 @@ from pathlib import Path
 from drmlab.experiments import lr_sweep
 from drmlab.experiments.plotting import draw_or_log, pyplot
 
-
-TITLE = "MQAR under the Zoology protocol (Arora et al. 2024) on the CPU: best-rate test accuracy per model, width, length"
+TITLE = (
+    "MQAR under the Zoology protocol (Arora et al. 2024) on the CPU: best-rate test accuracy per model, width, length"
+)
 
 
 def write_report(summary: dict, out: str | Path, log: Callable[[str], None] | None = None) -> None:
