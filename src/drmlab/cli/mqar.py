@@ -57,7 +57,13 @@ DISTANCE_ONLY = {
 }
 
 
-ZOOLOGY_ONLY = {"widths": "--widths", "seq_lens": "--seq-lens", "epochs": "--epochs", "early_stop": "--early-stop"}
+ZOOLOGY_ONLY = {
+    "widths": "--widths",
+    "seq_lens": "--seq-lens",
+    "epochs": "--epochs",
+    "early_stop": "--early-stop",
+    "restore": "--restore",
+}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -159,6 +165,13 @@ def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
     )
     zoo.add_argument("--epochs", type=int, default=None, help="epochs over the training set (default 64)")
     zoo.add_argument("--early-stop", type=float, default=None, help="stop a run at this test accuracy (default 0.99)")
+    zoo.add_argument(
+        "--restore",
+        metavar="RESULTS_JSON",
+        default=None,
+        help="first put the finished runs of a committed results.json (e.g. docs/studies/zoology-cpu/results.json) "
+        "into OUT, so the study continues from them (a run whose settings differ is trained again)",
+    )
     group = parser.add_argument_group("--protocol distance")
     group.add_argument(
         "--lengths",
@@ -331,6 +344,9 @@ def run_zoology(args: argparse.Namespace) -> int:
         "lr_grid": args.lr_grid,
     }
     out = Path(args.out or ZOOLOGY_OUT)
+    if args.restore:
+        restored = zoology.restore_runs(args.restore, out)
+        runtime.log(f"restored {len(restored)} finished runs from {args.restore} into {out / 'runs'}")
     zoology.run_zoology_study(
         common.split_list(args.models, "models") if args.models else zoology.DEFAULT_MODELS,
         common.parse_int_list(args.widths, "widths") if args.widths else zoology.WIDTHS,
@@ -345,5 +361,5 @@ def run_zoology(args: argparse.Namespace) -> int:
         **{key: value for key, value in given.items() if value is not None},
     )
     print((out / "zoology.md").read_text(), end="")
-    print(f"wrote {out / 'zoology.md'}, zoology.json")
+    print(f"wrote {out / 'zoology.md'}, zoology.json, results.json")
     return 0

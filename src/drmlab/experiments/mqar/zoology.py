@@ -655,6 +655,21 @@ def run_cell(
         lock.release()
 
 
+@torch.no_grad()
+def decode_state_bytes(
+    name: str, preset: str, width: int, seq_len: int, settings: dict | None = None, recipe: ZoologyRecipe = RECIPE
+) -> int:
+    """Bytes of one sequence's decoding state after ``seq_len`` tokens (issue 26's frontier: the key/value
+    cache of attention at that length, MAMBA's conv and SSM state, ASM_CM's matrices, J's vector), from
+    the model as built (the architecture decides it, not the weights): a batch-1 prefill of ``seq_len``
+    tokens with ``return_state=True``."""
+    from drmlab.experiments.mqar.distance import state_nbytes
+
+    model, _, _ = protocol_model(name, preset, width, seq_len, recipe.seed, settings, recipe)
+    tokens = torch.zeros(1, seq_len, dtype=torch.long)
+    return state_nbytes(model.eval()(tokens, return_state=True).state)
+
+
 def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
     """Per (model, width, length): each rate's final test accuracy (None: diverged), the best rate
     and its accuracy (Zoology's figure value), or n/a with the reason; the runs."""
@@ -681,6 +696,7 @@ def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
                     if r["status"] in ("done", "diverged")
                 }
                 complete = len(scores) == len(study.lr_grid)
+                state = decode_state_bytes(name, study.preset, width, seq_len, study.model_overrides, study.recipe)
                 choice = lr_sweep.choose(scores, lower_is_better=False) if scores else {"lr": None}
                 best = scores.get(choice["lr"]) if choice.get("lr") is not None else None
                 cells[key] = {
@@ -691,6 +707,7 @@ def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
                     "status": "done" if complete else "incomplete",
                     "scores": {lr_sweep.lr_label(lr): s for lr, s in sorted(scores.items())},
                     "acc": best,
+                    "state_bytes": state,
                     **choice,
                     "wall_seconds": {
                         lr_sweep.lr_label(r["lr"]): r.get("wall_seconds")
@@ -703,7 +720,36 @@ def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
         "study": study.record(),
         "cells": cells,
         "runs": [{k: v for k, v in r.items() if k != "spec"} for r in results],
+        "finished": [
+            {k: v for k, v in r.items() if k != "reused"} for r in results if r["status"] in ("done", "diverged")
+        ],
     }
+
+
+def restore_runs(results_path: str | Path, out: str | Path) -> list[str]:
+    """Put the finished runs of a committed ``results.json`` (its ``finished`` records, each with the spec
+    it ran under) back as ``OUT/runs/<run>/result.json`` where OUT holds none, so a study continued in
+    another checkout reuses them (:func:`run_cell` reuses a finished result whose spec matches, and
+    retrains one whose spec differs). The names restored."""
+    from drmlab.runs import write_json_atomic
+
+    path = Path(results_path)
+    try:
+        records = json.loads(path.read_text())["finished"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(f"{path} is not a Zoology results.json with finished runs") from None
+    restored = []
+    for record in records:
+        if not isinstance(record, dict) or not isinstance(record.get("spec"), dict):
+            raise ValueError(f"{path}: a finished run without its spec cannot be restored")
+        label = run_name(record["model"], record["width"], record["seq_len"], record["lr"])
+        target = Path(out) / "runs" / label / "result.json"
+        if target.is_file():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(target, record)
+        restored.append(label)
+    return restored
 
 
 def run_planned(

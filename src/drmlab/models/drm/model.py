@@ -14,6 +14,7 @@ state-dependent work runs inside the block loop.
 Decoding (section A.4.5): ``init_state`` / ``step`` run the same stages one token at a time, each
 over its own state, and ``forward(tokens, return_state=True)`` returns, from the parallel pass, the
 state that stepping through the tokens would reach -- mid-block included -- so a prompt needs no stepping.
+``step`` runs each stage's fast step, ``step_reference`` its plain one: the same logits, bit for bit.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from drmlab.models.inputs import check_batch_size, check_logits_at, check_step_tokens, check_tokens
 from drmlab.models.output import ModelOutput
@@ -43,7 +45,8 @@ from .components import (
 from .config import DRMConfig
 from .fast_weight import FastWeightMemory
 from .losses import auxiliary_losses
-from .stages import Block, BlockGeometry, build_stages
+from .metric_options import PullbackMetric
+from .stages import Block, BlockGeometry, build_stages, stepping
 from .transition import Transition
 
 # Per-component seed offsets (``docs/drm.md`` section A.2): each component draws its
@@ -94,7 +97,7 @@ class DRMModel(nn.Module):
         self.embedding = seeded("embedding", lambda: nn.Embedding(c.vocab_size, c.d_token))
         self.initial_state = seeded("initial_state", lambda: DRMStateInitializer(c))
         self.direction_field = seeded("direction_field", lambda: DirectionField(c)) if c.has_direction_field else None
-        self.metric = seeded("metric", lambda: RelationalMetric(c)) if c.has_metric else None
+        self.metric = seeded("metric", lambda: RelationalMetric(c)) if c.has_relational_metric else None
         self.flow = seeded("flow", lambda: DRMFlow(c)) if c.has_direction_field else None
         self.risk = (
             seeded("risk", lambda: RiskField(c, enabled=c.risk == "powerlaw"))
@@ -117,7 +120,9 @@ class DRMModel(nn.Module):
         self.fast_weight_memory = (
             seeded("fast_weight_memory", lambda: FastWeightMemory(c)) if c.fast_weight_memory else None
         )
-        self.transition = Transition(c, self.direction_field, self.metric, self.flow, self.direct_transition, self.risk)
+        # metric="pullback": the emitter's pullback J^T F J stands where the metric module would (docs/geometry.md 9)
+        metric = PullbackMetric(self.emitter, c) if c.metric == "pullback" else self.metric
+        self.transition = Transition(c, self.direction_field, metric, self.flow, self.direct_transition, self.risk)
         self.stages = nn.ModuleList(build_stages(self))  # parameter-free: see Stage
         # positions per block: in decoding a recurrent model's every token is a block of its own
         self.block_length = 1 if c.sequence_mode == "recurrent" else c.block_size
@@ -236,14 +241,36 @@ class DRMModel(nn.Module):
         """Advance by one token: tokens_t [B] -> (logits [B, vocab], new state).
 
         Runs the stages of :meth:`forward` one position at a time, each over its own state; stepping
-        a sequence reproduces the parallel logits. The state passed in is not modified.
+        a sequence reproduces the parallel logits. The state passed in is not modified. Each stage's
+        fast step (``stages.stepping``) gives :meth:`step_reference`'s logits and states bit for bit.
         """
+        return self._step(tokens_t, state, step, reference=False)
+
+    def step_reference(
+        self, tokens_t: torch.Tensor, state: DecodeState, step: int | None = None
+    ) -> tuple[torch.Tensor, DecodeState]:
+        """:meth:`step` by each stage's plain step (``Stage.step_reference``): the reference the fast
+        step is tested against and benchmarked beside."""
+        return self._step(tokens_t, state, step, reference=True)
+
+    def _step(self, tokens_t, state: DecodeState, step, reference: bool):
         check_step_tokens(tokens_t, self.config.vocab_size, state.z_start.shape[0], self.model_name)
         e = self.embedding(tokens_t.long()).unsqueeze(1)  # [B, 1, d_t]
         block = Block.at(state.z_start, e, self.naturalization_strength(step), None)
-        kept = [stage.step(block, stage.token_part(e), s) for stage, s in zip(self.stages, state.stages)]
+        reference = reference or not stepping.fast_step_supported(state.z_start)
+        if reference:
+            kept = [stage.step_reference(block, stage.token_part(e), s) for stage, s in zip(self.stages, state.stages)]
+        else:
+            kept = [stage.step(block, stage.step_token_part(e), s) for stage, s in zip(self.stages, state.stages)]
         z = block.z[:, 0]
-        return self.emitter(self.read(z)), self._after(state.z_start, state.position + 1, kept, z)
+        if reference:
+            logits = self.emitter(self.read(z))
+        else:  # LanguageEmitter.forward without the module calls
+            emitter = self.emitter
+            hidden = F.rms_norm(self.read(z), emitter.norm.normalized_shape, emitter.norm.weight, emitter.norm.eps)
+            hidden = F.gelu(F.linear(hidden, emitter.fc1.weight, emitter.fc1.bias))
+            logits = F.linear(hidden, emitter.fc2.weight, emitter.fc2.bias)
+        return logits, self._after(state.z_start, state.position + 1, kept, z)
 
 
 def _refined_action(config: DRMConfig, record: list[BlockGeometry]) -> torch.Tensor:
