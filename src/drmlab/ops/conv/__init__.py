@@ -1,6 +1,17 @@
 """The causal depthwise convolution over time (the causal mixer of ``docs/drm.md`` section 7), whole
-sequence and one decoding step; one implementation, in :mod:`.causal_depthwise`."""
+sequence (its plain autograd reference and the same map with a hand-written backward) and one
+decoding step, in :mod:`.causal_depthwise`."""
 
-from .causal_depthwise import causal_depthwise_conv1d, causal_depthwise_conv1d_step, conv_context_size
+from .causal_depthwise import (
+    causal_depthwise_conv1d,
+    causal_depthwise_conv1d_reference,
+    causal_depthwise_conv1d_step,
+    conv_context_size,
+)
 
-__all__ = ["causal_depthwise_conv1d", "causal_depthwise_conv1d_step", "conv_context_size"]
+__all__ = [
+    "causal_depthwise_conv1d",
+    "causal_depthwise_conv1d_reference",
+    "causal_depthwise_conv1d_step",
+    "conv_context_size",
+]
