@@ -114,10 +114,10 @@ class _CausalDepthwiseConv(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = grad * taps[K - 1]  # the last tap's slice is x itself
             for j in range(K - 2, -1, -1):
-                shift = (K - 1 - j) * dilation  # x[t] meets grad[t + shift] through tap j
+                shift = min((K - 1 - j) * dilation, T)  # x[t] meets grad[t + shift] through tap j
                 if shift < T:
-                    grad_x[:, : T - shift] += grad[:, shift:] * taps[j]
-                grad_x[:, max(T - shift, 0) :] += 0.0  # autograd's zero fill there
+                    grad_x[:, : T - shift].add_(grad[:, shift:] * taps[j])  # add_ on the view: no write-back copy
+                grad_x[:, T - shift :].add_(0.0)  # autograd's zero fill there
         if ctx.needs_input_grad[1]:
             pad = dilation * (K - 1)
             xp = F.pad(x, (0, 0, pad, 0)) if pad > 0 else x
