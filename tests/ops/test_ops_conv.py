@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from drmlab.ops import causal_depthwise_conv1d, causal_depthwise_conv1d_step
+from drmlab.ops.conv import causal_depthwise_conv1d_reference as conv_reference
 
 
 def loop_conv64(x, weight, bias, dilation):
@@ -103,9 +104,47 @@ def test_float32_and_bad_shapes():
         causal_depthwise_conv1d_step(x[:, 0], torch.zeros(2, 5, 5), w, b)
 
 
-def _bits(x: torch.Tensor) -> torch.Tensor:
-    """The raw bits (so -0.0 and +0.0 differ)."""
-    return x.contiguous().view(torch.int64 if x.dtype == torch.float64 else torch.int32)
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit patterns (so +0.0 and -0.0 differ)."""
+    return t.detach().contiguous().view(torch.int64 if t.dtype == torch.float64 else torch.int32)
+
+
+def grads_of(conv, x, w, b, dilation, upstream):
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w) + ((b,) if b is not None else ())]
+    y = conv(leaves[0], leaves[1], leaves[2] if b is not None else None, dilation)
+    y.backward(upstream)
+    return y, [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("T", "K", "dilation"), [(23, 4, 1), (23, 3, 2), (9, 4, 4), (5, 8, 1), (6, 1, 1), (1, 4, 2)])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("flat_weight", [False, True])
+def test_fast_backward_equals_reference_bit_for_bit(dtype, T, K, dilation, with_bias, flat_weight):
+    """The Function's forward and every gradient equal autograd through the reference, to the bit
+    (signed zeros included: the upstream gradient has exact zeros and the taps both signs)."""
+    x, w, b = make(T=T, K=K, dtype=dtype, seed=T + K)
+    w = w[:, 0] if flat_weight else w  # [C, K] is accepted too (the selective SSM's layout)
+    upstream = torch.randn(x.shape, generator=torch.Generator().manual_seed(5), dtype=dtype)
+    upstream[:, ::3] = 0.0
+    upstream[0, 1::4] = -0.0
+    b = b if with_bias else None
+    y_fast, g_fast = grads_of(causal_depthwise_conv1d, x, w, b, dilation, upstream)
+    y_ref, g_ref = grads_of(conv_reference, x, w, b, dilation, upstream)
+    assert torch.equal(bits(y_fast), bits(y_ref))
+    for fast, ref in zip(g_fast, g_ref):
+        assert fast.shape == ref.shape
+        assert torch.equal(bits(fast), bits(ref))
+
+
+def test_fast_backward_gradcheck_and_graph():
+    x, w, b = make(T=7, C=3, K=3)
+    args = (x.requires_grad_(), w.requires_grad_(), b.requires_grad_())
+    assert torch.autograd.gradcheck(lambda x, w, b: causal_depthwise_conv1d(x, w, b, 2), args)
+    assert torch.autograd.gradgradcheck(lambda x, w, b: causal_depthwise_conv1d(x, w, b, 2), args)
+    assert causal_depthwise_conv1d(*args, 2).grad_fn.name() == "_CausalDepthwiseConvBackward"
+    with torch.no_grad():  # without gradients: the reference's ops, the same values
+        assert torch.equal(causal_depthwise_conv1d(*args, 2), conv_reference(*args, 2))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -131,5 +170,5 @@ def test_step_by_partial_sums_is_the_step_bit_for_bit(dtype, kernel, dilation, b
             x[:, : channels // 3] = 0.0 if t % 2 else -0.0  # zero products of both signs
             want, context = causal_depthwise_conv1d_step(x, context, weight, bias, dilation=dilation)
             got, partials = causal_depthwise_conv1d_step_partials(x, partials, taps, bias, dilation)
-            assert torch.equal(_bits(got), _bits(want)), t
-            assert torch.equal(_bits(partials), _bits(causal_depthwise_conv1d_partials(context, taps, dilation)))
+            assert torch.equal(bits(got), bits(want)), t
+            assert torch.equal(bits(partials), bits(causal_depthwise_conv1d_partials(context, taps, dilation)))

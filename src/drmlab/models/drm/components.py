@@ -340,14 +340,20 @@ class CausalConvMixer(nn.Module):
         d = self.d_state
         return F.linear(e, self.in_proj.weight[:, 3 * d : -2], self.in_proj.bias)
 
-    def input_features(self, states, diffs, deltas, scalars, token_part) -> torch.Tensor:
-        """W_in f + b from its pieces: states/diffs/deltas [N, L, d], scalars [N, 2] (dimD, rho)."""
+    def state_weights(self) -> tuple[torch.Tensor, ...]:
+        """The column blocks of W_in that multiply the states, diffs, deltas and (dimD, rho)."""
         d, w = self.d_state, self.in_proj.weight
-        pre = token_part + F.linear(scalars, w[:, -2:]).unsqueeze(-2)
+        return w[:, :d], w[:, d : 2 * d], w[:, 2 * d : 3 * d], w[:, -2:]
+
+    def input_features(self, states, diffs, deltas, scalars, token_part, weights=None) -> torch.Tensor:
+        """W_in f + b from its pieces: states/diffs/deltas [N, L, d], scalars [N, 2] (dimD, rho);
+        ``weights``: :meth:`state_weights`, when the caller holds them for several blocks."""
+        w_states, w_diffs, w_deltas, w_scalars = weights if weights is not None else self.state_weights()
+        pre = token_part + F.linear(scalars, w_scalars).unsqueeze(-2)
         if states is not None:  # geometry-free paths have zero diffs and deltas
-            pre = pre + F.linear(states.contiguous(), w[:, :d])  # contiguous: see DRMStateInitializer
+            pre = pre + F.linear(states.contiguous(), w_states)  # contiguous: see DRMStateInitializer
         if diffs is not None:
-            pre = pre + F.linear(diffs, w[:, d : 2 * d]) + F.linear(deltas, w[:, 2 * d : 3 * d])
+            pre = pre + F.linear(diffs, w_diffs) + F.linear(deltas, w_deltas)
         return F.silu(pre)
 
     def forward(self, h: torch.Tensor, return_state: bool = False):
@@ -407,17 +413,23 @@ class SelectiveMemory(nn.Module):
         with torch.autocast(device_type=e.device.type, enabled=False):
             return F.linear(e.to(dtype), self.in_proj.weight[:, self.d_read :].to(dtype), self.in_proj.bias.to(dtype))
 
-    def gates(self, prev_read: torch.Tensor, token_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(f, u) [B, L, d_state] in float32 or wider, computed with autocast off."""
+    def state_weight(self) -> torch.Tensor:
+        """The columns of W_h that multiply the previous state."""
+        return self.in_proj.weight[:, : self.d_read]
+
+    def gates(
+        self, prev_read: torch.Tensor, token_part: torch.Tensor, state_weight: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(f, u) [B, L, d_state] in float32 or wider, computed with autocast off; ``state_weight``:
+        :meth:`state_weight`, when the caller holds it for several blocks."""
         dtype = torch.promote_types(torch.promote_types(prev_read.dtype, token_part.dtype), torch.float32)
+        w_state = state_weight if state_weight is not None else self.state_weight()
 
         def linear(x, layer):
             return F.linear(x, layer.weight.to(dtype), layer.bias.to(dtype))
 
         with torch.autocast(device_type=prev_read.device.type, enabled=False):
-            h = F.silu(
-                F.linear(prev_read.to(dtype), self.in_proj.weight[:, : self.d_read].to(dtype)) + token_part.to(dtype)
-            )
+            h = F.silu(F.linear(prev_read.to(dtype), w_state.to(dtype)) + token_part.to(dtype))
             f = torch.sigmoid(linear(h, self.forget) + self.forget_bias)
             u = torch.sigmoid(linear(h, self.write)) * torch.tanh(linear(h, self.candidate))
         return f, u

@@ -168,10 +168,10 @@ class DRMModel(nn.Module):
         # instead of a zero-filled full-size gradient per block and their sum (the same values, bit for bit)
         blocks_e = e.split(span, dim=1)
         parts = [None if part is None else part.split(span, dim=1) for part in (s.token_part(e) for s in self.stages)]
-        outputs, record, state = [], [], None
+        outputs, record, state, shared = [], [], None, {}
         for index, e_block in enumerate(blocks_e):
             keep = return_state and index == len(blocks_e) - 1
-            block = Block.at(z_start, e_block, strength, record)
+            block = Block.at(z_start, e_block, strength, record, shared)
             for i, (stage, part) in enumerate(zip(self.stages, parts)):
                 carried = kept[i] if stage.crosses_blocks else None
                 kept[i] = stage(block, None if part is None else part[index], carried, keep)

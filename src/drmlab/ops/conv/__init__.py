@@ -1,10 +1,11 @@
 """The causal depthwise convolution over time (the causal mixer of ``docs/drm.md`` section 7), whole
-sequence and one decoding step (over the context, or over the open partial sums: the same sums); in
-:mod:`.causal_depthwise`."""
+sequence (its plain autograd reference and the same map with a hand-written backward) and one decoding
+step (over the context, or over the open partial sums: the same sums), in :mod:`.causal_depthwise`."""
 
 from .causal_depthwise import (
     causal_depthwise_conv1d,
     causal_depthwise_conv1d_partials,
+    causal_depthwise_conv1d_reference,
     causal_depthwise_conv1d_step,
     causal_depthwise_conv1d_step_partials,
     conv_context_size,
@@ -13,9 +14,10 @@ from .causal_depthwise import (
 
 __all__ = [
     "causal_depthwise_conv1d",
+    "causal_depthwise_conv1d_partials",
+    "causal_depthwise_conv1d_reference",
     "causal_depthwise_conv1d_step",
     "causal_depthwise_conv1d_step_partials",
-    "causal_depthwise_conv1d_partials",
-    "conv_step_taps",
     "conv_context_size",
+    "conv_step_taps",
 ]

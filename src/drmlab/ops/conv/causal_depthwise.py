@@ -11,6 +11,15 @@ so future positions never alter prefix outputs.
 
 ``causal_depthwise_conv1d_step`` is the same map for one new time step, carrying the last
 ``dilation * (K - 1)`` inputs as context (incremental decoding).
+
+Two forms of the whole-sequence map, with the same forward: ``causal_depthwise_conv1d_reference``
+is K shifted multiply-adds under autograd; ``causal_depthwise_conv1d`` runs them inside an autograd
+Function whose backward gives the same gradients bit for bit without autograd's per-tap zero-filled
+gradients of the padded input (each tap's slice backward writes a zero tensor of the padded size and
+the K of them are summed). The backward repeats autograd's order: the input gradient starts from the
+last tap and adds the taps' shifted products from the last to the first, with the zeros autograd
+adds kept where they can change the sign of a zero; each tap's weight gradient is
+``sum(grad * x_shifted)`` reduced as autograd reduces a broadcast, plus autograd's zero.
 """
 
 from __future__ import annotations
@@ -20,9 +29,10 @@ import torch.nn.functional as F
 
 __all__ = [
     "causal_depthwise_conv1d",
+    "causal_depthwise_conv1d_partials",
+    "causal_depthwise_conv1d_reference",
     "causal_depthwise_conv1d_step",
     "causal_depthwise_conv1d_step_partials",
-    "causal_depthwise_conv1d_partials",
     "conv_step_taps",
     "conv_context_size",
 ]
@@ -48,7 +58,26 @@ def conv_context_size(kernel_size: int, dilation: int = 1) -> int:
     return dilation * (kernel_size - 1)
 
 
-def causal_depthwise_conv1d(
+def _check_input(x: torch.Tensor, dilation: int) -> None:
+    if x.dim() != 3:
+        raise ValueError(f"x must be [B, T, C], got {tuple(x.shape)}")
+    if dilation < 1:
+        raise ValueError("dilation must be >= 1")
+
+
+def _shifted_sum(xp: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None, dilation: int) -> torch.Tensor:
+    """y = sum_j taps[j] * xp[:, j * dilation : j * dilation + T] (+ bias) over the left-padded xp."""
+    T = xp.shape[1] - dilation * (taps.shape[0] - 1)
+    y = xp[:, 0:T] * taps[0]
+    for j in range(1, taps.shape[0]):
+        off = j * dilation
+        y = torch.addcmul(y, xp[:, off : off + T], taps[j])
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return y
+
+
+def causal_depthwise_conv1d_reference(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
@@ -57,24 +86,73 @@ def causal_depthwise_conv1d(
     """Causal depthwise conv over dim 1 of ``x`` [B, T, C]; weight [C, 1, K]; bias [C] or None.
 
     Returns [B, T, C].  Computed as K shifted multiply-adds over a left-padded copy of x (no
-    transposes), which is exactly causal.
+    transposes), which is exactly causal; autograd differentiates the ops as they are.
     """
-    if x.dim() != 3:
-        raise ValueError(f"x must be [B, T, C], got {tuple(x.shape)}")
-    if dilation < 1:
-        raise ValueError("dilation must be >= 1")
-    B, T, C = x.shape
-    taps = _taps(weight, C).to(x.dtype)
-    K = taps.shape[0]
-    pad = dilation * (K - 1)
-    xp = F.pad(x, (0, 0, pad, 0)) if pad > 0 else x
-    y = xp[:, 0:T] * taps[0]
-    for j in range(1, K):
-        off = j * dilation
-        y = torch.addcmul(y, xp[:, off : off + T], taps[j])
-    if bias is not None:
-        y = y + bias.to(y.dtype)
-    return y
+    _check_input(x, dilation)
+    taps = _taps(weight, x.shape[2]).to(x.dtype)
+    pad = dilation * (taps.shape[0] - 1)
+    return _shifted_sum(F.pad(x, (0, 0, pad, 0)) if pad > 0 else x, taps, bias, dilation)
+
+
+class _CausalDepthwiseConv(torch.autograd.Function):
+    """The reference's forward with a backward that needs no zero-filled padded gradients (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, dilation):
+        ctx.save_for_backward(x, weight)
+        ctx.dilation, ctx.has_bias = dilation, bias is not None
+        taps = _taps(weight, x.shape[2])
+        pad = dilation * (taps.shape[0] - 1)
+        return _shifted_sum(F.pad(x, (0, 0, pad, 0)) if pad > 0 else x, taps, bias, dilation)
+
+    @staticmethod
+    def backward(ctx, grad):
+        # x and the taps are taken again from the inputs, so a double backward sees them as functions of them
+        x, weight = ctx.saved_tensors
+        dilation = ctx.dilation
+        taps = _taps(weight, x.shape[2])
+        K = taps.shape[0]
+        T = grad.shape[1]
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad * taps[K - 1]  # the last tap's slice is x itself
+            for j in range(K - 2, -1, -1):
+                shift = min((K - 1 - j) * dilation, T)  # x[t] meets grad[t + shift] through tap j
+                if shift < T:
+                    grad_x[:, : T - shift].add_(grad[:, shift:] * taps[j])  # add_ on the view: no write-back copy
+                grad_x[:, T - shift :].add_(0.0)  # autograd's zero fill there
+        if ctx.needs_input_grad[1]:
+            pad = dilation * (K - 1)
+            xp = F.pad(x, (0, 0, pad, 0)) if pad > 0 else x
+            rows = [(grad * xp[:, j * dilation : j * dilation + T]).sum_to_size(taps.shape[1]) for j in range(K)]
+            grad_taps = torch.stack(rows)  # [K, C]
+            if K > 1:
+                grad_taps = grad_taps + 0.0  # the other taps' zero-filled gradients
+            grad_weight = grad_taps.t().reshape(weight.shape)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad.sum_to_size(grad.shape[2])
+        return grad_x, grad_weight, grad_bias, None
+
+
+def causal_depthwise_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    dilation: int = 1,
+) -> torch.Tensor:
+    """Causal depthwise conv over dim 1 of ``x`` [B, T, C]; weight [C, 1, K] (or [C, K]); bias [C] or None.
+
+    Returns [B, T, C], equal bit for bit (forward and gradients) to
+    :func:`causal_depthwise_conv1d_reference`; with gradients, in eager mode and one dtype throughout,
+    through the Function whose backward skips autograd's zero-filled slices (module docstring).
+    """
+    _check_input(x, dilation)
+    _taps(weight, x.shape[2])  # the shape checks
+    same_dtype = weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype)
+    tracked = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    if not (tracked and same_dtype) or torch.compiler.is_compiling():
+        return causal_depthwise_conv1d_reference(x, weight, bias, dilation)
+    return _CausalDepthwiseConv.apply(x, weight, bias, dilation)
 
 
 def causal_depthwise_conv1d_step(

@@ -51,12 +51,27 @@ class Block:
     dim_d: torch.Tensor | None = None  # [B]
     rho: torch.Tensor | None = None  # [B]
     flow_tokens: torch.Tensor | None = None  # [B, L, H] the transition's token part
+    shared: dict | None = None  # what every block of one forward pass shares (see ``once``)
 
     @classmethod
-    def at(cls, start: torch.Tensor, tokens: torch.Tensor, strength: float, record: list | None) -> Block:
-        """A block before its first stage: every position still at the start state."""
+    def at(
+        cls, start: torch.Tensor, tokens: torch.Tensor, strength: float, record: list | None, shared: dict | None = None
+    ) -> Block:
+        """A block before its first stage: every position still at the start state. ``shared``: one
+        dict for all the blocks of a forward pass (None: nothing is shared, as in ``step``)."""
         anchor = start.unsqueeze(1)  # one view for every stage (one gradient path back to z_s)
-        return cls(start, tokens, strength, record, anchor, z=anchor)
+        return cls(start, tokens, strength, record, anchor, z=anchor, shared=shared)
+
+    def once(self, key: str, make):
+        """``make()``, computed once per forward pass and shared by all its blocks (every call where
+        nothing is shared). For weight views: a column slice of a weight taken in every block gives,
+        in the backward, a zero-filled gradient the size of the whole weight per block; one view per
+        pass gathers the blocks' gradients in the slice and fills once (the same sums, bit for bit)."""
+        if self.shared is None:
+            return make()
+        if key not in self.shared:
+            self.shared[key] = make()
+        return self.shared[key]
 
     @property
     def length(self) -> int:

@@ -33,7 +33,8 @@ class MemoryStage(Stage):
     def forward(self, block: Block, part, state, keep):
         f, z = self.transition, block.spread()
         previous = torch.cat([block.anchor, z[:, :-1]], dim=1)
-        forget, update = self.memory.gates(f.read(previous), part)
+        weight = block.once(self.name, self.memory.state_weight)
+        forget, update = self.memory.gates(f.read(previous), part, weight)
         m = linear_scan(forget, update, init=block.start)
         kept = MemoryState(z[:, -1:], m[:, -1]) if keep else None
         block.z = f.bound(z + self.memory.scale * m)

@@ -48,7 +48,8 @@ class MixerStage(Stage):
     def forward(self, block: Block, part, state, keep):
         z = block.z
         diffs = None if block.delta is None else z - torch.cat([block.anchor, z[:, :-1]], dim=1)
-        h = self.mixer.input_features(z, diffs, block.delta, block.scalars(), part)
+        weights = block.once(self.name, self.mixer.state_weights)
+        h = self.mixer.input_features(z, diffs, block.delta, block.scalars(), part, weights)
         if keep:
             correction, contexts = self.mixer(h, return_state=True)
         else:
