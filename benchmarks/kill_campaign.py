@@ -456,7 +456,8 @@ def verb_result(verb: str, run: Path, scratch: Path, outcome: Outcome):
     if verb == "generate":
         return outcome.out
     if verb == "export":
-        return tensors_sha256(scratch / "hf" / "model.safetensors")
+        record = json.loads((scratch / "hf" / "drmlab_run.json").read_text())
+        return tensors_sha256(scratch / "hf" / "model.safetensors"), record["step"], record["checkpoint_sha256"]
     page = (run / "report.html").read_text()
     return page.split("<h2>Checkpoint</h2>", 1)[1].split("<h2>", 1)[0]
 
