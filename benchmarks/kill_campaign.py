@@ -305,7 +305,7 @@ def run_result(run: Path) -> dict:
     rundir = RunDir(run)
     folder, pointer, _ = rundir.resolve_checkpoint()
     summary = rundir.read_summary() or {}
-    losses = [r["loss"] for r in rundir.read_metrics() if r.get("kind") == "train"]
+    losses = [r.get("loss") for r in rundir.read_metrics() if r.get("kind") == "train"]
     return {"weights": tensors_sha256(folder / "model.safetensors"), "step": pointer["step"], "losses": losses,
             "val_ce": summary.get("val_ce"), "finished": summary.get("finished")}  # fmt: skip
 
@@ -447,8 +447,9 @@ def verb_result(verb: str, run: Path, scratch: Path, outcome: Outcome):
         from drmlab.runs import RunDir
 
         rows = [r for r in RunDir(run).read_metrics() if r.get("kind") == "train"]
-        result["losses"] = [r["loss"] for r in rows if r["step"] > RESUMED_FROM]
-        result["kept_losses"] = [r["loss"] for r in rows if r["step"] <= RESUMED_FROM]
+        new = [isinstance(r.get("step"), int) and r["step"] > RESUMED_FROM for r in rows]  # a flipped key: kept
+        result["losses"] = [r.get("loss") for r, is_new in zip(rows, new) if is_new]
+        result["kept_losses"] = [r.get("loss") for r, is_new in zip(rows, new) if not is_new]
         return result
     if verb == "eval":
         saved = json.loads((run / "eval.json").read_text())
@@ -509,7 +510,12 @@ def bit_flips(c: Campaign, pristine: Path, bits: int, seed: int, rotate: bool = 
                 if outcome.rc != 0:
                     row["refused"] += 1
                     continue
-                result = verb_result(verb, run, scratch, outcome)
+                try:
+                    result = verb_result(verb, run, scratch, outcome)
+                except Exception as exc:  # what the verb left cannot be read back: counted, looked at
+                    row["failed"] += 1
+                    failures.append(f"{where}: exit 0 but its results cannot be read ({type(exc).__name__}: {exc})")
+                    continue
                 kept_only = verb == "train --resume" and {**result, "kept_losses": None} == {
                     **expected[verb], "kept_losses": None}  # fmt: skip
                 if result == expected[verb]:
