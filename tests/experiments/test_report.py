@@ -336,3 +336,71 @@ def test_pages_in_a_headless_browser(pages, tmp_path):
         assert pixels.std() > 20  # not blank
         # the page itself is grey on white: strongly coloured pixels are the figures' curves and bars
         assert ((pixels.max(axis=-1) - pixels.min(axis=-1)) > 80).sum() > 500
+
+
+def _damaged_copy(studies, tmp_path, damage: str) -> Path:
+    """A copy of the fixture run with one kind of checkpoint damage."""
+    run = tmp_path / "run"
+    shutil.copytree(studies["run"], run)
+    pointer = json.loads((run / "checkpoint.json").read_text())
+    folder = run / pointer["dir"]
+    if damage in ("optimizer.safetensors", "model.safetensors", "trainer_state.json"):
+        data = bytearray((folder / damage).read_bytes())
+        data[len(data) // 2] ^= 0x04
+        (folder / damage).write_bytes(bytes(data))
+    elif damage == "deleted weights":
+        (folder / "model.safetensors").unlink()
+    elif damage == "lost pointer":
+        (run / "checkpoint.json").unlink()
+    elif damage == "garbled pointer":
+        (run / "checkpoint.json").write_text('{"dir": [')
+    else:  # pointer and manifest both garbled: nothing left to recover from
+        (run / "checkpoint.json").write_text('{"dir": [')
+        (folder / "manifest.json").write_text("[1]")
+    return run
+
+
+@pytest.mark.parametrize(
+    "damage, status",
+    [
+        ("optimizer.safetensors", r"Checkpoint damaged: \S*optimizer\.safetensors does not match its recorded sha256"),
+        ("model.safetensors", r"Checkpoint damaged: \S*model\.safetensors does not match its recorded sha256"),
+        ("trainer_state.json", r"Checkpoint damaged: \S*trainer_state\.json does not match its recorded sha256"),
+        ("deleted weights", r"Checkpoint damaged: \S*model\.safetensors is missing"),
+        ("lost pointer", r"Checkpoint at step 4 recovered from its manifest: checkpoint\.json is missing; "),
+        ("garbled pointer", r"Checkpoint at step 4 recovered from its manifest: checkpoint\.json is damaged; "),
+        (
+            "nothing to recover",
+            r"Checkpoint damaged: \S*checkpoint\.json is not valid JSON; the file is damaged; and no",
+        ),
+    ],
+)
+def test_the_run_page_states_a_damaged_or_recovered_checkpoint(studies, tmp_path, capsys, damage, status):
+    """Issue 23 item 7: the page verified only trainer_state.json, so damaged weights or optimizer state went
+    unmentioned (and a damaged pointer could raise). Every file is verified; the page says what it found in its
+    status line and its Checkpoint section, renders everything else, and changes no file."""
+    run = _damaged_copy(studies, tmp_path, damage)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "report.html"}
+    page = _report(run, capsys)
+    assert capsys.readouterr().err == ""
+    status_line = re.search(r"<p[^>]*>((Finished|Interrupted)[^<]*)</p>", page).group(1)
+    assert re.search(status, status_line.replace("&#x27;", "'")), status_line
+    assert "\n" not in status_line and "Traceback" not in page
+    checkpoint = page.split("<h2>Checkpoint</h2>", 1)[1].split("<h2>", 1)[0]
+    if damage in ("lost pointer", "garbled pointer"):
+        assert "Recovered: checkpoint.json is" in checkpoint and "every file of that folder verified" in checkpoint
+        manifest = json.loads(next(run.glob("checkpoints/*/manifest.json")).read_text())
+        assert manifest["files"]["optimizer.safetensors"]["sha256"] in checkpoint
+    else:
+        assert "Damaged: " in checkpoint and "verified" not in checkpoint
+    for heading in ("Results", "Curves", "Sampled evaluations", "Configuration", "Data provenance", "Runtime"):
+        assert f"<h2>{heading}</h2>" in page
+    assert len(_images(page)) == 2
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "report.html"}
+    assert after == before  # the report repairs nothing and deletes nothing
+
+
+def test_the_run_page_says_an_intact_checkpoint_verified(pages):
+    status_line = re.search(r"<p>(Finished[^<]*)</p>", pages["run"]).group(1)
+    assert status_line.endswith("Checkpoint at step 4 verified: every file matches its sha256.")
+    assert "Every file verified (size and sha256)." in pages["run"]

@@ -191,6 +191,24 @@ def test_export_equals_the_run_and_writes_the_bytes_tokenizer(tmp_path, capsys):
     assert main(["export", "--ckpt", str(tmp_path / "run-GPT2"), "--out", str(out), "--overwrite"]) == 0
 
 
+@pytest.mark.parametrize("damage", ["a flipped sum", "not json"])
+def test_export_records_the_verified_checkpoint_not_a_damaged_pointer(tmp_path, capsys, damage):
+    """A damaged checkpoint.json is recovered from the manifest by every reader; export read the raw pointer
+    again for drmlab_run.json, so it refused a recoverable run or recorded the damaged pointer's sha256."""
+    _make_run(tmp_path / "run", "GPT2")
+    run = RunDir(tmp_path / "run")
+    true_sha = json.loads((run.checkpoint_dir() / "manifest.json").read_text())["files"]["model.safetensors"]["sha256"]
+    text = run.pointer_path.read_text()
+    if damage == "a flipped sum":
+        run.pointer_path.write_text(text.replace(true_sha, ("0" if true_sha[0] != "0" else "1") + true_sha[1:]))
+    else:
+        run.pointer_path.write_text(text[: len(text) // 2])
+    out = tmp_path / "hf"
+    assert main(["export", "--ckpt", str(run.path), "--out", str(out)]) == 0, capsys.readouterr().err
+    record = json.loads((out / "drmlab_run.json").read_text())
+    assert record["checkpoint_sha256"] == true_sha and record["step"] == 7
+
+
 def _byte_chars():
     from drmlab.integrations.hf_export import byte_level_characters
 

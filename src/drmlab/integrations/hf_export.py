@@ -126,12 +126,26 @@ def _check_run(run_dir: Path):
     return run
 
 
+def _verified_record(run, step: int) -> dict:
+    """The checkpoint record (pointer, or the manifest it was recovered from) whose weights verify, of the
+    checkpoint just loaded: never the raw checkpoint.json, which may be damaged (then recovered from) or name a
+    newer checkpoint committed meanwhile."""
+    from drmlab.runs import MODEL_FILE, STATE_FILE
+
+    _, record, _ = run.resolve_checkpoint(only=(MODEL_FILE, STATE_FILE))
+    if record["step"] != step:
+        raise ValueError(
+            f"{run.path} committed the checkpoint of step {record['step']} while step {step} was exported; export again"
+        )
+    return record
+
+
 def export_run(run_dir: str | Path, out: str | Path, *, overwrite: bool = False) -> dict:
     """Write the Hugging Face directory ``out`` for the run in ``run_dir``; returns a summary
     (model, step, files, tokenizer line). ``out`` must not exist, or be empty, or -- with
     ``overwrite`` -- hold an earlier drmlab export (nothing else is ever deleted)."""
     from drmlab.integrations.hf_models import DrmlabForCausalLM, check_model_type
-    from drmlab.runs import read_json, write_json_atomic
+    from drmlab.runs import write_json_atomic
 
     run_dir, out = Path(run_dir), Path(out)
     run = _check_run(run_dir)
@@ -157,7 +171,7 @@ def export_run(run_dir: str | Path, out: str | Path, *, overwrite: bool = False)
         hf_model.save_pretrained(str(tmp))
         tokenizer_line = write_tokenizer(tokenizer_name, tmp)
         summary = run.read_summary() or {}
-        pointer = read_json(run.pointer_path)
+        pointer = _verified_record(run, int(state["step"]))
         record = {
             "run_dir": str(run_dir.resolve()),
             "model": config["model"],

@@ -348,18 +348,41 @@ def resolve_checkpoint(run: Path, only: tuple[str, ...] | None = None) -> tuple[
     checkpoint whose manifest verifies is returned instead, with ``note`` saying so (readers use it as it
     is; the writer commits it: :func:`clean_orphans`). Raises ``FileNotFoundError`` when the run has no
     checkpoint and :class:`CorruptCheckpointError` (one line naming the file) when none verifies. A
-    reader racing a writer's commit retries while the pointer changes under it. ``only``: verify just these
+    reader racing a writer's commit reads again (:func:`_read_committed`). ``only``: verify just these
     files (a reader of the weights needs no optimizer state); None: every file."""
-    path = run / POINTER_FILE
-    for _ in range(5):
-        before = path.read_bytes() if path.is_file() else None
+    return _read_committed(run, only, lambda folder, pointer, note: (folder, pointer, note))
+
+
+READ_ATTEMPTS = 8  # reads of a checkpoint that a writer's commits keep superseding before the last error stands
+
+
+def _pointer_bytes(run: Path) -> bytes | None:
+    try:
+        return (run / POINTER_FILE).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _read_committed(run: Path, only: tuple[str, ...] | None, read):
+    """``read(folder, pointer, note)`` of the checkpoint :func:`_resolve_once` verifies, done again when a writer
+    committed meanwhile. A writer removes the superseded folder right after replacing the pointer (the commit
+    order of :func:`save_checkpoint`), so a reader that verified that folder may find its files gone before or
+    while it reads them, or, finding the folder gone, fall back to the newest folder (a false recovery, maybe
+    of a folder not yet committed). Either shows as the pointer changing during the read: then it is read
+    again, from the new pointer; an error or a recovery with the pointer unchanged stands."""
+    for attempt in range(READ_ATTEMPTS):
+        last = attempt + 1 == READ_ATTEMPTS
+        before = _pointer_bytes(run)
         try:
-            return _resolve_once(run, only)
+            folder, pointer, note = _resolve_once(run, only)
+            result = read(folder, pointer, note)
         except (FileNotFoundError, CorruptCheckpointError):
-            after = path.read_bytes() if path.is_file() else None
-            if after == before:
+            if last or _pointer_bytes(run) == before:
                 raise
-    return _resolve_once(run, only)
+            continue
+        if note is None or last or _pointer_bytes(run) == before:
+            return result
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _resolve_once(run: Path, only: tuple[str, ...] | None) -> tuple[Path, dict, str | None]:
@@ -416,7 +439,7 @@ def checkpoint_dir(run: Path) -> Path:
 
 def read_state(run: Path) -> dict:
     """The committed checkpoint's trainer state, verified."""
-    return read_json(resolve_checkpoint(run, only=(STATE_FILE,))[0] / STATE_FILE)
+    return _read_committed(run, (STATE_FILE,), lambda folder, pointer, note: read_json(folder / STATE_FILE))
 
 
 def verify_checkpoint(run: Path, only: tuple[str, ...] | None = None) -> tuple[Path, dict]:
@@ -426,10 +449,13 @@ def verify_checkpoint(run: Path, only: tuple[str, ...] | None = None) -> tuple[P
     return folder, pointer
 
 
-def _verified_state(run: Path, optimizer: bool = True) -> tuple[Path, dict, dict]:
-    """(folder, pointer, trainer state) of the committed checkpoint after checking every file it reads (the
-    optimizer's only when ``optimizer``)."""
-    folder, pointer = verify_checkpoint(run, None if optimizer else (MODEL_FILE, STATE_FILE))
+def _files_read(optimizer: bool) -> tuple[str, ...] | None:
+    """The files a loader reads (and so verifies): all of them, or without the optimizer's, the weights and state."""
+    return None if optimizer else (MODEL_FILE, STATE_FILE)
+
+
+def _checked_state(run: Path, folder: Path, pointer: dict) -> dict:
+    """The trainer state of a verified checkpoint folder, its step checked against the pointer's."""
     state = read_json(folder / STATE_FILE)
     step = state.get("step") if isinstance(state, dict) else None
     if not isinstance(step, int) or step != pointer["step"]:
@@ -437,7 +463,7 @@ def _verified_state(run: Path, optimizer: bool = True) -> tuple[Path, dict, dict
             f"{folder / STATE_FILE} says step {step} but {run / POINTER_FILE} says "
             f"step {pointer['step']}: the checkpoint is inconsistent"
         )
-    return folder, pointer, state
+    return state
 
 
 def _read_optimizer(folder: Path, pointer: dict, state: dict, restore_rng: bool) -> dict:
@@ -461,7 +487,16 @@ def read_checkpoint(
     ``optimizer.state_dict()`` form or None) of the committed checkpoint, after verifying the
     checksums; for loading into a sharded ``model``, whose tied weights are filled in from the
     one stored copy and whose names and shapes are checked here (on every process alike)."""
-    folder, pointer, state = _verified_state(run, optimizer)
+    return _read_committed(
+        run,
+        _files_read(optimizer),
+        lambda folder, pointer, _: _read_full(run, folder, pointer, model, optimizer, restore_rng),
+    )
+
+
+def _read_full(run: Path, folder: Path, pointer: dict, model, optimizer: bool, restore_rng: bool):
+    """:func:`read_checkpoint` of the verified folder ``folder``."""
+    state = _checked_state(run, folder, pointer)
     model_path = folder / MODEL_FILE
     try:
         tensors = load_file(str(model_path))
@@ -488,13 +523,25 @@ def load_checkpoint(
 ) -> dict:
     """Load weights (and optimizer state, RNG) into ``model`` after verifying the checksums; return
     the trainer state."""
-    folder, pointer, state = _verified_state(run, optimizer is not None)
+    return _read_committed(
+        run,
+        _files_read(optimizer is not None),
+        lambda folder, pointer, _: _load_into(run, folder, pointer, model, optimizer, restore_rng),
+    )
+
+
+def _load_into(run: Path, folder: Path, pointer: dict, model, optimizer, restore_rng: bool) -> dict:
+    """:func:`load_checkpoint` of the verified folder ``folder``."""
+    state = _checked_state(run, folder, pointer)
     model_path = folder / MODEL_FILE
     device = next(iter(model.parameters())).device
     try:
         load_model(model, str(model_path), strict=True, device=str(device))
-    except RuntimeError as exc:  # tensors of other names or shapes
-        raise ValueError(f"{model_path} does not fit this model: {str(exc).splitlines()[0]}") from None
+    except RuntimeError as exc:
+        if str(exc).startswith("Error(s) in loading state_dict"):  # tensors of other names or shapes
+            raise ValueError(f"{model_path} does not fit this model: {str(exc).splitlines()[0]}") from None
+        # torch's mmap of a file removed after safetensors read its header (a writer's commit meanwhile)
+        raise CorruptCheckpointError(f"{model_path} cannot be read ({str(exc).splitlines()[0]})") from None
     except Exception as exc:  # safetensors' own errors for a damaged header
         raise CorruptCheckpointError(f"{model_path} cannot be read ({type(exc).__name__}: {exc})") from None
     if optimizer is not None:

@@ -215,6 +215,11 @@ class RunDir:
         """Write and commit a checkpoint (:func:`drmlab.runs.checkpoint.save_checkpoint`); returns its folder."""
         return checkpoint.save_checkpoint(self.path, model, optimizer, state, full_state=full_state)
 
+    def resolve_checkpoint(self, only: tuple[str, ...] | None = None) -> tuple[Path, dict, str | None]:
+        """(folder, pointer, note) after checking every file (of ``only``'s names when given); ``note`` says how
+        a lost or damaged pointer was recovered, or is None (:func:`drmlab.runs.checkpoint.resolve_checkpoint`)."""
+        return checkpoint.resolve_checkpoint(self.path, only)
+
     def verify_checkpoint(self) -> tuple[Path, dict]:
         """(folder, pointer) after checking every file's size and sha256; one-line errors name the file."""
         return checkpoint.verify_checkpoint(self.path)

@@ -6,7 +6,8 @@ What a directory is decides the page (:func:`directory_kind`):
   later eval.json), the curves of metrics.jsonl (training loss beside the sampled validation CE,
   learning rate, gradient norm, tokens/s, and the DRM geometry diagnostics of each evaluation when
   the rows hold them; resumes marked), the evaluations and resumes as tables, the committed
-  checkpoint with its sha256 sums, the configuration, the data provenance and the runtime;
+  checkpoint with its sha256 sums (every file verified; a recovered pointer or a damaged file stated in one
+  line, the rest of the page rendered all the same), the configuration, the data provenance and the runtime;
 * an **ablation** (``study.json``, or a results.json holding its study record: a committed copy in
   docs/studies; :mod:`drmlab.experiments.ablate.protocol`) or a **loop study** (the same,
   its models being LOOPED arms; :mod:`drmlab.experiments.loop.study`): the study's own report --
@@ -28,6 +29,7 @@ import math
 import tempfile
 from fractions import Fraction
 from pathlib import Path
+from typing import NamedTuple
 
 from drmlab.experiments.report import html as h
 
@@ -136,14 +138,14 @@ def run_page(path: Path) -> str:
     summary = run.read_summary() or {}
     rows = run.read_metrics() if run.metrics_path.is_file() else []
     evaluation = read_json(run.eval_path) if run.eval_path.is_file() else None
-    pointer = run.read_pointer() if run.has_checkpoint() else None
+    check = _check_checkpoint(run)
     result = read_json(path / "result.json") if (path / "result.json").is_file() else None  # an MQAR cell
 
     name = config.get("label") or config.get("model", "?")
     seed = (config.get("train") or {}).get("seed")
     title = f"Run {name} ({config.get('preset', '?')}, seed {seed})"
     body = [
-        h.paragraph(_run_status(summary, pointer, rows)),
+        h.paragraph(_run_status(summary, check, rows), "note" if check.verdict == "damaged" else None),
         h.section(
             "Results",
             _results_table(summary) if summary else h.paragraph("No summary.json yet.", "note"),
@@ -166,7 +168,7 @@ def run_page(path: Path) -> str:
         else h.section("Curves", h.paragraph("metrics.jsonl holds no rows yet.", "note")),
         _evaluations_section(rows),
         _resumes_section(rows),
-        _checkpoint_section(pointer),
+        _checkpoint_section(check),
         h.section("Configuration", _configuration(config)),
         h.section("Data provenance", _provenance(config)),
         h.section("Runtime", h.key_value_table(config.get("runtime") or {})),
@@ -174,18 +176,54 @@ def run_page(path: Path) -> str:
     return h.page(title, f"drmlab run directory {path}", body)
 
 
-def _run_status(summary: dict, pointer: dict | None, rows: list[dict]) -> str:
+class CheckpointCheck(NamedTuple):
+    """What the report found of a run's checkpoint: ``verdict`` is ``"none"``, ``"verified"``, ``"recovered"``
+    (``detail``: how, the pointer being lost or damaged) or ``"damaged"`` (``detail``: the one-line reason);
+    ``pointer`` is the verified record (None when there is none)."""
+
+    verdict: str
+    pointer: dict | None
+    detail: str
+
+
+def _check_checkpoint(run) -> CheckpointCheck:
+    """Verify every file of the run's checkpoint (size and sha256 of the weights, the optimizer state and the
+    trainer state; :func:`drmlab.runs.checkpoint.resolve_checkpoint`), never raising for a damaged one."""
+    from drmlab.runs import CorruptCheckpointError
+
+    try:
+        if not run.has_checkpoint():
+            return CheckpointCheck("none", None, "")
+        _, pointer, note = run.resolve_checkpoint(only=None)
+    except (CorruptCheckpointError, OSError, ValueError) as exc:  # OSError: FileNotFoundError, unreadable files
+        lines = str(exc).strip().splitlines()
+        return CheckpointCheck("damaged", None, lines[0] if lines else type(exc).__name__)
+    if note is not None:
+        return CheckpointCheck("recovered", pointer, note)
+    return CheckpointCheck("verified", pointer, "")
+
+
+def _checkpoint_sentence(check: CheckpointCheck) -> str:
+    if check.verdict == "verified":
+        return f"Checkpoint at step {check.pointer.get('step')} verified: every file matches its sha256."
+    if check.verdict == "recovered":
+        return f"Checkpoint at step {check.pointer.get('step')} recovered from its manifest: {check.detail}."
+    if check.verdict == "damaged":
+        return f"Checkpoint damaged: {check.detail}."
+    return "No checkpoint."
+
+
+def _run_status(summary: dict, check: CheckpointCheck, rows: list[dict]) -> str:
     steps = [r["step"] for r in rows if r.get("kind") == "train"]
     if summary.get("finished"):
-        return f"Finished: {h.fmt(summary.get('steps'))} steps, {h.fmt(summary.get('tokens'))} tokens."
-    if summary.get("stopped"):
-        return f"Stopped ({summary['stopped']}): {summary.get('message', '')}"
-    if pointer is not None:
-        return (
-            f"Interrupted or still running: checkpoint at step {pointer.get('step')}, "
-            f"{max(steps) if steps else 0} steps logged."
-        )
-    return "Started: no checkpoint yet."
+        head = f"Finished: {h.fmt(summary.get('steps'))} steps, {h.fmt(summary.get('tokens'))} tokens."
+    elif summary.get("stopped"):
+        head = f"Stopped ({summary['stopped']}): {summary.get('message', '')}"
+    elif check.verdict != "none":
+        head = f"Interrupted or still running: {max(steps) if steps else 0} steps logged."
+    else:
+        return "Started: no checkpoint yet."
+    return f"{head} {_checkpoint_sentence(check)}"
 
 
 def _results_table(summary: dict) -> str:
@@ -330,17 +368,29 @@ def _resumes_section(rows: list[dict]) -> str:
     return h.section("Resumes", table)
 
 
-def _checkpoint_section(pointer: dict | None) -> str:
-    if pointer is None:
+def _checkpoint_section(check: CheckpointCheck) -> str:
+    if check.verdict == "none":
         return h.section("Checkpoint", h.paragraph("No committed checkpoint (no checkpoint.json)."))
+    if check.verdict == "damaged":
+        return h.section(
+            "Checkpoint",
+            h.paragraph(f"Damaged: {check.detail}. The report changed nothing.", "note"),
+        )
+    pointer = check.pointer
     files = pointer.get("files") or {}
     table = h.table(
         ("file", "bytes", "sha256"),
         [(name, (f or {}).get("bytes"), (f or {}).get("sha256")) for name, f in files.items()],
     )
+    verdict = (
+        "Every file verified (size and sha256)."
+        if check.verdict == "verified"
+        else f"Recovered: {check.detail}; every file of that folder verified (size and sha256)."
+    )
     return h.section(
         "Checkpoint",
         h.paragraph(f"Step {pointer.get('step')}, in {pointer.get('dir')} (format {pointer.get('format')})."),
+        h.paragraph(verdict, "note" if check.verdict == "recovered" else None),
         table,
     )
 
