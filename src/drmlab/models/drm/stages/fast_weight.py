@@ -16,10 +16,13 @@ class FastWeightStage(Stage):
     def init_state(self, batch, like):
         return self.fast_weight_memory.init_state(batch, like)
 
-    def forward(self, block: Block, part, state, keep):
-        block.z, state = self.fast_weight_memory(block.z, self.transition.read(block.z), block.tokens, state)
+    def _run(self, block: Block, state):
+        rank = block.rank if self.config.rank_aware_memory else None  # docs/variable-rank.md section 6
+        block.z, state = self.fast_weight_memory(block.z, self.transition.read(block.z), block.tokens, state, rank)
         return state
 
+    def forward(self, block: Block, part, state, keep):
+        return self._run(block, state)
+
     def step(self, block: Block, part, state):
-        block.z, state = self.fast_weight_memory(block.z, self.transition.read(block.z), block.tokens, state)
-        return state
+        return self._run(block, state)

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..rank import fit_width
 from .base import Block, BlockGeometry, Stage
 
 
@@ -30,27 +31,34 @@ class PrefixStage(Stage):
     def __init__(self, transition):
         super().__init__("geometry", transition)
 
-    def token_part(self, e):
+    def token_part(self, e, width=None):
         return self.transition.token_part(e)
+
+    def _endpoints(self, block: Block, geometry, frame, part):
+        """The one-token endpoints from the block start; under variable rank the velocity is projected
+        onto the block's rank before it enters the state (docs/variable-rank.md section 2)."""
+        project = None if block.rank is None else block.project
+        return self.transition.endpoints(block.start, geometry, part, block.strength, frame, project, block.width)
 
     def forward(self, block: Block, part, state, keep):
         f, anchor = self.transition, block.anchor
-        geometry = f.geometry_at(block.start)
+        geometry = f.geometry_at(block.start, block.width)
         frame = f.metric_frame(geometry, block.strength)  # section U: once per block and sample
-        delta = f.endpoints(block.start, geometry, part, block.strength, frame) - anchor
+        delta = self._endpoints(block, geometry, frame, part) - anchor
         delta_sum = delta.cumsum(dim=1)
         _hand_on(block, f.bound(anchor + delta_sum), delta, geometry, part)
-        block.record.append(BlockGeometry(delta.shape[1], *geometry, delta / self.config.dt))
+        velocity = delta if block.width is None else fit_width(delta, self.config.d_state)  # the record is full width
+        block.record.append(BlockGeometry(delta.shape[1], *geometry, velocity / self.config.dt))
         return PrefixState(geometry, frame, delta_sum[:, -1:]) if keep else None
 
     def step(self, block: Block, part, state: PrefixState | None):
         f, anchor = self.transition, block.anchor
         if state is None:
-            geometry = f.geometry_at(block.start)
+            geometry = f.geometry_at(block.start, block.width)
             frame = f.metric_frame(geometry, block.strength)
         else:
             geometry, frame = state.geometry, state.frame
-        delta = f.endpoints(block.start, geometry, part, block.strength, frame) - anchor
+        delta = self._endpoints(block, geometry, frame, part) - anchor
         delta_sum = delta if state is None else state.delta_sum + delta
         _hand_on(block, f.bound(anchor + delta_sum), delta, geometry, part)
         return PrefixState(geometry, frame, delta_sum)
@@ -72,7 +80,7 @@ class RecurrentStage(Stage):
     def __init__(self, transition):
         super().__init__("geometry", transition)
 
-    def token_part(self, e):
+    def token_part(self, e, width=None):
         return self.transition.token_part(e)
 
     def forward(self, block: Block, part, state, keep):

@@ -24,23 +24,23 @@ class MemoryStage(Stage):
     def __init__(self, transition, memory):
         super().__init__("memory", transition, memory=memory)
 
-    def token_part(self, e):
+    def token_part(self, e, width=None):
         return self.memory.token_part(e)
 
     def forward(self, block: Block, part, state, keep):
         f, z = self.transition, block.spread()
         previous = torch.cat([block.anchor, z[:, :-1]], dim=1)
-        forget, update = self.memory.gates(f.read(previous), part)
+        forget, update = self.memory.gates(f.read(previous), part, block.width)
         m = linear_scan(forget, update, init=block.start)
         kept = MemoryState(z[:, -1:], m[:, -1]) if keep else None
-        block.z = f.bound(z + self.memory.scale * m)
+        block.z = f.bound(z + block.project(self.memory.scale * m))
         return kept
 
     def step(self, block: Block, part, state: MemoryState | None):
         f, z = self.transition, block.z
         previous = block.anchor if state is None else state.previous
         m_prev = block.start if state is None else state.memory
-        forget, update = self.memory.gates(f.read(previous), part)
+        forget, update = self.memory.gates(f.read(previous), part, block.width)
         m = forget[:, 0] * m_prev + update[:, 0]
-        block.z = f.bound(z + self.memory.scale * m.unsqueeze(1))
+        block.z = f.bound(z + block.project(self.memory.scale * m.unsqueeze(1)))
         return MemoryState(z, m)
