@@ -10,7 +10,8 @@ for each of ``--ranks`` in both forms (``rank_compute="masked"``, the reference,
 training step is forward + CE + backward + AdamW on one ``batch x seq_len`` window; a decode step is one
 ``model.step`` at ``--decode-batch`` streams after a prefill of half a block (its time per token over ``--decode-tokens``).
 The arms are interleaved repeat by repeat, each repeat starting one arm later (the first repeat, which
-pays the first-call costs, is dropped), one thread on the CPU; each figure is the median over the
+pays the first-call costs, is dropped), one thread on the CPU, timed as the process's CPU time (on a shared machine
+the other processes' load does not count; wall time on a GPU); each figure is the median over the
 repeats, divided by the baseline's. Fixed rank d_state masked is the baseline's computation again: its
 ratio shows the run's noise.
 """
@@ -32,15 +33,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _clock(device: torch.device) -> float:
+    """The process's CPU time on the CPU (the load of other processes on a shared machine does not
+    count), wall time on a GPU."""
+    return time.process_time() if device.type == "cpu" else time.perf_counter()
+
+
 def train_seconds(model, optimizer, window, device) -> float:
     _sync(device)
-    start = time.perf_counter()
+    start = _clock(device)
     loss, _ = lm_loss(model, window, step=1_000)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     _sync(device)
-    return time.perf_counter() - start
+    return _clock(device) - start
 
 
 @torch.no_grad()
@@ -48,11 +55,11 @@ def decode_seconds(model, prompt, tokens, device) -> float:
     """Seconds per decode step (one token of every stream) after a parallel prefill of ``prompt``."""
     state = model(prompt, return_state=True).state
     _sync(device)
-    start = time.perf_counter()
+    start = _clock(device)
     for t in range(tokens.shape[1]):
         _, state = model.step(tokens[:, t], state)
     _sync(device)
-    return (time.perf_counter() - start) / tokens.shape[1]
+    return (_clock(device) - start) / tokens.shape[1]
 
 
 def main() -> None:

@@ -169,6 +169,12 @@ def test_rank_counts_scores_over_the_threshold_clamped_to_the_minimum():
     assert full.ranks(full.logits(e)).tolist() == [16] * 5 and not full.trainable
     adaptive = build_model("ASM_VR_S", "micro", rank_policy="adaptive").rank_controller
     assert adaptive.trainable and torch.allclose(torch.sigmoid(adaptive.logits(e)), torch.full((5, 16), 0.95))
+    # a frozen policy's rank is its setting, whatever controller a checkpoint brings
+    fixed.load_state_dict(
+        _varied(build_model("ASM_VR_S", "micro", rank_policy="adaptive")).rank_controller.state_dict()
+    )
+    assert fixed.decide(e)[0].tolist() == [7] * 5 and fixed.decide(e)[1] is None
+    assert torch.equal(adaptive.decide(e)[0], adaptive.ranks(adaptive.logits(e)))
 
 
 @pytest.mark.parametrize("name", VR_NAMES)

@@ -202,10 +202,9 @@ class DRMModel(nn.Module):
         if controller is None:
             return None
         sliced = c.rank_compute == "sliced"
-        logits = controller.logits(e_first)
-        ranks = controller.ranks(logits)
+        ranks, logits = controller.decide(e_first)
         schedule = gates = None
-        if controller.trainable:
+        if logits is not None and controller.trainable:
             schedule = rank_schedule(c, step)
             gates = controller.soft_gates(logits, schedule.temperature)
         straight_through = gates is not None and self.training and torch.is_grad_enabled()  # upstream: training only
@@ -287,11 +286,7 @@ class DRMModel(nn.Module):
         e = self.embedding(tokens_t.long()).unsqueeze(1)  # [B, 1, d_t]
         start, rank = state.z_start, None
         if self.rank_controller is not None:  # the rank is chosen at the block's first token, then kept
-            ranks = (
-                state.rank
-                if state.rank is not None
-                else self.rank_controller.ranks(self.rank_controller.logits(e[:, 0]))
-            )
+            ranks = state.rank if state.rank is not None else self.rank_controller.decide(e[:, 0])[0]
             rank = RankMask.of(ranks, self.config.d_state, self.config.rank_compute == "sliced")
             start = rank.enter(start)
         block = Block.at(start, e, self.naturalization_strength(step), None, rank)

@@ -35,7 +35,7 @@ class RankController(nn.Module):
 
     def __init__(self, c: DRMConfig):
         super().__init__()
-        self.d_state, self.minimum, self.policy = c.d_state, c.rank_min, c.rank_policy
+        self.d_state, self.minimum, self.policy, self.fixed = c.d_state, c.rank_min, c.rank_policy, c.rank_fixed
         self.threshold = min(max(float(c.rank_threshold), 1e-6), 1 - 1e-6)
         self.score_head = nn.Linear(c.d_token, c.d_state)
         with torch.no_grad():
@@ -53,6 +53,17 @@ class RankController(nn.Module):
     @property
     def trainable(self) -> bool:
         return self.score_head.weight.requires_grad
+
+    def decide(self, e_first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(ranks [...] int64, logits [..., d_state] or None) for first-token embeddings [..., d_token].
+
+        A frozen policy's rank is its setting (d_state or ``rank_fixed``), whatever weights a checkpoint
+        loads into the head; the head's +-20 initialisation gives the same rank, so this only skips it."""
+        if self.policy == "adaptive":
+            logits = self.logits(e_first)
+            return self.ranks(logits), logits
+        kept = self.d_state if self.policy == "full" else self.fixed
+        return torch.full(e_first.shape[:-1], kept, dtype=torch.long, device=e_first.device), None
 
     def logits(self, e_first: torch.Tensor) -> torch.Tensor:
         """l [..., d_state] from the first tokens' embeddings [..., d_token], in float32 or wider with
