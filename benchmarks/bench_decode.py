@@ -1,15 +1,19 @@
-"""Per-token decode time after long contexts: recurrent models stay flat, attention grows.
+"""Per-token decode time by batch size and context length; the DRM fast step beside its reference.
 
-Run: python benchmarks/bench_decode.py [--contexts 256,2048,16384] [--steps 32]
+Run: python benchmarks/bench_decode.py [--batches 1,8,64] [--contexts 256] [--steps 32]
+     python benchmarks/bench_decode.py --batches 1 --contexts 256,2048,16384   # growth with context
 
-For each model at preset tiny: process a context of N tokens of real text -- the parallel
-prefill of the first N - 4 where the model has one, then 4 untimed single-token ``step`` calls
-(the warm-up: first-call costs such as kernel loading, allocator growth and cache set-up are paid
-there, not in the timing) -- then time ``--steps`` single-token ``step`` calls and report the
-median ms/token, the ratio to the same model's figure at the shortest context, and the size
-of the decoding state (the bytes of every tensor it holds: the key/value cache for attention,
-the recurrent state otherwise) plus the process's peak resident memory. Models with a learned
-position table are built with one long enough.
+For each model at preset tiny, batch size and context of N tokens of real text: the parallel prefill
+of the first N - 4 tokens, then 4 untimed single-token ``step`` calls (the warm-up: first-call costs
+such as kernel loading, allocator growth and cache set-up are paid there, not in the timing), then
+``--steps`` timed ``step`` calls. Reported: the median ms per step, tokens/s (batch x steps per
+second), the ratio to the same model and batch at the shortest context, the size of the decoding
+state (every storage it holds once, views of the weights not counted: the key/value cache for
+attention, the recurrent state otherwise; a DRM state includes the fast step's per-block constants)
+and the process's peak resident memory. A DRM model's ``step`` (the fast step) is timed interleaved
+with its ``step_reference`` (the plain stage steps; the same logits bit for bit, checked here at
+every timed step), so "x reference" is their ratio measured under the same conditions. Models with
+a learned position table are built with one long enough.
 """
 
 from __future__ import annotations
@@ -29,72 +33,126 @@ WARMUP_STEPS = 4  # untimed step calls that end every context
 
 MODELS = {
     "J": {},
+    "J_NO_DIRECTION": {},
     "SSM_CONTROL": {},
-    "LOOPED": dict(arm="MC", positions="none"),  # the selective-SSM looped arm
     "MAMBA": {},
     "GPT2": {},  # n_positions set to the longest context below
+    "LOOPED": dict(arm="MC", positions="none"),  # the selective-SSM looped arm
 }
+DEFAULT_MODELS = "J,J_NO_DIRECTION,SSM_CONTROL,MAMBA,GPT2"
 
 
-def state_bytes(state) -> int:
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(state_bytes(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(state_bytes(v) for v in state)
-    if hasattr(state, "__dict__"):
-        return sum(state_bytes(v) for v in vars(state).values())
-    return 0
+def state_bytes(state, model=None) -> int:
+    """The bytes the decoding state holds: each storage once, none shared with ``model``'s parameters
+    (a view of a weight kept for the next step costs no memory)."""
+    seen = {p.untyped_storage().data_ptr() for p in model.parameters()} if model is not None else set()
+
+    def count(x) -> int:
+        if isinstance(x, torch.Tensor):
+            key = x.untyped_storage().data_ptr()
+            if key in seen:
+                return 0
+            seen.add(key)
+            return x.untyped_storage().nbytes()
+        if isinstance(x, dict):
+            return sum(count(v) for v in x.values())
+        if isinstance(x, (list, tuple)):
+            return sum(count(v) for v in x)
+        if hasattr(x, "__dict__"):
+            return sum(count(v) for v in vars(x).values())
+        return 0
+
+    return count(state)
 
 
-def corpus_tokens(n: int) -> torch.Tensor:
+def corpus_tokens(n: int, batch: int = 1) -> torch.Tensor:
+    """[batch, n] bytes of Python's standard library source, each row starting elsewhere in it."""
     text = b"".join(p.read_bytes() for p in sorted(Path(argparse.__file__).parent.glob("*.py"))[:40])
-    while len(text) < n + 1:
+    while len(text) < n * batch + 1:
         text += text
-    return torch.frombuffer(bytearray(text[:n]), dtype=torch.uint8).long().unsqueeze(0)
+    rows = [text[i * n : (i + 1) * n] for i in range(batch)]
+    return torch.stack([torch.frombuffer(bytearray(row), dtype=torch.uint8).long() for row in rows])
+
+
+def time_steps(model, tokens: torch.Tensor, start: int, steps: int, state, reference: bool, clock=time.perf_counter):
+    """Median seconds per ``step`` over ``steps`` calls from position ``start`` (and of
+    ``step_reference``, interleaved, with ``reference``), the final state, and whether every
+    fast logit equalled its reference bit for bit."""
+    fast_times, reference_times, equal = [], [], True
+    ref_state = state
+    for t in range(start, start + steps):
+        begin = clock()
+        logits, state = model.step(tokens[:, t], state)
+        fast_times.append(clock() - begin)
+        if reference:
+            begin = clock()
+            ref_logits, ref_state = model.step_reference(tokens[:, t], ref_state)
+            reference_times.append(clock() - begin)
+            equal = equal and torch.equal(logits, ref_logits)
+    median = statistics.median
+    return median(fast_times), (median(reference_times) if reference else None), state, equal
 
 
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--contexts", default="256,2048,16384")
+    parser.add_argument("--contexts", default="256")
+    parser.add_argument("--batches", default="1,8,64")
     parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated; known: {','.join(MODELS)}")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (single-token steps are tiny)")
+    parser.add_argument("--no-reference", action="store_true", help="skip timing DRM models' step_reference")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="wall",
+        help="wall: perf_counter; thread: this thread's CPU time (on a machine other jobs load, it leaves out "
+        "the time the step waits for a core)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     contexts = sorted(int(x) for x in args.contexts.split(","))
+    batches = [int(x) for x in args.batches.split(",")]
+    clock = time.perf_counter if args.clock == "wall" else time.thread_time
     if contexts[0] <= WARMUP_STEPS:
         parser.error(f"every context must be longer than the {WARMUP_STEPS} warm-up steps that end it")
+    if args.steps < 1 or min(batches) < 1:
+        parser.error("--steps and every batch size must be >= 1")
     print(
         f"preset {args.preset}, torch threads {torch.get_num_threads()}, {args.steps} timed steps per context "
-        f"after {WARMUP_STEPS} untimed ones"
+        f"after {WARMUP_STEPS} untimed ones, {args.clock} clock; DRM models: fast step interleaved with step_reference"
     )
-    print("| model | context | ms/token | x shortest | state KiB | peak RSS MiB |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| model | batch | context | ms/token | tokens/s | reference ms/token | x reference | x shortest | state KiB | peak RSS MiB |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.models.split(","):
         overrides = dict(MODELS.get(name, {}))
         if name == "GPT2":
             overrides["n_positions"] = max(contexts) + args.steps + 1
         model = build_model(name, preset=args.preset, **overrides).eval()
-        first = None
-        for n in contexts:
-            tokens = corpus_tokens(n + args.steps)
-            logits, state = prefill(model, tokens[:, : n - WARMUP_STEPS])
-            for t in range(n - WARMUP_STEPS, n):
-                logits, state = model.step(tokens[:, t], state)
-            times = []
-            for t in range(args.steps):
-                start = time.perf_counter()
-                logits, state = model.step(tokens[:, n + t], state)
-                times.append(time.perf_counter() - start)
-            ms = 1000 * statistics.median(times)
-            first = first or ms
-            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            print(f"| {name} | {n:,} | {ms:.3f} | {ms / first:.2f} | {state_bytes(state) / 2**10:,.1f} | {rss:,.0f} |")
-            del state
+        reference = hasattr(model, "step_reference") and not args.no_reference
+        for batch in batches:
+            first = None
+            for n in contexts:
+                tokens = corpus_tokens(n + args.steps, batch)
+                _, state = prefill(model, tokens[:, : n - WARMUP_STEPS])
+                for t in range(n - WARMUP_STEPS, n):
+                    _, state = model.step(tokens[:, t], state)
+                seconds, ref_seconds, state, equal = time_steps(model, tokens, n, args.steps, state, reference, clock)
+                if not equal:
+                    raise SystemExit(f"{name}: the fast step's logits differ from step_reference's (batch {batch})")
+                ms = 1000 * seconds
+                first = first or ms
+                rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+                ref = f"{1000 * ref_seconds:.3f} | {ref_seconds / seconds:.2f}" if reference else "- | -"
+                print(
+                    f"| {name} | {batch} | {n:,} | {ms:.3f} | {batch * 1000 / ms:,.0f} | {ref} | {ms / first:.2f} "
+                    f"| {state_bytes(state, model) / 2**10:,.1f} | {rss:,.0f} |",
+                    flush=True,
+                )
+                del state
 
 
 if __name__ == "__main__":

@@ -181,8 +181,10 @@ def test_loss_and_accuracy_count_the_query_positions_only():
     logits = model(x).logits
     scored = y != zm.IGNORE
     assert torch.allclose(ce, F.cross_entropy(logits[scored], y[scored]))
-    acc = zm.query_accuracy(model, x, y)
+    acc = zm.query_accuracy(model, x, y)  # the head at the queries only (logits_at)
     assert acc["total"] == 24 and acc["correct"] == int((logits.argmax(-1)[scored] == y[scored]).sum())
+    _, ce_scored = targets_loss(model, x, y, scored_only=True)
+    torch.testing.assert_close(ce_scored, ce, rtol=1e-6, atol=0)
 
 
 # ---------------------------------------------------------------------------------- models
@@ -261,6 +263,12 @@ def test_a_micro_study_end_to_end_reuses_and_reports_na(tmp_path):
     assert run["test_queries"] == 16 * 4 and run["wall_seconds"] > 0
     text = (tmp_path / "zoology.md").read_text()
     assert "n/a (LOOPED:E1 loops 4 times" in text and "| ATTENTION |" in text
+    # the frontier's x axis: attention's cache of 64 tokens, J's constant state
+    attention, jnd = cells["ATTENTION w16 L64"], cells["J_NO_DIRECTION w16 L64"]
+    assert attention["state_bytes"] == 2 * 2 * 64 * 16 * 4  # 2 layers x (keys, values) x 64 x width x float32
+    assert jnd["state_bytes"] == zm.decode_state_bytes("J_NO_DIRECTION", "micro", 16, 16)  # constant in length
+    assert f"| ATTENTION | {attention['state_bytes']:,} |" in text
+    assert (tmp_path / "frontier.png").stat().st_size > 1000
     again = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, **MICRO)
     assert all(r.get("reused") for r in again["runs"])
 

@@ -58,3 +58,43 @@ def test_connection_and_geodesics_on_a_degenerate_metric_say_they_use_the_damped
     assert all(abs(h["angle"]) < 1 for h in connection["holonomy"])
     geodesics = measure_geodesics(view, BUDGET)
     assert "G + 0.3 I" in geodesics["note"]
+
+
+def _option_view(**overrides):
+    model = build_model("J", preset="micro", seed=1, **overrides).to(torch.float64).requires_grad_(False).eval()
+    tokens = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
+    return model, model_view(model, tokens)
+
+
+def test_the_degenerate_option_gets_exact_ranks_labelled_with_their_source():
+    from drmlab.ops import exact_rank
+
+    _, view = _option_view(metric_diagonal="relu")
+    result = measure_metric(view)
+    gamma, u = torch.func.vmap(view.metric_fn)(view.block_starts.reshape(-1, view.d_state))
+    assert bool((gamma == 0).any())
+    assert result["exact_rank"] == sorted(set(exact_rank(gamma, u).tolist()))
+    assert result["exact_rank_how"].startswith("exact: the floor's zero set (metric_diagonal='relu')")
+    assert result["pinv_vs_model_max_rel"] < 1e-12  # the model's batched pseudo-inverse against the SVD split
+    assert max(result["kernel_dim"]) > 0 and result["condition_number_mean"] is None  # an exact kernel: cond = inf
+    assert f"smallest margin: {result['u_z_margin_min']:.3g}" in result["exact_rank_how"]
+    strata = measure_strata(view, BUDGET)
+    assert strata["metric_exact_how"].startswith("exact: the floor's zero set") and "metric_exact" in strata
+
+
+def test_the_pullback_option_gets_a_rank_bound_and_no_agreement():
+    from drmlab.geometry.pullback import pullback_metric
+    from drmlab.geometry.report import write_tables
+    from drmlab.geometry.run import _dense_metric, geometry_of_model
+
+    model, view = _option_view(metric="pullback")
+    z = view.block_starts.reshape(-1, view.d_state)
+    want = pullback_metric(view.logits_fn, z)
+    assert float((_dense_metric(view, z) - want).abs().max() / want.abs().max()) < 1e-12
+    assert "agreement" in view.not_applicable
+    record = geometry_of_model(model, torch.randint(0, 256, (2, 24)), BUDGET, only=("metric", "strata"))
+    metric, strata = record["instruments"]["metric"], record["instruments"]["strata"]
+    assert "exact_rank" not in metric and metric["exact_rank_bound"] == 16  # min(d = 16, V - 1 = 255)
+    assert "metric_exact" not in strata and strata["metric_exact_bound"] == 16
+    assert "decoder pullback itself" in " ".join(record["notes"])
+    assert "only bounded, by 16" in write_tables(record)

@@ -29,6 +29,7 @@ REFERENCE_125M = {
     "J_METRIC_SUBSPACE": 126_080_896,
     "J_METRIC_ORTHONORMAL_DIRECTION": 126_080_896,
     "ASM_CM": 84_011_396,  # J_NO_DIRECTION + the durable fast-weight memory (804,996; docs/drm.md section V)
+    "ASM_CM_E": 85_208_200,  # ASM_CM + the epistemic gates (1,196,804; docs/drm.md section V.4)
 }
 
 

@@ -101,3 +101,35 @@ def test_float32_and_bad_shapes():
         causal_depthwise_conv1d(x[0], w, b)
     with pytest.raises(ValueError):
         causal_depthwise_conv1d_step(x[:, 0], torch.zeros(2, 5, 5), w, b)
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """The raw bits (so -0.0 and +0.0 differ)."""
+    return x.contiguous().view(torch.int64 if x.dtype == torch.float64 else torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kernel, dilation", [(2, 1), (4, 1), (8, 1), (3, 2), (4, 3)])
+@pytest.mark.parametrize("batch, channels", [(1, 128), (2, 12), (3, 5)])
+def test_step_by_partial_sums_is_the_step_bit_for_bit(dtype, kernel, dilation, batch, channels):
+    """The partial-sum step gives the context step's outputs to the bit (signed zeros included),
+    from a zero context and from a random one, and its state is the replay of the context's."""
+    from drmlab.ops.conv import causal_depthwise_conv1d_partials, causal_depthwise_conv1d_step_partials, conv_step_taps
+
+    g = torch.Generator().manual_seed(kernel * 10 + dilation)
+    weight = torch.randn(channels, 1, kernel, generator=g, dtype=dtype)
+    bias = torch.randn(channels, generator=g, dtype=dtype)
+    taps = conv_step_taps(weight, dtype)
+    length = dilation * (kernel - 1)
+    for context in (
+        torch.zeros(batch, length, channels, dtype=dtype),
+        torch.randn(batch, length, channels, generator=g, dtype=dtype),
+    ):
+        partials = causal_depthwise_conv1d_partials(context, taps, dilation)
+        for t in range(3 * length + 2):
+            x = torch.randn(batch, channels, generator=g, dtype=dtype)
+            x[:, : channels // 3] = 0.0 if t % 2 else -0.0  # zero products of both signs
+            want, context = causal_depthwise_conv1d_step(x, context, weight, bias, dilation=dilation)
+            got, partials = causal_depthwise_conv1d_step_partials(x, partials, taps, bias, dilation)
+            assert torch.equal(_bits(got), _bits(want)), t
+            assert torch.equal(_bits(partials), _bits(causal_depthwise_conv1d_partials(context, taps, dilation)))

@@ -43,6 +43,7 @@ SCANNING = {
     "SSM_CONTROL",
     "MAMBA",
     "ASM_CM",
+    "ASM_CM_E",
     "J_DIRECT_CONTROL",
     "J_DIRECT_CONTROL_MATCHED",
     "J_METRIC_SUBSPACE",

@@ -2,7 +2,8 @@
 
 :func:`model_view` runs a DRM model (``drmlab.models.drm``) on a batch of token windows and returns a
 :class:`ModelView`: the states it visits, its block starts and block paths, the velocities it
-took, and three callables on one state z [d_state] -- the learned metric (gamma, U), the learned
+took, and three callables on one state z [d_state] -- the model's metric (gamma, U) (the relational
+metric, or with ``metric="pullback"`` the emitter's pullback as gamma = 0, U = B^T), the learned
 directions and gates, and the state -> logits map (the emitter behind the state's read-out). Nothing
 is changed in the model; the callables go through the model's own modules, so they see exactly what
 the forward pass sees (toroidal read-outs included).
@@ -83,10 +84,11 @@ def model_view(model, tokens: torch.Tensor) -> ModelView:
     velocities = torch.cat([g.velocity for g in record], dim=1) if record else None
 
     metric_fn = directions_fn = None
-    if model.metric is not None:
+    metric = model.transition.metric  # the relational metric module, or the pullback (docs/geometry.md section 9)
+    if metric is not None:
 
         def metric_fn(z):
-            return model.metric(model.read(z))
+            return metric(model.read(z))
 
     if model.direction_field is not None:
 
@@ -103,6 +105,10 @@ def model_view(model, tokens: torch.Tensor) -> ModelView:
             missing[name] = why
     elif directions_fn is None:
         missing["connection.transport"] = f"{model.model_name} has no learned directions (holonomy still applies)"
+    if c.metric == "pullback":
+        missing["agreement"] = (
+            f"{model.model_name}'s metric is the decoder pullback itself (metric='pullback'): they agree by construction"
+        )
     return ModelView(
         name=model.model_name,
         d_state=d,
@@ -115,6 +121,8 @@ def model_view(model, tokens: torch.Tensor) -> ModelView:
         directions_fn=directions_fn,
         logits_fn=logits_fn,
         metric_config={
+            "metric": c.metric,
+            "metric_diagonal": c.metric_diagonal,
             "metric_rank": c.metric_rank,
             "metric_eps": c.metric_eps,
             "metric_damping": c.metric_damping,

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from drmlab.ops import fisher_pullback
+
 __all__ = [
     "MAX_EXACT_VOCAB",
     "PullbackEstimate",
@@ -51,7 +53,8 @@ def fisher_matrix(logits: torch.Tensor) -> torch.Tensor:
 def pullback_metric(f: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor) -> torch.Tensor:
     """Exact J^T F J at states z [N, d] for f mapping [d] -> [V]: [N, d, d] (exactly symmetric).
 
-    Computed as J^T diag(p) J - (J^T p)(J^T p)^T from the Jacobian (``torch.func.jacrev``)."""
+    Computed as J^T diag(p) J - (J^T p)(J^T p)^T (``drmlab.ops.fisher_pullback``) from the Jacobian
+    (``torch.func.jacrev``)."""
     from torch.func import jacrev, vmap
 
     def one(x):
@@ -59,10 +62,7 @@ def pullback_metric(f: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor) 
         return jacrev(f)(x), logits
 
     jac, logits = vmap(one)(z)  # [N, V, d], [N, V]
-    p = torch.softmax(logits, dim=-1)
-    jp = (jac * p.unsqueeze(-1)).sum(-2)  # J^T p, [N, d]
-    g = jac.mT @ (jac * p.unsqueeze(-1)) - jp.unsqueeze(-1) * jp.unsqueeze(-2)
-    return 0.5 * (g + g.mT)
+    return fisher_pullback(jac, logits)
 
 
 def pullback_energy(f: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

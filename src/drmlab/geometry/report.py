@@ -32,24 +32,39 @@ def write_tables(record: dict) -> str:
     lines += [f"| {name} | {_fmt(r['seconds'])} |" for name, r in ins.items()] + [""]
     if "metric" in ins:
         m = ins["metric"]
+        pullback = "exact_rank" not in m  # metric="pullback": its rank is only bounded
         lines += [
-            "## Learned metric G(z) at block starts",
+            "## The model's metric G(z) at block starts" + (" (the decoder pullback)" if pullback else ""),
+            "",
+            m.get("exact_rank_how", m["note"]) + ".",
             "",
             "| quantity | value |",
             "|---|---:|",
             f"| states | {m['states']} |",
-            f"| exact rank (exact kernel) | {m['exact_rank']} |",
-            f"| kernel dimension | {m['kernel_dim']} |",
         ]
+        if pullback:
+            lines += [
+                f"| exact rank bound min(d, V - 1) | {m['exact_rank_bound']} |",
+                f"| rank at LAPACK's tolerance (approx.) | {m['svd_rank_approx']} |",
+            ]
+        else:
+            lines += [
+                f"| exact rank (exact kernel) | {m['exact_rank']} |",
+                f"| kernel dimension | {m['kernel_dim']} |",
+            ]
         lines += [
             f"| numerical rank, {k.replace('rank_', '')} (approx.) | {_fmt(v)} |"
             for k, v in m["numerical_rank_approx"].items()
         ]
         lines += [
-            f"| condition number (mean) | {_fmt(m['condition_number_mean'])} |",
+            "| condition number (mean) | "
+            + ("infinite (an exact kernel)" if m["condition_number_mean"] is None else _fmt(m["condition_number_mean"]))
+            + " |",
             f"| damped pseudo-inverse vs Woodbury (max rel.) | {_fmt(m['pinv_vs_woodbury_max_rel'])} |",
-            "",
         ]
+        if "pinv_vs_model_max_rel" in m:
+            lines.append(f"| damped pseudo-inverse vs the model's (max rel.) | {_fmt(m['pinv_vs_model_max_rel'])} |")
+        lines.append("")
     if "pullback" in ins:
         p = ins["pullback"]
         lines += [
@@ -78,6 +93,14 @@ def write_tables(record: dict) -> str:
                 occ = ", ".join(f"{k}: {v:.2f}" for k, v in s["occupancy"].items())
                 lines.append(f"| {key} | {s['strata']} | {occ} | {s['changes']} | {_fmt(s['mean_dwell'])} |")
         lines.append("")
+        if "metric_exact_how" in ins["strata"]:
+            lines += [f"metric_exact: {ins['strata']['metric_exact_how']}.", ""]
+        if "metric_exact_bound" in ins["strata"]:
+            lines += [
+                f"The model's metric is the pullback: its exact rank is only bounded, by "
+                f"{ins['strata']['metric_exact_bound']}.",
+                "",
+            ]
     if "agreement" in ins:
         a = ins["agreement"]
         lines += [

@@ -25,6 +25,7 @@ from .model_adapter import INSTRUMENTS, ModelView, model_view
 
 __all__ = [
     "GeometryBudget",
+    "exact_rank_source",
     "geometry_of_model",
     "measure_agreement",
     "measure_connection",
@@ -74,11 +75,29 @@ def _flat_starts(view: ModelView) -> torch.Tensor:
     return view.block_starts.reshape(-1, view.d_state)
 
 
+def exact_rank_source(view: ModelView, gamma: torch.Tensor) -> str | None:
+    """How the exact ranks of the model's metric at states with floors gamma [N, d] are known
+    (``docs/geometry.md`` sections 2, 8 and 9), or None where there are none: the pullback's rank is
+    only bounded, by min(d, V - 1)."""
+    config = view.metric_config
+    if config.get("metric") == "pullback":
+        return None
+    diagonal = config.get("metric_diagonal", "softplus_eps")
+    if bool((gamma > 0).all()):
+        why = "eps > 0 by construction" if diagonal == "softplus_eps" else f"metric_diagonal={diagonal!r} can vanish"
+        return f"exact: the floor is positive at every state measured ({why}), so G has rank d"
+    return (
+        f"exact: the floor's zero set (metric_diagonal={diagonal!r}) and rank(U_Z) from the SVD of U_Z at "
+        f"LAPACK's tolerance (smallest margin: u_z_margin_min)"
+    )
+
+
 def measure_metric(view: ModelView) -> dict:
-    """Section 1 on the learned metric at every block start: exact rank (through the exact kernel),
-    numerical ranks at stated tolerances, condition number, and the damped pseudo-inverse checked
-    against the model's Woodbury solve (equal where the floor is positive)."""
-    from drmlab.ops import woodbury_solve
+    """Section 1 on the model's metric at every block start: exact rank (through the exact kernel), or for
+    the pullback option its bound and the SVD rank labelled approximate; numerical ranks at stated
+    tolerances; the damped pseudo-inverse checked against the model's Woodbury solve (equal where the
+    floor is positive) and, for a degenerate floor, against the model's own pseudo-inverse solve."""
+    from drmlab.ops import pseudo_inverse_solve, woodbury_solve
 
     from .metric import RANK_TOLERANCES, damped_pinv_apply, kernel_split, numerical_rank
 
@@ -91,20 +110,37 @@ def measure_metric(view: ModelView) -> dict:
     pinv = torch.stack([damped_pinv_apply(g, w, p, lam, s) for g, w, p, s in zip(gamma, u, probe, splits)])
     wood = woodbury_solve(gamma, u, probe, damping=lam)
     ranks = numerical_rank(sigma, RANK_TOLERANCES)
-    return {
-        "states": int(z.shape[0]),
-        "exact_rank": sorted({s.rank for s in splits}),
-        "kernel_dim": sorted({s.kernel_dim for s in splits}),
-        "floor_zero_coordinates_max": int(max(int(s.zero.sum()) for s in splits)),
-        "numerical_rank_approx": {k: float(v.double().mean()) for k, v in ranks.items()},
-        "eigenvalue_min": float(sigma[:, 0].min()),
-        "eigenvalue_max": float(sigma[:, -1].max()),
-        "condition_number_mean": float((sigma[:, -1] / sigma[:, 0]).mean()),
-        "pinv_vs_woodbury_max_rel": float((pinv - wood).abs().max() / wood.abs().max()),
-        "damping": lam,
-        "note": "exact rank from the exact kernel; rtol ranks are numerical approximations",
-        "_spectrum_first": sigma[0].tolist(),
-    }
+    source = exact_rank_source(view, gamma)
+    out = {"states": int(z.shape[0]), "metric": view.metric_config.get("metric", "relational")}
+    if source is None:
+        out["exact_rank_bound"] = min(view.d_state, view.vocab_size - 1)
+        out["svd_rank_approx"] = sorted({s.rank for s in splits})  # G_pb = U U^T: U's rank at LAPACK's tolerance
+        out["note"] = "the pullback's exact rank is only bounded; every rank given is a numerical approximation"
+    else:
+        out["exact_rank"] = sorted({s.rank for s in splits})
+        out["kernel_dim"] = sorted({s.kernel_dim for s in splits})
+        out["u_z_margin_min"] = min(s.margin for s in splits)
+        out["exact_rank_how"] = source.replace("u_z_margin_min", f"{out['u_z_margin_min']:.3g}")
+        out["note"] = "exact rank from the exact kernel; rtol ranks are numerical approximations"
+    out.update(
+        {
+            "floor_zero_coordinates_max": int(max(int(s.zero.sum()) for s in splits)),
+            "numerical_rank_approx": {k: float(v.double().mean()) for k, v in ranks.items()},
+            "eigenvalue_min": float(sigma[:, 0].min()),
+            "eigenvalue_max": float(sigma[:, -1].max()),
+            # infinite where G has an exact kernel (None); otherwise from the spectrum
+            "condition_number_mean": None
+            if any(s.kernel_dim for s in splits) and source is not None
+            else float((sigma[:, -1] / sigma[:, 0]).mean()),
+            "pinv_vs_woodbury_max_rel": float((pinv - wood).abs().max() / wood.abs().max()),
+            "damping": lam,
+            "_spectrum_first": sigma[0].tolist(),
+        }
+    )
+    if view.metric_config.get("metric_diagonal", "softplus_eps") != "softplus_eps" and lam > 0:
+        model_solve = pseudo_inverse_solve(gamma, u, probe, lam)  # what the model's naturalization applies
+        out["pinv_vs_model_max_rel"] = float((pinv - model_solve).abs().max() / pinv.abs().max())
+    return out
 
 
 def _pullback_states(view: ModelView, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,8 +189,9 @@ def _visited(view: ModelView, per_window: int) -> torch.Tensor:
 
 def measure_strata(view: ModelView, budget: GeometryBudget, rtol: float = 1e-4) -> dict:
     """Section 2: stratify the states each window visits (``strata_states`` evenly spaced per window)
-    by the exact rank of G, its numerical rank at ``rtol``, and the numerical rank of the pullback
-    (the exact one is only bounded, by min(d, V - 1)); occupancy and transitions along each window."""
+    by the exact rank of G where the construction gives one (:func:`exact_rank_source`, which labels
+    it), its numerical rank at ``rtol``, and the numerical rank of the pullback (the exact one is only
+    bounded, by min(d, V - 1)); occupancy and transitions along each window."""
     from .pullback import pullback_auto
     from .strata import exact_ranks, numerical_ranks, stratify
 
@@ -163,7 +200,13 @@ def measure_strata(view: ModelView, budget: GeometryBudget, rtol: float = 1e-4) 
     out = {"rtol": rtol, "states_per_window": int(layout[1]), "windows": int(layout[0])}
     if view.metric_fn is not None:
         gamma, u = _metric_tensors(view, z)
-        out["metric_exact"] = stratify(exact_ranks(gamma, u).view(layout))
+        source = exact_rank_source(view, gamma)
+        if source is None:  # the pullback option: no exact rank, its bound only
+            out["metric_exact_bound"] = min(view.d_state, view.vocab_size - 1)
+        else:
+            ranks, margin = exact_ranks(gamma, u, with_margin=True)
+            out["metric_exact"] = stratify(ranks.view(layout))
+            out["metric_exact_how"] = source.replace("u_z_margin_min", f"{margin:.3g}")
         sigma = torch.linalg.eigvalsh(_dense_metric(view, z))
         out["metric_numerical_approx"] = stratify(numerical_ranks(sigma, rtol).view(layout))
     g_pb, how = pullback_auto(
@@ -249,9 +292,12 @@ def _model_metric(view: ModelView) -> tuple:
         g, u = view.metric_fn(z)
         return g + lam, u
 
-    return LowRankMetric(damped), (
-        f"the metric's floor vanishes (a degenerate metric): connection and geodesics are measured on G + {lam:g} I"
+    what = (
+        "the model's metric is the pullback G_pb (rank <= min(d, V - 1))"
+        if view.metric_config.get("metric") == "pullback"
+        else "the metric's floor vanishes (a degenerate metric)"
     )
+    return LowRankMetric(damped), f"{what}: connection and geodesics are measured on G + {lam:g} I"
 
 
 def _g_angle(metric, z, a, b) -> float:

@@ -20,9 +20,12 @@ from .metric import kernel_split
 __all__ = ["exact_ranks", "numerical_ranks", "stratify"]
 
 
-def exact_ranks(gamma: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    """Exact ranks of diag(gamma_n) + U_n U_n^T for gamma [N, d] >= 0 and U [N, d, r]: [N]."""
-    return torch.tensor([kernel_split(g, u).rank for g, u in zip(gamma, U)], dtype=torch.long)
+def exact_ranks(gamma: torch.Tensor, U: torch.Tensor, with_margin: bool = False):
+    """Exact ranks of diag(gamma_n) + U_n U_n^T for gamma [N, d] >= 0 and U [N, d, r]: [N]; with
+    ``with_margin`` also the smallest margin of the U_Z rank decisions (``metric.KernelSplit.margin``)."""
+    splits = [kernel_split(g, u) for g, u in zip(gamma, U)]
+    ranks = torch.tensor([s.rank for s in splits], dtype=torch.long)
+    return (ranks, min((s.margin for s in splits), default=1.0)) if with_margin else ranks
 
 
 def numerical_ranks(eigenvalues: torch.Tensor, rtol: float) -> torch.Tensor:

@@ -8,6 +8,10 @@ error on every family:
   uint8 are accepted and read as ``long``) of shape ``[B, T]`` with ``B >= 1`` and ``T >= 1``,
   every id in ``[0, vocab_size)``;
 * ``model.init_state(B)``: ``B >= 1``;
+* ``model(tokens, logits_at=mask)``: ``mask`` is a boolean ``[B, T]`` tensor; the model applies its
+  head at the marked positions only and returns logits ``[N, vocab]`` (N = ``mask.sum()``), in the
+  order of ``full_logits[mask]`` (row-major), equal to those up to float rounding of the head's
+  matrix product; a loss scored at a few positions (MQAR queries) skips the rest of the head;
 * ``model.step(tokens_t, state)``: ``tokens_t`` is an integer tensor of shape ``[B]`` (one token
   per sequence; no family takes ``[B, 1]``), ids as above, and ``B`` equals the batch the state
   was made for.
@@ -35,6 +39,7 @@ __all__ = [
     "TOKEN_DTYPES",
     "ModelInputError",
     "check_batch_size",
+    "check_logits_at",
     "check_step_tokens",
     "check_tokens",
     "leading_batch",
@@ -97,6 +102,19 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int, model: str | None = None
             f"{'batch' if batch < 1 else 'sequence'} has nothing to predict"
         )
     _check_ids(tokens, vocab_size, model)
+
+
+def check_logits_at(logits_at: torch.Tensor | None, tokens: torch.Tensor, model: str | None = None) -> None:
+    """Raise :class:`ModelInputError` unless ``logits_at`` is None or a boolean tensor of the tokens' shape."""
+    if logits_at is None:
+        return
+    if not isinstance(logits_at, torch.Tensor) or logits_at.dtype != torch.bool:
+        got = logits_at.dtype if isinstance(logits_at, torch.Tensor) else type(logits_at).__name__
+        raise ModelInputError(f"{_who(model)}logits_at must be a boolean [batch, time] mask, got {got}")
+    if tuple(logits_at.shape) != tuple(tokens.shape):
+        raise ModelInputError(
+            f"{_who(model)}logits_at has shape {tuple(logits_at.shape)}, the tokens have shape {tuple(tokens.shape)}"
+        )
 
 
 def check_batch_size(batch_size: int, model: str | None = None) -> None:

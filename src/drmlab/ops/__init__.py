@@ -16,6 +16,9 @@ reference beside its fast paths and one dispatcher (the layout of flash-linear-a
 * ``woodbury_solve``, ``metric_energy``, ``metric_dense``, ``coupling_matrix``: the
   diagonal-plus-low-rank metric G = D + U U^T, its Woodbury inverse, the energy v^T G v and the
   direction coupling V G V^T (``docs/drm.md`` sections 4 and 5; ``drmlab.ops.woodbury``).
+* ``kernel_project``, ``pseudo_inverse_solve``, ``exact_rank``: the same metric where its floor D may
+  vanish (``docs/geometry.md`` section 8); ``fisher_pullback``, ``fisher_factor``: J^T (diag p - p p^T) J
+  and a factor B with B^T B equal to it (``docs/geometry.md`` sections 3 and 9; ``drmlab.ops.fisher``).
 * ``c_kernel_available`` / ``c_kernel_status``: whether the C kernels are built and loaded, and
   why not (``drmlab.ops.ckernels``, which compiles, caches and loads them).
 
@@ -28,9 +31,18 @@ subpackage's modules with
 from .ckernels import c_kernel_available, c_kernel_status
 from .conv import causal_depthwise_conv1d, causal_depthwise_conv1d_step
 from .delta_rule import delta_rule
+from .fisher import fisher_factor, fisher_pullback
 from .linear_scan import backend_for, linear_scan
 from .selective_scan import selective_scan, selective_scan_reference
-from .woodbury import coupling_matrix, metric_dense, metric_energy, woodbury_solve
+from .woodbury import (
+    coupling_matrix,
+    exact_rank,
+    kernel_project,
+    metric_dense,
+    metric_energy,
+    pseudo_inverse_solve,
+    woodbury_solve,
+)
 
 __all__ = [
     "linear_scan",
@@ -46,4 +58,9 @@ __all__ = [
     "metric_energy",
     "metric_dense",
     "coupling_matrix",
+    "exact_rank",
+    "kernel_project",
+    "pseudo_inverse_solve",
+    "fisher_pullback",
+    "fisher_factor",
 ]

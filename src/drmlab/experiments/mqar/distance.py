@@ -226,11 +226,16 @@ def gate_verdicts(lengths: dict, threshold: float = GATE_THRESHOLD, control: int
 
 # ---------------------------------------------------------------------------------- reading
 def state_nbytes(state) -> int:
-    """Bytes of every tensor in a decoding state (dataclasses, tuples, lists and dicts walked)."""
+    """Bytes of every tensor in a decoding state (dataclasses, tuples, lists and dicts walked), without the
+    fields a state type lists in ``DERIVED_FIELDS`` (caches recomputable from the rest, such as the DRM
+    fast step's block constants): the state a sequence must carry."""
     if isinstance(state, torch.Tensor):
         return state.numel() * state.element_size()
+    derived = getattr(type(state), "DERIVED_FIELDS", ())
     if dataclasses.is_dataclass(state) and not isinstance(state, type):
-        return sum(state_nbytes(getattr(state, f.name)) for f in dataclasses.fields(state))
+        return sum(state_nbytes(getattr(state, f.name)) for f in dataclasses.fields(state) if f.name not in derived)
+    if derived and hasattr(state, "_fields"):  # a NamedTuple
+        return sum(state_nbytes(getattr(state, name)) for name in state._fields if name not in derived)
     if isinstance(state, (tuple, list)):
         return sum(state_nbytes(s) for s in state)
     if isinstance(state, dict):

@@ -141,9 +141,13 @@ class FreshMQARBatches(BatchSource):
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 1024) -> dict:
+def accuracy(
+    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 1024, scored_only: bool = False
+) -> dict:
     """Argmax over all logits against the targets, pooled over the scored (query) positions only,
-    and per query (``by_query[j]``: the j-th scored position of the sequences, in order)."""
+    and per query (``by_query[j]``: the j-th scored position of the sequences, in order).
+    ``scored_only``: the model's head runs at the scored positions only (``logits_at``, which every
+    registered model takes; the study's own arms do not)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -153,9 +157,13 @@ def accuracy(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batc
         with torch.no_grad():
             for i in range(0, inputs.shape[0], batch_size):
                 x, y = inputs[i : i + batch_size].to(device), targets[i : i + batch_size].to(device)
-                pred = model(x, step=None).logits.argmax(dim=-1)
                 scored = y != IGNORE
-                col_correct += ((pred == y) & scored).sum(0).cpu()
+                if scored_only:
+                    hits = torch.zeros_like(scored)
+                    hits[scored] = model(x, step=None, logits_at=scored).logits.argmax(dim=-1) == y[scored]
+                else:
+                    hits = (model(x, step=None).logits.argmax(dim=-1) == y) & scored
+                col_correct += hits.sum(0).cpu()
                 col_total += scored.sum(0).cpu()
     finally:
         model.train(was_training)

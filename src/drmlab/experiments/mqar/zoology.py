@@ -242,7 +242,7 @@ class EpochBatches(BatchSource):
 def query_accuracy(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> dict:
     """Accuracy on the query positions only (argmax over all logits), a bounded number of tokens per forward."""
     batch = max(1, EVAL_TOKENS // inputs.shape[1])
-    return accuracy(model, inputs.long(), targets.long(), batch_size=batch)
+    return accuracy(model, inputs.long(), targets.long(), batch_size=batch, scored_only=True)
 
 
 # ---------------------------------------------------------------------------------- the models
@@ -512,7 +512,8 @@ def run_cell(
 ) -> dict:
     """Train (or continue, or reuse) one run; its result (``status``: done, diverged, n/a or locked)."""
     from drmlab.runs import RunDir, RunLock, RunLockedError, write_json_atomic
-    from drmlab.training.trainer import NonFiniteLossError, train
+    from drmlab.training.pieces import TrainPieces
+    from drmlab.training.trainer import NonFiniteLossError, lm_loss_fn, train
 
     label = run_name(name, width, seq_len, lr)
     base = {"model": name, "width": width, "seq_len": seq_len, "kv": kv, "lr": lr}
@@ -540,6 +541,7 @@ def run_cell(
             },
             "epochs": r.epochs,
             "early_stop": r.early_stop,
+            "head_at_queries_only": True,
             "train": dataclasses.asdict(cfg),
         }
     )
@@ -589,6 +591,7 @@ def run_cell(
                     device=device,
                     quiet=True,
                     stop_after_step=(done + 1) * per_epoch,
+                    pieces=TrainPieces(loss_fn=lm_loss_fn(cfg.bf16, scored_only=True)),
                 )
             except NonFiniteLossError as exc:
                 result.update(status="diverged", why=str(exc).split(";")[0])
@@ -652,6 +655,21 @@ def run_cell(
         lock.release()
 
 
+@torch.no_grad()
+def decode_state_bytes(
+    name: str, preset: str, width: int, seq_len: int, settings: dict | None = None, recipe: ZoologyRecipe = RECIPE
+) -> int:
+    """Bytes of one sequence's decoding state after ``seq_len`` tokens (issue 26's frontier: the key/value
+    cache of attention at that length, MAMBA's conv and SSM state, ASM_CM's matrices, J's vector), from
+    the model as built (the architecture decides it, not the weights): a batch-1 prefill of ``seq_len``
+    tokens with ``return_state=True``."""
+    from drmlab.experiments.mqar.distance import state_nbytes
+
+    model, _, _ = protocol_model(name, preset, width, seq_len, recipe.seed, settings, recipe)
+    tokens = torch.zeros(1, seq_len, dtype=torch.long)
+    return state_nbytes(model.eval()(tokens, return_state=True).state)
+
+
 def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
     """Per (model, width, length): each rate's final test accuracy (None: diverged), the best rate
     and its accuracy (Zoology's figure value), or n/a with the reason; the runs."""
@@ -678,6 +696,7 @@ def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
                     if r["status"] in ("done", "diverged")
                 }
                 complete = len(scores) == len(study.lr_grid)
+                state = decode_state_bytes(name, study.preset, width, seq_len, study.model_overrides, study.recipe)
                 choice = lr_sweep.choose(scores, lower_is_better=False) if scores else {"lr": None}
                 best = scores.get(choice["lr"]) if choice.get("lr") is not None else None
                 cells[key] = {
@@ -688,6 +707,7 @@ def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
                     "status": "done" if complete else "incomplete",
                     "scores": {lr_sweep.lr_label(lr): s for lr, s in sorted(scores.items())},
                     "acc": best,
+                    "state_bytes": state,
                     **choice,
                     "wall_seconds": {
                         lr_sweep.lr_label(r["lr"]): r.get("wall_seconds")

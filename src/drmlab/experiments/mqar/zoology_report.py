@@ -4,6 +4,8 @@
 * ``zoology.md`` -- per length, model x width: the best rate's final test accuracy and that rate
   (Zoology's Figure-2 value), ``n/a (reason)`` where the model cannot hold the setting; then each
   rate's accuracy, epochs and wall time per run;
+* ``frontier.png`` -- Zoology's state-size frontier: each cell's accuracy against the bytes of one
+  sequence's decoding state at that length, one panel per length (log scale);
 * ``zoology.json`` -- the whole summary.
 """
 
@@ -14,14 +16,50 @@ from collections.abc import Callable
 from pathlib import Path
 
 from drmlab.experiments import lr_sweep
+from drmlab.experiments.plotting import draw_or_log, pyplot
 
 
 def write_report(summary: dict, out: str | Path, log: Callable[[str], None] | None = None) -> None:
     out = Path(out)
     (out / "zoology.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "zoology.md").write_text(markdown(summary))
+    if draw_or_log(lambda: frontier_figure(summary, out / "frontier.png"), log, "frontier.png") and log is not None:
+        log(f"wrote {out / 'frontier.png'}")
     if log is not None:
         log(f"wrote {out / 'zoology.md'} and {out / 'zoology.json'}")
+
+
+def frontier_points(summary: dict) -> dict[int, dict[str, list[tuple[int, int, float]]]]:
+    """{length: {model: [(state bytes, width, accuracy), ...] by width}} of the cells with an accuracy."""
+    points: dict = {}
+    for c in summary["cells"].values():
+        if c.get("acc") is None or c.get("state_bytes") is None:
+            continue
+        points.setdefault(c["seq_len"], {}).setdefault(c["model"], []).append((c["state_bytes"], c["width"], c["acc"]))
+    return {L: {m: sorted(p) for m, p in sorted(models.items())} for L, models in sorted(points.items())}
+
+
+def frontier_figure(summary: dict, path: Path) -> bool:
+    """Accuracy against decoding-state bytes per sequence, one panel per length; False: nothing to draw."""
+    points = frontier_points(summary)
+    if not points:
+        return False
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(points), figsize=(4.5 * len(points), 3.6), squeeze=False)
+    for ax, (seq_len, models) in zip(axes[0], points.items()):
+        for name, rows in models.items():
+            ax.plot([r[0] for r in rows], [r[2] for r in rows], marker="o", label=name)
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("decoding state per sequence (bytes)")
+        ax.set_title(f"length {seq_len}")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("MQAR test accuracy (best rate)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def cell(c: dict | None) -> str:
@@ -63,6 +101,17 @@ def markdown(summary: dict) -> str:
         ]
         for name in s["models"]:
             row = [cell(summary["cells"].get(f"{name} w{w} L{seq_len}")) for w in widths]
+            lines.append(f"| {name} | " + " | ".join(row) + " |")
+        lines += [
+            "",
+            f"Decoding state of one sequence after {seq_len} tokens (bytes; the frontier's x axis):",
+            "",
+            "| model | " + " | ".join(f"width {w}" for w in widths) + " |",
+            "|---|" + "---:|" * len(widths),
+        ]
+        for name in s["models"]:
+            cells = [summary["cells"].get(f"{name} w{w} L{seq_len}") or {} for w in widths]
+            row = ["--" if c.get("state_bytes") is None else f"{c['state_bytes']:,}" for c in cells]
             lines.append(f"| {name} | " + " | ".join(row) + " |")
         lines.append("")
     lines += [

@@ -120,14 +120,17 @@ class DirectionField(nn.Module):
 class RelationalMetric(nn.Module):
     """Section 4: G(z) = diag(softplus(d(z)) + eps) + U(z) U(z)^T, returned as (gamma, U).
 
-    U = (C_u Pi_u)^T / sqrt(r) with a basis, else the head's d x r output / sqrt(r).
+    U = (C_u Pi_u)^T / sqrt(r) with a basis, else the head's d x r output / sqrt(r). The diagonal
+    follows ``metric_diagonal`` (``docs/geometry.md`` section 8): softplus(d) + eps (the default),
+    softplus(d), max(d, 0) (exact zeros), or none at all (G = U U^T, no diagonal head).
     """
 
     def __init__(self, c: DRMConfig):
         super().__init__()
         self.d, self.r, self.p, self.eps = c.d_state, c.metric_rank, c.metric_u_basis_size, c.metric_eps
+        self.diagonal = c.metric_diagonal
         self.trunk = GeometryTrunk(c)
-        self.diag_head = nn.Linear(c.hidden_size, self.d)
+        self.diag_head = nn.Linear(c.hidden_size, self.d) if self.diagonal != "none" else None
         if self.r:
             self.u_head = nn.Linear(c.hidden_size, self.r * (self.p if self.p else self.d))
             self.basis = nn.Parameter(torch.randn(self.p, self.d) * 0.02) if self.p else None
@@ -137,7 +140,14 @@ class RelationalMetric(nn.Module):
     def forward(self, z_read: torch.Tensor, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(gamma, U) at full width; ``width``: z_read holds the state's first coordinates only."""
         q = self.trunk(z_read, width)
-        gamma = F.softplus(self.diag_head(q)) + self.eps
+        if self.diagonal == "softplus_eps":
+            gamma = F.softplus(self.diag_head(q)) + self.eps
+        elif self.diagonal == "softplus":
+            gamma = F.softplus(self.diag_head(q))
+        elif self.diagonal == "relu":
+            gamma = F.relu(self.diag_head(q))
+        else:
+            gamma = q.new_zeros(*q.shape[:-1], self.d)
         if self.u_head is None:
             return gamma, gamma.new_zeros(*gamma.shape, 0)
         coeff = self.u_head(q)

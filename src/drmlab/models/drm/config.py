@@ -43,6 +43,10 @@ RANK_POLICIES = ("off", "full", "fixed", "adaptive")
 
 # How the metric meets the directions (``docs/drm.md`` sections 5 and U).
 COMPOSITIONS = ("post_naturalize", "metric_subspace", "metric_orthonormal")
+# The metric options (``docs/geometry.md`` sections 8 and 9) and the loss terms of the relational metric alone.
+METRICS = ("relational", "pullback")
+METRIC_DIAGONALS = ("softplus_eps", "softplus", "relu", "none")
+RELATIONAL_METRIC_LOSSES = ("metric_reg", "metric_diversity", "condition", "metric_u_floor", "metric_u_target")
 
 
 @dataclass
@@ -69,6 +73,13 @@ class DRMConfig:
     use_direction_field: bool = True
     use_relational_metric: bool = True
     metric_eps: float = 1e-4
+    # the metric naturalization uses (docs/geometry.md sections 8 and 9): "relational" (section 4), or
+    # "pullback", the emitter's G_pb(z) = J^T (diag p - p p^T) J in place of the relational metric module
+    metric: str = "relational"
+    # the relational metric's diagonal: "softplus_eps" (softplus(d) + eps, section 4), or a floor that can
+    # vanish, naturalized through the damped pseudo-inverse: "softplus" (no eps), "relu" (max(d, 0): exact
+    # zeros), "none" (G = U U^T, rank metric_rank)
+    metric_diagonal: str = "softplus_eps"
     direction_norm: bool = True
     gate_temperature: float = 1.5
     gate_logit_bias: float = -1.0
@@ -176,6 +187,15 @@ class DRMConfig:
     # the rank-aware fast-weight memory (upstream ASM-CM-VR, "project_io"): the same mask on the memory's
     # value axis, its read-out and its input state
     rank_aware_memory: bool = False
+    # epistemic gates (section V.4; upstream ASM-CM-E): the read gate and the hard write gate are each
+    # scaled by a confidence c = q_loc q_cons in [0, 1], two MLPs on h_t = [z_t; e_t; e_{t-1}] with
+    # fast_weight_confidence_layers hidden layers of fast_weight_confidence_hidden units (ReLU), dropout
+    # fast_weight_confidence_dropout after each, and a sigmoid; c = fast_weight_confidence_initial at init.
+    fast_weight_epistemic_gates: bool = False
+    fast_weight_confidence_hidden: int = 64
+    fast_weight_confidence_layers: int = 2
+    fast_weight_confidence_dropout: float = 0.0
+    fast_weight_confidence_initial: float = 0.9
 
     # ---------------------------------------------------------------- derived properties
     @property
@@ -202,6 +222,16 @@ class DRMConfig:
     def fast_weight_values(self) -> int:
         """d_v of the fast-weight matrices (fast_weight_value_dim, or d_k where it is 0)."""
         return self.fast_weight_value_dim or self.fast_weight_dim
+
+    @property
+    def has_relational_metric(self) -> bool:
+        """Whether the relational metric module is built (the pullback metric replaces it)."""
+        return self.has_metric and self.metric == "relational"
+
+    @property
+    def has_degenerate_metric(self) -> bool:
+        """Whether the metric's floor can vanish (``docs/geometry.md`` section 8)."""
+        return self.has_relational_metric and self.metric_diagonal != "softplus_eps"
 
     @property
     def has_consistency_loss(self) -> bool:
@@ -279,6 +309,7 @@ class DRMConfig:
             raise ValueError("dt, gate_temperature and state_clip_norm must be positive")
         self._validate_solvers()
         self._validate_composition()
+        self._validate_metric_options()
         self._validate_fast_weight()
         self._validate_variable_rank()
         strange = sorted(set(self.loss_weights) - set(LOSS_WEIGHTS_BASE))
@@ -303,6 +334,62 @@ class DRMConfig:
                 f"metric (docs/drm.md section U) and needs both; this model sets {', '.join(missing)}=False "
                 f"(use 'post_naturalize', or turn them on)"
             )
+
+    def _validate_metric_options(self) -> None:
+        """``docs/geometry.md`` sections 8 and 9: the degenerate floor and the pullback metric."""
+        damping = self.metric_damping
+        if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not math.isfinite(damping):
+            raise ValueError(f"metric_damping must be a finite number >= 0, got {damping!r}")
+        if damping < 0:
+            raise ValueError(f"metric_damping must be >= 0, got {damping!r}")
+        if self.metric not in METRICS:
+            raise ValueError(f"metric must be one of {', '.join(map(repr, METRICS))}, got {self.metric!r}")
+        if self.metric_diagonal not in METRIC_DIAGONALS:
+            raise ValueError(
+                f"metric_diagonal must be one of {', '.join(map(repr, METRIC_DIAGONALS))}, got {self.metric_diagonal!r}"
+            )
+        if self.metric == "relational" and self.metric_diagonal == "softplus_eps":
+            return
+        option = (
+            f"metric={self.metric!r}" if self.metric != "relational" else f"metric_diagonal={self.metric_diagonal!r}"
+        )
+        if not self.has_metric:
+            off = [name for name in ("use_drm_geometry", "use_relational_metric") if not getattr(self, name)]
+            raise ValueError(f"{option} needs a metric; this model sets {', '.join(off)}=False")
+        if self.metric == "pullback" and self.metric_diagonal != "softplus_eps":
+            raise ValueError(
+                f"metric_diagonal={self.metric_diagonal!r} sets the relational metric's floor; metric='pullback' has none"
+            )
+        if damping <= 0:
+            raise ValueError(
+                f"metric_damping must be > 0 with {option}: G(z) may be singular, and the damping bounds its "
+                f"(pseudo-)inverse"
+            )
+        if self.refinement_layers:
+            raise ValueError(f"{option} is not built for the refinement layers; set refinement_layers=0")
+        if self.metric == "pullback":
+            regularisers = [name for name in RELATIONAL_METRIC_LOSSES if self.loss_weights.get(name, 0)]
+            if regularisers:
+                raise ValueError(
+                    f"loss weight {regularisers[0]!r} regularises the relational metric; metric='pullback' has none"
+                )
+            return
+        if self.metric_rank > self.d_state:
+            raise ValueError(f"metric_rank ({self.metric_rank}) exceeds d_state ({self.d_state}) with {option}")
+        if self.metric_diagonal == "none" and self.metric_rank == 0:
+            raise ValueError("metric_diagonal='none' gives G = U U^T: it needs metric_rank >= 1")
+        if 0 < self.metric_u_basis_size < self.metric_rank:
+            raise ValueError(
+                f"metric_u_basis_size ({self.metric_u_basis_size}) < metric_rank ({self.metric_rank}) makes U "
+                f"rank-deficient by construction; {option} needs U of full column rank"
+            )
+        if self.directional_metric_composition != "post_naturalize":
+            raise ValueError(
+                f"{option} naturalizes through the damped pseudo-inverse (directional_metric_composition="
+                f"'post_naturalize'); the metric-first compositions damp the Gram V G V^T instead"
+            )
+        if self.loss_weights.get("condition", 0):
+            raise ValueError(f"loss weight 'condition' penalises cond G, which is infinite with {option}")
 
     def _validate_solvers(self) -> None:
         if self.step_mode not in ("velocity", "candidate", "geodesic"):
@@ -340,6 +427,11 @@ class DRMConfig:
 
     def _validate_fast_weight(self) -> None:
         if not self.fast_weight_memory:
+            if self.fast_weight_epistemic_gates:
+                raise ValueError(
+                    "fast_weight_epistemic_gates scales the fast-weight memory's read and write gates: "
+                    "it needs fast_weight_memory=True"
+                )
             return
         if (
             not isinstance(self.fast_weight_dim, int)
@@ -363,6 +455,8 @@ class DRMConfig:
             raise ValueError(
                 f"fast_weight_value_dim must be a non-negative integer (0: fast_weight_dim), got {value!r}"
             )
+        if self.fast_weight_epistemic_gates:
+            self._validate_epistemic_gates()
 
     def _validate_variable_rank(self) -> None:
         """The variable-rank rules of docs/variable-rank.md section 7, one line each."""
@@ -434,6 +528,21 @@ class DRMConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+    def _validate_epistemic_gates(self) -> None:
+        for name in ("fast_weight_confidence_hidden", "fast_weight_confidence_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        dropout = self.fast_weight_confidence_dropout
+        if not (isinstance(dropout, (int, float)) and not isinstance(dropout, bool) and 0 <= dropout < 1):
+            raise ValueError(f"fast_weight_confidence_dropout must be in [0, 1), got {dropout!r}")
+        initial = self.fast_weight_confidence_initial
+        if not (isinstance(initial, (int, float)) and not isinstance(initial, bool) and 0 < initial < 1):
+            raise ValueError(
+                f"fast_weight_confidence_initial must be in (0, 1) (each factor starts at its square root), "
+                f"got {initial!r}"
+            )
 
 
 # ---------------------------------------------------------------------------------------
@@ -575,6 +684,8 @@ def _variant_overrides(name: str, dims: dict) -> dict:
         "ASM_VR_S": dict(direct, **variable_rank),
         "ASM_CM_VR": dict(asm_cm, rank_aware_memory=True, **variable_rank),
     }
+    # ASM-CM-E (section V.4): ASM_CM with the epistemic gates on its memory's read and write
+    table["ASM_CM_E"] = dict(table["ASM_CM"], fast_weight_epistemic_gates=True)
     return table[name]
 
 
@@ -621,6 +732,7 @@ VARIANTS = (
     "ASM_VR_RS",
     "ASM_VR_S",
     "ASM_CM_VR",
+    "ASM_CM_E",
 )
 # variant -> (the variant whose parameter count its memory width matches, the matching rule)
 MATCHED_MEMORY = {
@@ -694,7 +806,8 @@ def _direction_field(c: DRMConfig) -> int:
 def _metric(c: DRMConfig) -> int:
     h, r, p = c.hidden_size, c.metric_rank, c.metric_u_basis_size
     u = ((h + 1) * r * p + p * c.d_state if p else (h + 1) * c.d_state * r) if r else 0
-    return _trunk(c) + (h + 1) * c.d_state + u
+    diagonal = (h + 1) * c.d_state if c.metric_diagonal != "none" else 0
+    return _trunk(c) + diagonal + u
 
 
 def _flow(c: DRMConfig) -> int:
@@ -711,7 +824,7 @@ def closed_form_parameter_count(c: DRMConfig) -> int:
         total += _direction_field(c) + _flow(c)
     if c.has_direct_transition:
         total += (c.d_read + dt + 1) * h + (h + 1) * ds
-    if c.has_metric:
+    if c.has_relational_metric:
         total += _metric(c)
     if c.use_drm_geometry and c.risk != "none":
         total += (c.d_read + 1) * h + 2 * h + 2 + 4
@@ -729,6 +842,9 @@ def closed_form_parameter_count(c: DRMConfig) -> int:
         total += (
             k * dt + (c.d_read + dt + 1) * v + (4 if c.fast_weight_durable else 3) * (c.d_read + 2 * dt + 1) + ds * v
         )
+        if c.fast_weight_epistemic_gates:  # section V.4: four MLPs (two factors for each of two gates)
+            u = c.fast_weight_confidence_hidden
+            total += 4 * ((c.d_read + 2 * dt + 1) * u + (c.fast_weight_confidence_layers - 1) * (u + 1) * u + u + 1)
     if c.has_variable_rank:  # the rank controller's score head (docs/variable-rank.md section 2)
         total += (dt + 1) * ds
     return total

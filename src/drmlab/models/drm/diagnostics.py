@@ -1,16 +1,16 @@
-"""Geometry diagnostics of ``docs/drm.md`` sections 2, 4 and 14 to 16.
+"""Geometry diagnostics of ``docs/drm.md`` sections 2, 4 and 14 to 16 (and V.4's memory confidences).
 
 Everything here is a *measurement*, never a claim: dimD is gate activity (section 2),
-G is full rank by construction (section 4), so the spectral ranks below are labelled
-numerical approximations, and a low action is a diagnostic, not evidence of a
-geodesic (section 14).
+G is full rank by construction (section 4; a degenerate floor, ``docs/geometry.md`` section 8, has
+its exact rank from the floor's zero set), so the spectral ranks below are labelled numerical
+approximations, and a low action is a diagnostic, not evidence of a geodesic (section 14).
 """
 
 from __future__ import annotations
 
 import torch
 
-from drmlab.ops import coupling_matrix, metric_dense, metric_energy
+from drmlab.ops import coupling_matrix, exact_rank, metric_dense, metric_energy
 
 from .model import DRMModel
 
@@ -60,10 +60,17 @@ def geometry_report(model: DRMModel, tokens: torch.Tensor, rank_tolerance: float
         eig = torch.linalg.eigvalsh(g_dense)
         report["metric_energy_mean"] = float(energies.mean())
         report["action"] = float((c.dt * energies).sum(-1).mean())  # sum_t dt v^T G v, mean over the batch
-        report["metric_exact_rank"] = c.d_state  # diagonal floor eps > 0: full rank in exact arithmetic
         report["metric_entropy_rank_approx"] = float(_entropy_rank(eig).mean())
         report["metric_participation_ratio_approx"] = float(_participation_ratio(eig).mean())
-        report["metric_condition_number"] = float((eig[..., -1] / eig[..., 0]).mean())
+        if c.metric == "pullback":  # rank G_pb <= min(d, V - 1) (F 1 = 0); its exact rank is not constructed
+            report["metric_exact_rank_bound"] = min(c.d_state, c.vocab_size - 1)
+        elif c.has_degenerate_metric:  # the floor's zero set (docs/geometry.md section 8): cond G is infinite
+            ranks = torch.stack([exact_rank(g.gamma, g.u_factor) for g in record], dim=1).double()
+            report["metric_exact_rank_mean"] = float(ranks.mean())
+            report["metric_exact_rank_min"] = int(ranks.min())
+        else:
+            report["metric_exact_rank"] = c.d_state  # diagonal floor eps > 0: full rank in exact arithmetic
+            report["metric_condition_number"] = float((eig[..., -1] / eig[..., 0]).mean())
         report["metric_low_rank_width"] = c.metric_rank
         if record[0].directions is not None:
             coupling = torch.stack([coupling_matrix(g.directions, g.gamma, g.u_factor) for g in record], dim=1)
@@ -72,6 +79,10 @@ def geometry_report(model: DRMModel, tokens: torch.Tensor, rank_tolerance: float
             report["coupling_offdiag_abs_mean"] = float(off.abs().mean())
     else:
         report["action_euclidean"] = float((c.dt * velocity.pow(2).sum(-1)).sum(-1).mean())
+    if record[0].fast_weight_confidence is not None:  # section V.4: the memory's read and write confidences
+        for index, gate in enumerate(("read", "write")):
+            values = torch.cat([g.fast_weight_confidence[index] for g in record], dim=1)
+            report[f"fast_weight_{gate}_confidence_mean"] = float(values.mean())
     report["state_norm_mean"] = float(states.norm(dim=-1).mean())
     if c.toroidal_dims:
         report["toroidal_dims"] = c.toroidal_dims

@@ -34,6 +34,12 @@ ASM-CM-VR, ``docs/variable-rank.md`` section 6) has d_v = d_state, so the value 
 state's coordinates and the block's prefix mask Pi applies to both: the matrices' value columns at the
 block start, the values v_t and the read-out's output are masked (by a select: no straight-through
 gradient reaches the controller through the memory); the keys, gates and tokens are not.
+
+With ``fast_weight_epistemic_gates`` (ASM-CM-E, section V.4; :mod:`.epistemic`) the read gate is
+multiplied by a confidence c^r_t and the hard write gate g_t by c^w_t (so C's writes, which use g_t,
+are scaled too), both computed from h_t; their modules are built after every other layer here, so the
+rest of the memory draws the same initial values as without them. With the rank-aware form the gates read
+the same masked h_t as the memory's gates (the sliced form splits their first layer alike).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import torch.nn.functional as F
 from drmlab.ops.delta_rule import delta_rule
 
 from .config import DRMConfig
+from .epistemic import EpistemicGates
 from .rank import fit_width
 
 __all__ = ["FastWeightMemory", "FastWeightState"]
@@ -107,6 +114,8 @@ class FastWeightMemory(nn.Module):
             self.read_out.weight.zero_()
             self.gates.bias[FORGET] = FORGET_BIAS
             self.gates.bias[WRITE] = WRITE_BIAS[self.durable]
+        # built last: the layers above draw what they draw without the epistemic gates
+        self.confidence = EpistemicGates(c) if c.fast_weight_epistemic_gates else None
 
     def _state_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return torch.promote_types(dtype, torch.float32) if self.state_fp32 else dtype
@@ -122,11 +131,18 @@ class FastWeightMemory(nn.Module):
         )
 
     def forward(
-        self, z: torch.Tensor, z_read: torch.Tensor, e: torch.Tensor, state: FastWeightState, rank=None
-    ) -> tuple[torch.Tensor, FastWeightState]:
+        self,
+        z: torch.Tensor,
+        z_read: torch.Tensor,
+        e: torch.Tensor,
+        state: FastWeightState,
+        return_confidence: bool = False,
+        rank=None,
+    ):
         """z' [B, L, d_state] and the memory after the L positions, from the block path's states z
         [B, L, d_state] (read as z_read [B, L, d_read]), the tokens' embeddings e [B, L, d_token] and
-        the memory before them.  The state passed in is not modified.  ``rank``: the block's
+        the memory before them.  The state passed in is not modified.  ``return_confidence``: a third
+        result, the epistemic gates' (c^r, c^w) [B, L] each (None without them).  ``rank``: the block's
         :class:`~drmlab.models.drm.rank.RankMask` (the rank-aware form; z then has its width, and the
         state keeps d_v columns, zero outside the prefix)."""
         width = None if rank is None else rank.sliced
@@ -151,18 +167,29 @@ class FastWeightMemory(nn.Module):
             key = F.normalize(projected_previous, dim=-1, eps=1e-12)
             if width is None:
                 value = torch.tanh(linear(torch.cat([z_read, e], dim=-1), self.value))
-                gates = torch.sigmoid(linear(torch.cat([z_read, e, previous], dim=-1), self.gates))
-            else:
+                h = torch.cat([z_read, e, previous], dim=-1)
+                gates = torch.sigmoid(linear(h, self.gates))
+                first = None
+            else:  # h_t = [z_t; e_t; e_{t-1}] with z_t on the prefix only: each first layer split (section 5)
+                rest = torch.cat([e, previous], dim=-1)
                 value = torch.tanh(_split_linear(z_read, e, self.value, self.d_read, width, width, cast))
-                gates = torch.sigmoid(
-                    _split_linear(z_read, torch.cat([e, previous], dim=-1), self.gates, self.d_read, width, None, cast)
-                )
+                gates = torch.sigmoid(_split_linear(z_read, rest, self.gates, self.d_read, width, None, cast))
+                h = None
+
+                def first(layer):
+                    return _split_linear(z_read, rest, layer, self.d_read, width, None, cast)
+
+            read_gate = gates[..., READ]
             fast0, slow0 = state.fast, state.slow
             if rank is not None:  # Pi on the values and on the matrices' value columns (section 6)
                 value = rank.hard(value)
                 fast0 = rank.hard(fast0 if width is None else fast0[..., :width])
                 slow0 = None if slow0 is None else rank.hard(slow0 if width is None else slow0[..., :width])
             write = straight_through_threshold(gates[..., WRITE], self.threshold)
+            confidence = None
+            if self.confidence is not None:  # section V.4: g^r <- g^r c^r, g^w <- H(g^w) c^w
+                confidence = self.confidence(h, linear, first)
+                read_gate, write = read_gate * confidence[0], write * confidence[1]
             retain = gates[..., FORGET]
             read, fast = delta_rule(query, key, value, retain, write, fast0)
             slow = None
@@ -175,7 +202,7 @@ class FastWeightMemory(nn.Module):
                 read_out = linear(read, self.read_out)
             else:
                 read_out = F.linear(read, cast(self.read_out.weight)[:width, :width])
-            correction = self.read_scale * gates[..., READ].unsqueeze(-1) * read_out
+            correction = self.read_scale * read_gate.unsqueeze(-1) * read_out
             if rank is not None:
                 correction = rank.hard(correction)
             out = (cast(z) + correction).to(z.dtype)
@@ -185,4 +212,4 @@ class FastWeightMemory(nn.Module):
             return None if matrix is None else fit_width(matrix, self.d_value).to(state_dtype)
 
         new_state = FastWeightState(fast=kept(fast), slow=kept(slow), previous_token=e[:, -1].to(state_dtype))
-        return out, new_state
+        return (out, new_state, confidence) if return_confidence else (out, new_state)

@@ -14,6 +14,7 @@ state-dependent work runs inside the block loop.
 Decoding (section A.4.5): ``init_state`` / ``step`` run the same stages one token at a time, each
 over its own state, and ``forward(tokens, return_state=True)`` returns, from the parallel pass, the
 state that stepping through the tokens would reach -- mid-block included -- so a prompt needs no stepping.
+``step`` runs each stage's fast step, ``step_reference`` its plain one: the same logits, bit for bit.
 
 Variable rank (``docs/variable-rank.md``): a controller reads each block's first token and the block
 keeps a prefix of the state's coordinates; the block start and every increment are projected onto it.
@@ -25,8 +26,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens
+from drmlab.models.inputs import check_batch_size, check_logits_at, check_step_tokens, check_tokens
 from drmlab.models.output import ModelOutput
 
 from . import solvers
@@ -46,8 +48,9 @@ from .components import (
 from .config import DRMConfig
 from .fast_weight import FastWeightMemory
 from .losses import auxiliary_losses
+from .metric_options import PullbackMetric
 from .rank import RankController, RankMask, fit_width, rank_losses, rank_schedule
-from .stages import Block, BlockGeometry, build_stages
+from .stages import Block, BlockGeometry, build_stages, stepping
 from .transition import Transition
 
 # Per-component seed offsets (``docs/drm.md`` section A.2): each component draws its
@@ -102,7 +105,7 @@ class DRMModel(nn.Module):
         self.embedding = seeded("embedding", lambda: nn.Embedding(c.vocab_size, c.d_token))
         self.initial_state = seeded("initial_state", lambda: DRMStateInitializer(c))
         self.direction_field = seeded("direction_field", lambda: DirectionField(c)) if c.has_direction_field else None
-        self.metric = seeded("metric", lambda: RelationalMetric(c)) if c.has_metric else None
+        self.metric = seeded("metric", lambda: RelationalMetric(c)) if c.has_relational_metric else None
         self.flow = seeded("flow", lambda: DRMFlow(c)) if c.has_direction_field else None
         self.risk = (
             seeded("risk", lambda: RiskField(c, enabled=c.risk == "powerlaw"))
@@ -126,7 +129,9 @@ class DRMModel(nn.Module):
             seeded("fast_weight_memory", lambda: FastWeightMemory(c)) if c.fast_weight_memory else None
         )
         self.rank_controller = seeded("rank_controller", lambda: RankController(c)) if c.has_variable_rank else None
-        self.transition = Transition(c, self.direction_field, self.metric, self.flow, self.direct_transition, self.risk)
+        # metric="pullback": the emitter's pullback J^T F J stands where the metric module would (docs/geometry.md 9)
+        metric = PullbackMetric(self.emitter, c) if c.metric == "pullback" else self.metric
+        self.transition = Transition(c, self.direction_field, metric, self.flow, self.direct_transition, self.risk)
         self.stages = nn.ModuleList(build_stages(self))  # parameter-free: see Stage
         # positions per block: in decoding a recurrent model's every token is a block of its own
         self.block_length = 1 if c.sequence_mode == "recurrent" else c.block_size
@@ -239,15 +244,26 @@ class DRMModel(nn.Module):
         )
 
     # ------------------------------------------------------------------ forward
-    def forward(self, tokens: torch.Tensor, step: int | None = None, return_state: bool = False) -> ModelOutput:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        step: int | None = None,
+        return_state: bool = False,
+        logits_at: torch.Tensor | None = None,
+    ) -> ModelOutput:
         """tokens [B, T] -> logits [B, T, vocab]; logits[:, t] predicts token t + 1.
 
         ``step`` is the 1-based optimizer step (drives the naturalization warm-up);
         None means evaluation (full strength). ``return_state``: ``.state`` is the
-        :class:`DecodeState` after the last token.
+        :class:`DecodeState` after the last token. ``logits_at``: the emitter at those positions only
+        (:mod:`drmlab.models.inputs`); auxiliary losses that read the logits still see all of them.
         """
+        check_logits_at(logits_at, tokens, self.model_name)
         states, record, state, plan = self._states(tokens, step, return_state)
-        logits = self.emitter(self.read(states), None if plan is None else plan["widest"])
+        needs_all = self.config.has_geometry and any(w != 0 for w in self.config.loss_weights.values())
+        read = self.read(states)
+        width = None if plan is None else plan["widest"]
+        logits = self.emitter(read if logits_at is None or needs_all else read[logits_at], width)
         aux = {}
         if record:
             aux["dimD"] = _per_position(record, lambda g: g.gates.sum(-1) if g.gates is not None else g.rho * 0)
@@ -255,7 +271,10 @@ class DRMModel(nn.Module):
             aux["solver_iterations"] = torch.tensor(self.config.solver_iters)
             aux["solver_residual"] = torch.cat([g.solver_residual for g in record], dim=1).detach().mean()
             aux["refined_action"] = _refined_action(self.config, record)
-        if self.config.has_geometry and any(w != 0 for w in self.config.loss_weights.values()):
+        if record and record[0].fast_weight_confidence is not None:  # section V.4: c^r, c^w [B, T]
+            aux["fast_weight_read_confidence"] = torch.cat([g.fast_weight_confidence[0] for g in record], dim=1)
+            aux["fast_weight_write_confidence"] = torch.cat([g.fast_weight_confidence[1] for g in record], dim=1)
+        if needs_all:
             aux.update(auxiliary_losses(self.config, record, states, logits))
         if plan is not None:
             aux["rank"] = _per_position_values(plan["ranks"], [g.length for g in record])
@@ -264,6 +283,8 @@ class DRMModel(nn.Module):
                 total = terms.pop("loss_aux")
                 aux.update(terms)
                 aux["loss_aux"] = aux["loss_aux"] + total if "loss_aux" in aux else total
+        if logits_at is not None and needs_all:
+            logits = logits[logits_at]
         return ModelOutput(logits=logits, aux=aux, state=state)
 
     # ------------------------------------------------------------------ incremental decoding
@@ -280,8 +301,19 @@ class DRMModel(nn.Module):
         """Advance by one token: tokens_t [B] -> (logits [B, vocab], new state).
 
         Runs the stages of :meth:`forward` one position at a time, each over its own state; stepping
-        a sequence reproduces the parallel logits. The state passed in is not modified.
+        a sequence reproduces the parallel logits. The state passed in is not modified. Each stage's
+        fast step (``stages.stepping``) gives :meth:`step_reference`'s logits and states bit for bit.
         """
+        return self._step(tokens_t, state, step, reference=False)
+
+    def step_reference(
+        self, tokens_t: torch.Tensor, state: DecodeState, step: int | None = None
+    ) -> tuple[torch.Tensor, DecodeState]:
+        """:meth:`step` by each stage's plain step (``Stage.step_reference``): the reference the fast
+        step is tested against and benchmarked beside."""
+        return self._step(tokens_t, state, step, reference=True)
+
+    def _step(self, tokens_t, state: DecodeState, step, reference: bool):
         check_step_tokens(tokens_t, self.config.vocab_size, state.z_start.shape[0], self.model_name)
         e = self.embedding(tokens_t.long()).unsqueeze(1)  # [B, 1, d_t]
         start, rank = state.z_start, None
@@ -290,9 +322,24 @@ class DRMModel(nn.Module):
             rank = RankMask.of(ranks, self.config.d_state, self.config.rank_compute == "sliced")
             start = rank.enter(start)
         block = Block.at(start, e, self.naturalization_strength(step), None, rank)
-        kept = [stage.step(block, stage.token_part(e, block.width), s) for stage, s in zip(self.stages, state.stages)]
+        # the fast steps apply the rank projection as the plain ones do; the sliced form steps by the reference
+        reference = reference or not stepping.fast_step_supported(start) or block.width is not None
+        if reference:
+            kept = [
+                stage.step_reference(block, stage.token_part(e, block.width), s)
+                for stage, s in zip(self.stages, state.stages)
+            ]
+        else:
+            kept = [stage.step(block, stage.step_token_part(e), s) for stage, s in zip(self.stages, state.stages)]
         z = block.z[:, 0]
-        return self.emitter(self.read(z), block.width), self._after(start, state.position + 1, kept, z, rank)
+        if reference:
+            logits = self.emitter(self.read(z), block.width)
+        else:  # LanguageEmitter.forward without the module calls
+            emitter = self.emitter
+            hidden = F.rms_norm(self.read(z), emitter.norm.normalized_shape, emitter.norm.weight, emitter.norm.eps)
+            hidden = F.gelu(F.linear(hidden, emitter.fc1.weight, emitter.fc1.bias))
+            logits = F.linear(hidden, emitter.fc2.weight, emitter.fc2.bias)
+        return logits, self._after(start, state.position + 1, kept, z, rank)
 
 
 def _refined_action(config: DRMConfig, record: list[BlockGeometry]) -> torch.Tensor:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 
 from . import solvers
-from .components import bound_state, compose_metric_first, metric_first_frame, naturalize, raw_velocity, toroidal_lift
+from .components import bound_state, compose_metric_first, metric_first_frame, raw_velocity, toroidal_lift
 from .config import DRMConfig
+from .metric_options import naturalizer
 
 
 class Transition:
@@ -26,6 +27,7 @@ class Transition:
         self.config = config
         self.direction_field, self.metric, self.flow = direction_field, metric, flow
         self.direct_transition, self.risk = direct_transition, risk
+        self.naturalize = naturalizer(config)  # section 5, or the metric option's (docs/geometry.md 8, 9)
 
     def read(self, z: torch.Tensor) -> torch.Tensor:
         """The state as every reader sees it (section 16: toroidal coordinates as cos/sin), contiguous:
@@ -96,7 +98,7 @@ class Transition:
         else:
             v = self.direct_transition(z_read, token_part, width, None if gamma is not None else width)
         if gamma is not None:
-            v = naturalize(v, gamma, u_factor, strength, self.config.metric_damping)
+            v = self.naturalize(v, gamma, u_factor, strength, self.config.metric_damping)
             if width is not None:
                 v = v[..., :width]
         return v

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens
+from drmlab.models.inputs import check_batch_size, check_logits_at, check_step_tokens, check_tokens
 from drmlab.models.output import ModelOutput
 
 from .config import GPT2Settings
@@ -84,14 +84,25 @@ class GPT2(nn.Module):
         self.model_name = model_name
         self.preset = preset
 
-    def forward(self, tokens: torch.Tensor, step: int | None = None, return_state: bool = False) -> ModelOutput:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        step: int | None = None,
+        return_state: bool = False,
+        logits_at: torch.Tensor | None = None,
+    ) -> ModelOutput:
         """Logits [B, T, V] for ``tokens`` [B, T]; ``step`` is accepted and ignored. ``return_state``:
-        ``.state`` is the key/value cache after the last token."""
+        ``.state`` is the key/value cache after the last token. ``logits_at``: the head at those
+        positions only (:mod:`drmlab.models.inputs`)."""
         check_tokens(tokens, self.config.vocab_size, self.model_name)
+        check_logits_at(logits_at, tokens, self.model_name)
         if return_state:
             logits, state = self._cached_forward(tokens, self.init_state(tokens.shape[0]))
-            return ModelOutput(logits=logits, aux={}, state=state)
+            return ModelOutput(logits=logits if logits_at is None else logits[logits_at], aux={}, state=state)
         self._check_length(tokens.shape[1])
+        if logits_at is not None:
+            hidden = self.hf.transformer(input_ids=tokens.long(), use_cache=False).last_hidden_state
+            return ModelOutput(logits=self.hf.lm_head(hidden[logits_at]), aux={})
         # No labels: Hugging Face would shift them again (targets x_{t+2} for shifted labels).
         out = self.hf(input_ids=tokens.long(), use_cache=False)
         return ModelOutput(logits=out.logits, aux={})

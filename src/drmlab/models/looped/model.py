@@ -56,7 +56,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens, leading_batch
+from drmlab.models.inputs import check_batch_size, check_logits_at, check_step_tokens, check_tokens, leading_batch
 from drmlab.models.layers import CausalSelfAttention, MambaMixer, PreLNBlock
 from drmlab.models.legacy_names import accept_legacy_names
 from drmlab.models.output import ModelOutput
@@ -195,10 +195,18 @@ class LoopedLM(nn.Module):
     def head(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self.ln_f(x), self.tok_emb.weight)
 
-    def forward(self, tokens: torch.Tensor, step: int | None = None, return_state: bool = False) -> ModelOutput:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        step: int | None = None,
+        return_state: bool = False,
+        logits_at: torch.Tensor | None = None,
+    ) -> ModelOutput:
         """tokens [B, T] -> logits [B, T, V]; logits[:, t] predicts token t + 1. ``step`` is ignored.
-        ``return_state``: ``.state`` is the decoding state after the last token."""
+        ``return_state``: ``.state`` is the decoding state after the last token. ``logits_at``: the head
+        at those positions only (:mod:`drmlab.models.inputs`)."""
         x = self.embed(tokens)
+        check_logits_at(logits_at, tokens, self.model_name)
         layers = []
         for i in self.order:
             x = self.blocks[i](x, self.eps, return_state=return_state)
@@ -206,7 +214,7 @@ class LoopedLM(nn.Module):
                 x, layer_state = x
                 layers.append(layer_state)
         state = LoopedState(position=tokens.shape[1], layers=tuple(layers)) if return_state else None
-        return ModelOutput(logits=self.head(x), aux={}, state=state)
+        return ModelOutput(logits=self.head(x if logits_at is None else x[logits_at]), aux={}, state=state)
 
     def residual_stream(self, tokens: torch.Tensor) -> list[torch.Tensor]:
         """[x_0, x_1, ..., x_K]: the embedded input and the stream after each of the K applications."""

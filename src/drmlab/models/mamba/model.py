@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens, leading_batch
+from drmlab.models.inputs import check_batch_size, check_logits_at, check_step_tokens, check_tokens, leading_batch
 from drmlab.models.layers import MambaMixer, MambaMixerState
 from drmlab.models.output import ModelOutput
 
@@ -113,10 +113,18 @@ class MambaLM(nn.Module):
         weight = self.embeddings.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(self.norm_f(x), weight)
 
-    def forward(self, tokens: torch.Tensor, step: int | None = None, return_state: bool = False) -> ModelOutput:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        step: int | None = None,
+        return_state: bool = False,
+        logits_at: torch.Tensor | None = None,
+    ) -> ModelOutput:
         """Logits [B, T, vocab] for ``tokens`` [B, T]; ``step`` is accepted and ignored.
-        ``return_state``: ``.state`` is the decoding state after the last token."""
+        ``return_state``: ``.state`` is the decoding state after the last token. ``logits_at``: the head
+        at those positions only (:mod:`drmlab.models.inputs`)."""
         check_tokens(tokens, self.config.vocab_size, self.model_name)
+        check_logits_at(logits_at, tokens, self.model_name)
         x = self.embeddings(tokens.long())
         conv, ssm = [], []
         for layer in self.layers:
@@ -127,7 +135,7 @@ class MambaLM(nn.Module):
             else:
                 x = layer(x)
         state = MambaState(tuple(conv), tuple(ssm), position=tokens.shape[1]) if return_state else None
-        return ModelOutput(logits=self._head(x), aux={}, state=state)
+        return ModelOutput(logits=self._head(x if logits_at is None else x[logits_at]), aux={}, state=state)
 
     # ------------------------------------------------------------------ generation
     def init_state(self, batch_size: int) -> MambaState:

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from drmlab.models.inputs import check_batch_size, check_step_tokens, check_tokens, leading_batch
+from drmlab.models.inputs import check_batch_size, check_logits_at, check_step_tokens, check_tokens, leading_batch
 from drmlab.models.layers import CausalSelfAttention, PreLNBlock
 from drmlab.models.legacy_names import accept_legacy_names
 from drmlab.models.output import ModelOutput
@@ -173,10 +173,18 @@ class ResolventLM(nn.Module):
     def _logits(self, x):
         return self.ln_f(x) @ self.embedding.weight.t()
 
-    def forward(self, tokens: torch.Tensor, step: int | None = None, return_state: bool = False) -> ModelOutput:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        step: int | None = None,
+        return_state: bool = False,
+        logits_at: torch.Tensor | None = None,
+    ) -> ModelOutput:
         """tokens [B, T] -> logits [B, T, vocab]; ``step`` is accepted and unused. ``return_state``:
-        ``.state`` is the per-layer cache after the last token."""
+        ``.state`` is the per-layer cache after the last token. ``logits_at``: the head at those positions
+        only (:mod:`drmlab.models.inputs`)."""
         check_tokens(tokens, self.config.vocab_size, self.model_name)
+        check_logits_at(logits_at, tokens, self.model_name)
         x = self.embedding(tokens.long())
         caches = []
         for block in self.blocks:
@@ -184,7 +192,8 @@ class ResolventLM(nn.Module):
             if return_state:
                 x, cache = x
                 caches.append(cache)
-        return ModelOutput(logits=self._logits(x), state=tuple(caches) if return_state else None)
+        logits = self._logits(x if logits_at is None else x[logits_at])
+        return ModelOutput(logits=logits, state=tuple(caches) if return_state else None)
 
     def init_state(self, batch_size: int) -> tuple:
         check_batch_size(batch_size, self.model_name)

@@ -1,6 +1,21 @@
 """The causal depthwise convolution over time (the causal mixer of ``docs/drm.md`` section 7), whole
-sequence and one decoding step; one implementation, in :mod:`.causal_depthwise`."""
+sequence and one decoding step (over the context, or over the open partial sums: the same sums); in
+:mod:`.causal_depthwise`."""
 
-from .causal_depthwise import causal_depthwise_conv1d, causal_depthwise_conv1d_step, conv_context_size
+from .causal_depthwise import (
+    causal_depthwise_conv1d,
+    causal_depthwise_conv1d_partials,
+    causal_depthwise_conv1d_step,
+    causal_depthwise_conv1d_step_partials,
+    conv_context_size,
+    conv_step_taps,
+)
 
-__all__ = ["causal_depthwise_conv1d", "causal_depthwise_conv1d_step", "conv_context_size"]
+__all__ = [
+    "causal_depthwise_conv1d",
+    "causal_depthwise_conv1d_step",
+    "causal_depthwise_conv1d_step_partials",
+    "causal_depthwise_conv1d_partials",
+    "conv_step_taps",
+    "conv_context_size",
+]

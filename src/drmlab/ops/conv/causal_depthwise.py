@@ -18,7 +18,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["causal_depthwise_conv1d", "causal_depthwise_conv1d_step", "conv_context_size"]
+__all__ = [
+    "causal_depthwise_conv1d",
+    "causal_depthwise_conv1d_step",
+    "causal_depthwise_conv1d_step_partials",
+    "causal_depthwise_conv1d_partials",
+    "conv_step_taps",
+    "conv_context_size",
+]
 
 
 def _taps(weight: torch.Tensor, channels: int) -> torch.Tensor:
@@ -105,3 +112,53 @@ def causal_depthwise_conv1d_step(
     if bias is not None:
         y = y + bias.to(y.dtype)
     return y, window[:, 1:]
+
+
+# --------------------------------------------------------------------------------------------
+# The step by pending partial sums: the same products and additions as
+# ``causal_depthwise_conv1d_step``, in the same order, grouped by input instead of by output.
+# Output t sums its K terms oldest input first; input x_t is the newest term so far of every output
+# it touches (t, t + dilation, ..., t + (K - 1) dilation), so adding it to all of them at once keeps
+# each output's order. The state is the L = dilation (K - 1) outputs t .. t + L - 1 still open.
+
+
+def conv_step_taps(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first tap [C], the later taps newest first [K - 1, C]) of a depthwise weight [C, 1, K], for
+    :func:`causal_depthwise_conv1d_step_partials` (compute them once, use them every step)."""
+    taps = _taps(weight, weight.shape[0]).to(dtype)  # [K, C]
+    return taps[0], taps[1:].flip(0)
+
+
+def causal_depthwise_conv1d_step_partials(
+    x_t: torch.Tensor,
+    partials: torch.Tensor,
+    taps: tuple[torch.Tensor, torch.Tensor],
+    bias: torch.Tensor | None = None,
+    dilation: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step from the open partial sums [B, L, C] of outputs t .. t + L - 1 (L >= 1): returns
+    (y_t [B, C], the partial sums of outputs t + 1 .. t + L), bit-identical to
+    :func:`causal_depthwise_conv1d_step` over the matching context."""
+    first, later = taps
+    touched = torch.addcmul(partials[:, ::dilation], x_t.unsqueeze(1), later)  # outputs t, t + dilation, ...
+    y = touched[:, 0]
+    if bias is not None:
+        y = y + (bias if bias.dtype == y.dtype else bias.to(y.dtype))
+    opened = (x_t * first).unsqueeze(1)  # output t + L: its first term
+    if dilation == 1:
+        return y, torch.cat([touched[:, 1:], opened], dim=1)
+    merged = partials.clone()
+    merged[:, ::dilation] = touched
+    return y, torch.cat([merged[:, 1:], opened], dim=1)
+
+
+def causal_depthwise_conv1d_partials(
+    context: torch.Tensor, taps: tuple[torch.Tensor, torch.Tensor], dilation: int = 1
+) -> torch.Tensor:
+    """The open partial sums [B, L, C] after the context [B, L, C] (oldest first) of
+    :func:`causal_depthwise_conv1d_step`: the L context inputs replayed through the partial-sum step
+    (every open output's terms come from the context, so whatever precedes the replay is dropped)."""
+    partials = torch.zeros_like(context)
+    for i in range(context.shape[1]):
+        _, partials = causal_depthwise_conv1d_step_partials(context[:, i], partials, taps, None, dilation)
+    return partials

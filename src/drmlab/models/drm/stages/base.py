@@ -30,6 +30,7 @@ class BlockGeometry:
     refined_velocity: torch.Tensor | None = None  # [B, L, d] of the solver-refined states
     solver_residual: torch.Tensor | None = None  # [B, L] |Phi(X) - X| at the last iteration
     consistency: tuple | None = None  # {"block_consistency": (sum, count), ...}
+    fast_weight_confidence: tuple | None = None  # (c^r, c^w) [B, L] each: the epistemic gates (section V.4)
 
 
 @dataclass
@@ -101,6 +102,11 @@ class Stage(nn.Module):
       when ``keep``, the state that stepping through the block would leave (else None).
     * ``step(block, part, state)``: one position (``block.z`` [B, 1, d]); returns the new state and
       never modifies the one passed in.
+    * ``step_token_part(e)``: the ``part`` that ``step`` takes, from e [B, 1, d_token] (``token_part(e)``
+      unless the fast step takes it as 2-D rows [B, H]).
+    * ``step_reference(block, part, state)``: the plain form of ``step``. A stage with a fast ``step``
+      (``stepping``: the same kernels, fewer dispatches, bit-identical) keeps its plain one here; the
+      model runs it under autocast or in a reduced precision, and ``DRMModel.step_reference`` always.
 
     A stage's state is None at the start of every block ("fresh": the stage starts from the block's
     start state) unless ``crosses_blocks``; then the model hands it from block to block.
@@ -125,6 +131,9 @@ class Stage(nn.Module):
     def token_part(self, e: torch.Tensor, width: int | None = None) -> torch.Tensor | None:
         return None
 
+    def step_token_part(self, e: torch.Tensor) -> torch.Tensor | None:
+        return self.token_part(e)
+
     def init_state(self, batch: int, like: torch.Tensor):
         return None
 
@@ -136,3 +145,6 @@ class Stage(nn.Module):
 
     def step(self, block: Block, part: torch.Tensor | None, state):
         raise NotImplementedError
+
+    def step_reference(self, block: Block, part: torch.Tensor | None, state):
+        return self.step(block, part, state)

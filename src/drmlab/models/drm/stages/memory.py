@@ -1,15 +1,18 @@
 """The selective memory stage (``docs/drm.md`` section 9): m_t = f_t * m_{t-1} + u_t from the previous
 position's state, m_0 = z_s, then z <- B(z + eta_m m). The block form is one ``linear_scan``; stepping
-keeps the previous position's state and m_{t-1}."""
+keeps the previous position's state and m_{t-1}; the fast step runs ``SelectiveMemory.gates`` over
+2-D rows without its casts and autocast guard (no-ops where it runs)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from drmlab.ops import linear_scan
 
+from . import stepping
 from .base import Block, Stage
 
 
@@ -36,7 +39,26 @@ class MemoryStage(Stage):
         block.z = f.bound(z + block.project(self.memory.scale * m))
         return kept
 
+    def step_token_part(self, e):
+        memory = self.memory
+        return F.linear(e[:, 0], memory.in_proj.weight[:, memory.d_read :], memory.in_proj.bias)
+
     def step(self, block: Block, part, state: MemoryState | None):
+        """The fast step: :meth:`step_reference`'s values."""
+        memory, z = self.memory, block.z
+        previous = block.anchor if state is None else state.previous
+        m_prev = block.start if state is None else state.memory
+        h = F.silu(F.linear(self.transition.read(previous[:, 0]), memory.in_proj.weight[:, : memory.d_read]) + part)
+        forget = F.linear(h, memory.forget.weight, memory.forget.bias) + stepping.scalar(memory.forget_bias, h)
+        forget = torch.sigmoid(forget)
+        update = torch.sigmoid(F.linear(h, memory.write.weight, memory.write.bias)) * torch.tanh(
+            F.linear(h, memory.candidate.weight, memory.candidate.bias)
+        )
+        m = forget * m_prev + update
+        block.z = stepping.bound(z + block.project((m * stepping.scalar(memory.scale, m)).unsqueeze(1)), self.config)
+        return MemoryState(z, m)
+
+    def step_reference(self, block: Block, part, state: MemoryState | None):
         f, z = self.transition, block.z
         previous = block.anchor if state is None else state.previous
         m_prev = block.start if state is None else state.memory

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import torch.nn.functional as F
+
+from . import stepping
 from .base import Block, Stage
 
 
@@ -22,6 +25,14 @@ class TokenResidualStage(Stage):
         self._add(block, part)
         return None
 
+    def step_token_part(self, e):
+        residual = self.token_residual
+        return F.linear(e[:, 0], residual.proj.weight) * stepping.scalar(residual.scale, e)
+
     def step(self, block: Block, part, state):
+        block.z = stepping.bound(block.z + block.project(part.unsqueeze(1)), self.config)
+        return None
+
+    def step_reference(self, block: Block, part, state):
         self._add(block, part)
         return None
