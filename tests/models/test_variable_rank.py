@@ -2,7 +2,8 @@
 ASM_VR_R, ASM_VR_RS, ASM_VR_S and ASM_CM_VR: parameter counts against upstream's, full rank equal to
 the base model bit for bit, the prefix mask and what it discards, the controller's policies, the
 straight-through gradient, the curriculum and its losses, the sliced form against the masked one in
-float64, exact stepping and prefill, constant decode state, and every refused setting."""
+float64, exact stepping and prefill, constant decode state, and every refused setting; ASM_CM_VR with
+the epistemic gates (ASM_CM_E's) on its rank-aware memory in the same tests."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ from drmlab.models.drm.rank import RankMask, rank_losses, rank_schedule
 
 F64 = torch.float64
 VR_NAMES = ["ASM_VR_R", "ASM_VR_RS", "ASM_VR_S", "ASM_CM_VR"]
+# every entry, and ASM_CM_VR with ASM_CM_E's epistemic gates on its rank-aware memory (the two compose)
+EPISTEMIC = dict(fast_weight_epistemic_gates=True)
+VR_CASES = [pytest.param(name, {}, id=name) for name in VR_NAMES] + [
+    pytest.param("ASM_CM_VR", EPISTEMIC, id="ASM_CM_VR+epistemic")
+]
 
 # upstream's Phase 3A / PMCS-64 preset in our fields (../shared/notes/upstream-asm-vr.md section 6); the
 # unused risk field it instantiates is risk="dead" (8,582 parameters at d = 64)
@@ -60,6 +66,7 @@ BASES = {
     "ASM_VR_S": ("J_DIRECT_CONTROL", lambda c: dict(memory_hidden=c.memory_hidden)),
     "ASM_CM_VR": ("ASM_CM", lambda c: dict(fast_weight_value_dim=c.d_state)),
 }
+EPISTEMIC_BASES = {"ASM_CM_VR": ("ASM_CM_E", lambda c: dict(fast_weight_value_dim=c.d_state))}
 
 
 def trainable(model) -> int:
@@ -105,6 +112,17 @@ def test_parameter_counts_at_125m_and_ours(name):
     assert sum(p.numel() for p in model.rank_controller.parameters()) == controller
 
 
+def test_parameter_count_of_the_rank_aware_memory_with_epistemic_gates():
+    """ASM_CM_VR + the gates: ASM_CM_VR's count plus ASM_CM_E's four confidence MLPs, in closed form."""
+    for preset in ("micro", "tiny", "small", "125m"):
+        with torch.device("meta"):
+            both = build_model("ASM_CM_VR", preset, **EPISTEMIC)
+            vr, gates = build_model("ASM_CM_VR", preset), build_model("ASM_CM_E", preset)
+            cm = build_model("ASM_CM", preset)
+        assert count_parameters(both) == closed_form_parameter_count(both.config)
+        assert count_parameters(both) - count_parameters(vr) == count_parameters(gates) - count_parameters(cm)
+
+
 # ------------------------------------------------------------------------------------------ full rank
 def _randomised(model, seed=0):
     """Every weight moved off its initialisation (W_o = 0 would hide the fast-weight memory)."""
@@ -116,12 +134,12 @@ def _randomised(model, seed=0):
     return model
 
 
-@pytest.mark.parametrize("name", VR_NAMES)
-def test_full_rank_is_the_base_model_bit_for_bit(name):
+@pytest.mark.parametrize("name, extra", VR_CASES)
+def test_full_rank_is_the_base_model_bit_for_bit(name, extra):
     """Same seed, same weights: logits, stepped logits and every gradient are identical; the state dicts
     differ by the controller only."""
-    vr = build_model(name, "micro", seed=5)
-    base_name, settings = BASES[name]
+    vr = build_model(name, "micro", seed=5, **extra)
+    base_name, settings = (EPISTEMIC_BASES if extra else BASES)[name]
     base = _randomised(build_model(base_name, "micro", seed=5, **settings(vr.config)))
     missing, unexpected = vr.load_state_dict(base.state_dict(), strict=False)
     assert not unexpected and missing and all(k.startswith("rank_controller.") for k in missing)
@@ -177,11 +195,12 @@ def test_rank_counts_scores_over_the_threshold_clamped_to_the_minimum():
     assert torch.equal(adaptive.decide(e)[0], adaptive.ranks(adaptive.logits(e)))
 
 
-@pytest.mark.parametrize("name", VR_NAMES)
-def test_discarded_coordinates_are_zero_and_change_nothing(name):
+@pytest.mark.parametrize("name, extra", VR_CASES)
+def test_discarded_coordinates_are_zero_and_change_nothing(name, extra):
     """Every state is zero outside its block's prefix, in the forward and the decoding state, and a start
     state that differs only there gives the same logits; the gradient to it is exactly zero."""
-    model = _varied(_randomised(build_model(name, "micro", seed=2, rank_policy="adaptive"))).double().eval()
+    model = build_model(name, "micro", seed=2, rank_policy="adaptive", **extra)
+    model = _varied(_randomised(model)).double().eval()
     tokens = torch.randint(0, 256, (3, 29), generator=torch.Generator().manual_seed(1))
     controller = model.rank_controller
     with torch.no_grad():  # every row starts with one token whose rank is neither the least nor full
@@ -332,15 +351,16 @@ def test_the_model_returns_the_rank_losses_of_the_step():
 
 
 # ------------------------------------------------------------------------------------------ sliced
-@pytest.mark.parametrize("name", VR_NAMES)
+@pytest.mark.parametrize("name, extra", VR_CASES)
 @pytest.mark.parametrize("policy", ["fixed", "adaptive"])
-def test_sliced_equals_masked_in_float64(name, policy):
+def test_sliced_equals_masked_in_float64(name, extra, policy):
     """The logits and, for the frozen policy, every gradient of the sliced form equal the masked form's
     (float64); the adaptive controller is compared in evaluation (it cannot be trained sliced)."""
     settings = dict(rank_policy=policy, rank_fixed=5) if policy == "fixed" else dict(rank_policy="adaptive")
     models = {}
     for compute in ("masked", "sliced"):
-        model = _randomised(build_model(name, "micro", seed=6, rank_compute=compute, **settings), seed=1)
+        model = build_model(name, "micro", seed=6, rank_compute=compute, **settings, **extra)
+        model = _randomised(model, seed=1)
         models[compute] = (_varied(model) if policy == "adaptive" else model).double()
     tokens = torch.randint(0, 256, (3, 27), generator=torch.Generator().manual_seed(5))
     masked, sliced = models["masked"], models["sliced"]
@@ -349,6 +369,11 @@ def test_sliced_equals_masked_in_float64(name, policy):
         got = sliced.eval()(tokens)
     assert torch.equal(want.aux["rank"], got.aux["rank"])
     assert (got.logits - want.logits).abs().max() <= 1e-12 * want.logits.abs().max()
+    for key in ("fast_weight_read_confidence", "fast_weight_write_confidence"):  # the epistemic gates' c^r, c^w
+        assert (key in got.aux) == bool(extra) == (key in want.aux)
+        if extra:
+            assert (got.aux[key] - want.aux[key]).abs().max() <= 1e-12
+            assert want.aux[key].std() > 0  # randomised: the confidences vary over the positions
     assert (sliced.states(tokens)[0] - masked.states(tokens)[0]).abs().max() <= 1e-12
     if policy == "fixed":
         for model in (masked, sliced):
@@ -363,13 +388,35 @@ def test_sliced_equals_masked_in_float64(name, policy):
             sliced.train()(tokens, step=3)
 
 
-@pytest.mark.parametrize("name", VR_NAMES)
+@pytest.mark.parametrize("name", ["ASM_VR_RS", "ASM_CM_VR"])
+@pytest.mark.parametrize("option", [dict(metric="pullback"), dict(metric_diagonal="relu")], ids=["pullback", "relu"])
+def test_sliced_equals_masked_under_the_metric_options(name, option):
+    """The metric options (docs/geometry.md 8, 9) under a fixed rank of 5, float64: sliced logits equal the
+    masked ones to 1e-12 (the pullback metric reads the sliced state zero-padded), stepping equals the
+    parallel pass to 1e-10 in both forms."""
+    tokens = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(2))
+    logits = {}
+    for compute in ("masked", "sliced"):
+        model = build_model(name, "micro", seed=6, rank_policy="fixed", rank_fixed=5, rank_compute=compute, **option)
+        model = _randomised(model, seed=3).double().eval()
+        with torch.no_grad():
+            logits[compute] = model(tokens).logits
+            state, stepped = model.init_state(2), []
+            for t in range(tokens.shape[1]):
+                step_logits, state = model.step(tokens[:, t], state)
+                stepped.append(step_logits)
+        assert (torch.stack(stepped, 1) - logits[compute]).abs().max() <= 1e-10 * logits[compute].abs().max()
+    assert (logits["sliced"] - logits["masked"]).abs().max() <= 1e-12 * logits["masked"].abs().max()
+
+
+@pytest.mark.parametrize("name, extra", VR_CASES)
 @pytest.mark.parametrize("compute", ["masked", "sliced"])
-def test_stepping_and_prefill_with_varying_ranks(name, compute):
+def test_stepping_and_prefill_with_varying_ranks(name, extra, compute):
     """float64, 1e-10: stepping reproduces the parallel logits with ranks that change between examples
     and blocks; the prefilled state equals the stepped one at every length (a short final block
     included) and has one size at every block phase."""
-    model = _varied(_randomised(build_model(name, "micro", seed=7, rank_policy="adaptive", rank_compute=compute)))
+    model = build_model(name, "micro", seed=7, rank_policy="adaptive", rank_compute=compute, **extra)
+    model = _varied(_randomised(model))
     model = model.double().eval()
     tokens = torch.randint(0, 256, (3, 29), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
