@@ -23,6 +23,10 @@ PREFILL_CASES = [(name, {}) for name in list_models()] + [
     ("LOOPED", dict(arm="HC", ssm_variant="mamba")),
     ("LOOPED", dict(arm="MC4", ssm_variant="mamba")),
     ("RESOLVENT", dict(gate_phase=True)),
+    # variable rank (docs/variable-rank.md): a fixed rank, masked and sliced
+    ("ASM_VR_S", dict(rank_policy="fixed", rank_fixed=6)),
+    ("ASM_VR_R", dict(rank_policy="fixed", rank_fixed=6, rank_compute="sliced")),
+    ("ASM_CM_VR", dict(rank_policy="fixed", rank_fixed=5, rank_compute="sliced")),
 ]
 
 

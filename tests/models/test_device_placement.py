@@ -33,8 +33,13 @@ READS_VALUES_WHEN_EAGER = {
 }
 
 # Parameters that get no gradient by design: A-G carry the reference's dead risk field (disabled, it
-# returns zeros); J_NO_NATURALIZATION keeps the metric's parameters but never uses them.
-NO_GRADIENT_BY_DESIGN = {name: ("risk.",) for name in "ABCDEFG"} | {"J_NO_NATURALIZATION": ("metric.",)}
+# returns zeros); J_NO_NATURALIZATION keeps the metric's parameters but never uses them; the variable-rank
+# entries' controller is frozen at full rank (docs/variable-rank.md section 3).
+NO_GRADIENT_BY_DESIGN = (
+    {name: ("risk.",) for name in "ABCDEFG"}
+    | {"J_NO_NATURALIZATION": ("metric.",)}
+    | {name: ("rank_controller.",) for name in ("ASM_VR_R", "ASM_VR_RS", "ASM_VR_S", "ASM_CM_VR")}
+)
 
 
 class _AutocastMetaAsCpu(torch.autocast):

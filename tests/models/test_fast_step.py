@@ -1,7 +1,8 @@
 """The fast decode step (``drmlab.models.drm.stages.stepping``, ``docs/drm.md`` section A.4.5) equals the
 reference step bit for bit: every registered DRM model, both float widths, several batch sizes, from
 ``init_state`` and from a mid-block prefill, across block edges, and the settings whose fast step
-differs (solver, step modes, toroidal state, metric-first compositions, dilations, rank-0 metric)."""
+differs (solver, step modes, toroidal state, metric-first compositions, dilations, rank-0 metric), and
+the variable rank below d_state (masked: the fast step with the projection; sliced: the reference)."""
 
 import pytest
 import torch
@@ -57,6 +58,40 @@ def test_fast_step_is_the_reference_step_for_each_setting(overrides):
     model = build_model(name, preset="micro", seed=1, **overrides).eval()
     _assert_fast_equals_reference(model, 2)
     _assert_fast_equals_reference(model.double(), 2, prompt=11)
+
+
+def _live_ranks(model, seed=0):
+    """A live rank controller (random scores): the rank differs between examples and blocks."""
+    head = model.rank_controller.score_head
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head.weight.copy_(3.0 * torch.randn(head.weight.shape, generator=g, dtype=head.weight.dtype))
+        head.bias.copy_(torch.randn(head.bias.shape, generator=g, dtype=head.bias.dtype))
+        for name, p in model.named_parameters():  # W_o = 0 would hide the fast-weight memory
+            if not name.startswith("rank_controller."):
+                p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
+@pytest.mark.parametrize("name", ["ASM_VR_R", "ASM_VR_RS", "ASM_VR_S", "ASM_CM_VR", "ASM_CM_VR+epistemic"])
+@pytest.mark.parametrize("policy", ["fixed", "adaptive"])
+@pytest.mark.parametrize("compute", ["masked", "sliced"])
+def test_fast_step_applies_the_rank_projection_as_the_reference(name, policy, compute):
+    """Variable rank below d_state (the registry entries run at full rank): the fast step projects every
+    increment where the reference does, bit for bit; the masked form runs the fast step (its constants
+    are made), the sliced form steps by the reference."""
+    base, _, extra = name.partition("+")
+    settings = dict(rank_policy="fixed", rank_fixed=5) if policy == "fixed" else dict(rank_policy="adaptive")
+    if extra:
+        settings["fast_weight_epistemic_gates"] = True
+    model = build_model(base, preset="micro", seed=2, rank_compute=compute, **settings)
+    model = (_live_ranks(model) if policy == "adaptive" else _live_ranks(model, seed=1)).eval()
+    _assert_fast_equals_reference(model, 3)
+    _assert_fast_equals_reference(model.double(), 2, prompt=11)
+    with torch.no_grad():
+        _, state = model.step(torch.zeros(2, dtype=torch.long), model.init_state(2))
+    constants = [getattr(s, "constants", None) for s in state.stages if isinstance(s, tuple)]
+    assert any(c is not None for c in constants) == (compute == "masked" or int(state.rank.max()) == 16)
 
 
 def test_fast_step_steps_by_the_reference_where_casts_matter():

@@ -48,6 +48,9 @@ SCANNING = {
     "J_DIRECT_CONTROL_MATCHED",
     "J_METRIC_SUBSPACE",
     "J_METRIC_ORTHONORMAL_DIRECTION",
+    "ASM_VR_RS",  # ASM_VR_R has no selective memory
+    "ASM_VR_S",
+    "ASM_CM_VR",
     "LOOPED:MC",
     "LOOPED:MC/mamba",
 }

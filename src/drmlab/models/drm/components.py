@@ -55,6 +55,22 @@ class DRMStateInitializer(nn.Module):
         return self.z0.unsqueeze(0).expand(batch_size, -1).contiguous()
 
 
+def read_state(layer: nn.Linear, x: torch.Tensor, width: int | None) -> torch.Tensor:
+    """layer(x) for a layer whose input is the state; with ``width``, x [..., width] holds the state's
+    first coordinates only (the rest are zero) and meets the first ``width`` columns of the weight."""
+    if width is None:
+        return layer(x)
+    return F.linear(x, layer.weight[:, :width], layer.bias)
+
+
+def write_state(layer: nn.Linear, x: torch.Tensor, width: int | None) -> torch.Tensor:
+    """layer(x) for a layer whose output is (an increment of) the state; with ``width``, only the
+    first ``width`` outputs, the rows of the weight a prefix mask keeps (docs/variable-rank.md section 5)."""
+    if width is None:
+        return layer(x)
+    return F.linear(x, layer.weight[:width], None if layer.bias is None else layer.bias[:width])
+
+
 class GeometryTrunk(nn.Module):
     """q = GELU(W2 GELU(W1 z + b1) + b2): the shared shape of the direction and metric trunks."""
 
@@ -63,8 +79,10 @@ class GeometryTrunk(nn.Module):
         self.fc1 = nn.Linear(c.d_read, c.hidden_size)
         self.fc2 = nn.Linear(c.hidden_size, c.hidden_size)
 
-    def forward(self, z_read: torch.Tensor) -> torch.Tensor:
-        return F.gelu(self.fc2(F.gelu(self.fc1(z_read))))
+    def forward(self, z_read: torch.Tensor, width: int | None = None) -> torch.Tensor:
+        """``width``: z_read holds only the state's first ``width`` coordinates (the rest are zero;
+        docs/variable-rank.md section 5), read with the matching columns of W1."""
+        return F.gelu(self.fc2(F.gelu(read_state(self.fc1, z_read, width))))
 
 
 class DirectionField(nn.Module):
@@ -119,8 +137,9 @@ class RelationalMetric(nn.Module):
         else:
             self.u_head, self.basis = None, None
 
-    def forward(self, z_read: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q = self.trunk(z_read)
+    def forward(self, z_read: torch.Tensor, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gamma, U) at full width; ``width``: z_read holds the state's first coordinates only."""
+        q = self.trunk(z_read, width)
         if self.diagonal == "softplus_eps":
             gamma = F.softplus(self.diag_head(q)) + self.eps
         elif self.diagonal == "softplus":
@@ -154,10 +173,14 @@ class DRMFlow(nn.Module):
     def token_part(self, e: torch.Tensor) -> torch.Tensor:
         return F.linear(e, self.fc1.weight[:, self.d_read :], self.fc1.bias)
 
-    def forward(self, z_read: torch.Tensor, token_part: torch.Tensor) -> torch.Tensor:
-        """z_read [..., d_read] broadcast against token_part [..., L, H]."""
-        state_part = F.linear(z_read, self.fc1.weight[:, : self.d_read])
-        return torch.tanh(self.fc2(F.gelu(state_part + token_part)))
+    def forward(
+        self, z_read: torch.Tensor, token_part: torch.Tensor, width: int | None = None, out_width: int | None = None
+    ) -> torch.Tensor:
+        """z_read [..., d_read] broadcast against token_part [..., L, H]. ``width``: z_read holds the
+        state's first ``width`` coordinates only; ``out_width``: only the first outputs (the direct
+        transition's kept coordinates, docs/variable-rank.md section 5)."""
+        state_part = F.linear(z_read, self.fc1.weight[:, : self.d_read if width is None else width])
+        return torch.tanh(write_state(self.fc2, F.gelu(state_part + token_part), out_width))
 
 
 class DirectStateTransition(DRMFlow):
@@ -187,10 +210,10 @@ class RiskField(nn.Module):
         self.alpha = nn.Parameter(torch.full((2,), 0.1))
         self.beta = nn.Parameter(torch.full((2,), 1.5))
 
-    def forward(self, z_read: torch.Tensor) -> torch.Tensor:
+    def forward(self, z_read: torch.Tensor, width: int | None = None) -> torch.Tensor:
         if not self.enabled:
             return z_read.new_zeros(z_read.shape[:-1])
-        bd = torch.sigmoid(self.fc2(F.gelu(self.fc1(z_read))))
+        bd = torch.sigmoid(self.fc2(F.gelu(read_state(self.fc1, z_read, width))))
         alpha = self.alpha.clamp(-10.0, 10.0)
         beta = self.beta.abs().clamp(0.25, 4.0)
         return (alpha * bd.pow(beta)).sum(-1).clamp(max=10.0)
@@ -340,15 +363,20 @@ class CausalConvMixer(nn.Module):
         d = self.d_state
         return F.linear(e, self.in_proj.weight[:, 3 * d : -2], self.in_proj.bias)
 
-    def state_weights(self) -> tuple[torch.Tensor, ...]:
-        """The column blocks of W_in that multiply the states, diffs, deltas and (dimD, rho)."""
+    def state_weights(self, width: int | None = None) -> tuple[torch.Tensor, ...]:
+        """The column blocks of W_in that multiply the states, diffs, deltas and (dimD, rho); with ``width``
+        the first ``width`` columns of each state block (the state pieces hold that many coordinates)."""
         d, w = self.d_state, self.in_proj.weight
-        return w[:, :d], w[:, d : 2 * d], w[:, 2 * d : 3 * d], w[:, -2:]
+        n = d if width is None else width
+        return w[:, :n], w[:, d : d + n], w[:, 2 * d : 2 * d + n], w[:, -2:]
 
-    def input_features(self, states, diffs, deltas, scalars, token_part, weights=None) -> torch.Tensor:
+    def input_features(
+        self, states, diffs, deltas, scalars, token_part, weights=None, width: int | None = None
+    ) -> torch.Tensor:
         """W_in f + b from its pieces: states/diffs/deltas [N, L, d], scalars [N, 2] (dimD, rho);
-        ``weights``: :meth:`state_weights`, when the caller holds them for several blocks."""
-        w_states, w_diffs, w_deltas, w_scalars = weights if weights is not None else self.state_weights()
+        ``weights``: :meth:`state_weights` (of the same ``width``), when the caller holds them for several
+        blocks; with ``width`` the state pieces hold their first ``width`` coordinates only (the rest are zero)."""
+        w_states, w_diffs, w_deltas, w_scalars = weights if weights is not None else self.state_weights(width)
         pre = token_part + F.linear(scalars, w_scalars).unsqueeze(-2)
         if states is not None:  # geometry-free paths have zero diffs and deltas
             pre = pre + F.linear(states.contiguous(), w_states)  # contiguous: see DRMStateInitializer
@@ -356,26 +384,29 @@ class CausalConvMixer(nn.Module):
             pre = pre + F.linear(diffs, w_diffs) + F.linear(deltas, w_deltas)
         return F.silu(pre)
 
-    def forward(self, h: torch.Tensor, return_state: bool = False):
+    def forward(self, h: torch.Tensor, return_state: bool = False, width: int | None = None):
         """h = silu(W_in f + b) [N, L, M] -> the residual correction eta_mix (W_out h_L + b); with
-        ``return_state`` also each layer's left context after the last position (as ``step`` keeps it)."""
+        ``return_state`` also each layer's left context after the last position (as ``step`` keeps it);
+        ``width``: only the correction's first coordinates."""
         contexts = []
         for conv, point, dilation in zip(self.depthwise, self.pointwise, self.dilations):
             if return_state:
                 contexts.append(trailing_context(h, dilation * (conv.kernel_size[0] - 1)))
             y = causal_depthwise_conv1d(h, conv.weight, conv.bias, dilation=dilation)
             h = h + point(F.silu(y))
-        out = self.scale * self.out_proj(h)
+        out = self.scale * write_state(self.out_proj, h, width)
         return (out, contexts) if return_state else out
 
-    def step(self, h_t: torch.Tensor, contexts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def step(
+        self, h_t: torch.Tensor, contexts: list[torch.Tensor], width: int | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """One position of ``forward``: h_t [N, M]; contexts hold each layer's left inputs."""
         new_contexts = []
         for conv, point, dilation, context in zip(self.depthwise, self.pointwise, self.dilations, contexts):
             y, context = causal_depthwise_conv1d_step(h_t, context, conv.weight, conv.bias, dilation=dilation)
             new_contexts.append(context)
             h_t = h_t + point(F.silu(y))
-        return self.scale * self.out_proj(h_t), new_contexts
+        return self.scale * write_state(self.out_proj, h_t, width), new_contexts
 
 
 class TokenStateResidual(nn.Module):
@@ -386,8 +417,8 @@ class TokenStateResidual(nn.Module):
         self.scale = c.token_state_residual_scale
         self.proj = nn.Linear(c.d_token, c.d_state, bias=False)
 
-    def forward(self, e: torch.Tensor) -> torch.Tensor:
-        return self.scale * self.proj(e)
+    def forward(self, e: torch.Tensor, width: int | None = None) -> torch.Tensor:
+        return self.scale * write_state(self.proj, e, width)
 
 
 class SelectiveMemory(nn.Module):
@@ -413,19 +444,26 @@ class SelectiveMemory(nn.Module):
         with torch.autocast(device_type=e.device.type, enabled=False):
             return F.linear(e.to(dtype), self.in_proj.weight[:, self.d_read :].to(dtype), self.in_proj.bias.to(dtype))
 
-    def state_weight(self) -> torch.Tensor:
-        """The columns of W_h that multiply the previous state."""
-        return self.in_proj.weight[:, : self.d_read]
+    def state_weight(self, width: int | None = None) -> torch.Tensor:
+        """The columns of W_h that multiply the previous state (its first ``width`` when given)."""
+        return self.in_proj.weight[:, : self.d_read if width is None else width]
 
     def gates(
-        self, prev_read: torch.Tensor, token_part: torch.Tensor, state_weight: torch.Tensor | None = None
+        self,
+        prev_read: torch.Tensor,
+        token_part: torch.Tensor,
+        state_weight: torch.Tensor | None = None,
+        width: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(f, u) [B, L, d_state] in float32 or wider, computed with autocast off; ``state_weight``:
-        :meth:`state_weight`, when the caller holds it for several blocks."""
+        :meth:`state_weight` (of the same ``width``), when the caller holds it for several blocks; with
+        ``width`` the previous states hold their first ``width`` coordinates only and f, u are [B, L, width]."""
         dtype = torch.promote_types(torch.promote_types(prev_read.dtype, token_part.dtype), torch.float32)
-        w_state = state_weight if state_weight is not None else self.state_weight()
+        w_state = state_weight if state_weight is not None else self.state_weight(width)
 
         def linear(x, layer):
+            if width is not None:
+                return F.linear(x, layer.weight[:width].to(dtype), layer.bias[:width].to(dtype))
             return F.linear(x, layer.weight.to(dtype), layer.bias.to(dtype))
 
         with torch.autocast(device_type=prev_read.device.type, enabled=False):
@@ -457,5 +495,12 @@ class LanguageEmitter(nn.Module):
         self.fc1 = nn.Linear(c.d_read, c.hidden_size)
         self.fc2 = nn.Linear(c.hidden_size, c.vocab_size)
 
-    def forward(self, z_read: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(self.norm(z_read))))
+    def forward(self, z_read: torch.Tensor, width: int | None = None) -> torch.Tensor:
+        """``width``: z_read holds the state's first ``width`` coordinates only (the rest are zero): the
+        RMS still divides by d_read, and W_e meets its first ``width`` columns."""
+        if width is None:
+            return self.fc2(F.gelu(self.fc1(self.norm(z_read))))
+        norm = self.norm
+        mean_square = z_read.pow(2).sum(-1, keepdim=True) / norm.normalized_shape[0]
+        normed = z_read * torch.rsqrt(mean_square + norm.eps) * norm.weight[:width]
+        return self.fc2(F.gelu(read_state(self.fc1, normed, width)))

@@ -38,6 +38,9 @@ LOSS_WEIGHTS_BASE = {
 CE_ONLY = {k: 0.0 for k in LOSS_WEIGHTS_BASE}
 
 
+# Variable-rank policies (``docs/variable-rank.md`` section 3).
+RANK_POLICIES = ("off", "full", "fixed", "adaptive")
+
 # How the metric meets the directions (``docs/drm.md`` sections 5 and U).
 COMPOSITIONS = ("post_naturalize", "metric_subspace", "metric_orthonormal")
 # The metric options (``docs/geometry.md`` sections 8 and 9) and the loss terms of the relational metric alone.
@@ -155,6 +158,35 @@ class DRMConfig:
     fast_weight_durable: bool = True
     fast_weight_state_fp32: bool = True
     fast_weight_compute_fp32: bool = True
+    # the value width d_v of the fast-weight matrices; 0 = fast_weight_dim (d_k = d_v). The rank-aware
+    # memory (ASM_CM_VR) sets it to d_state, so that one prefix mask covers the state and the values.
+    fast_weight_value_dim: int = 0
+    # variable rank (``docs/variable-rank.md``; upstream ASM-VR): a causal controller reads each block's
+    # first token embedding and keeps the first r state coordinates of that block, r = max(#{i: sigmoid(l_i)
+    # >= rank_threshold}, rank_min); every increment of the block path is projected onto them before it
+    # enters the state. rank_policy: "off" (no controller), "full" (r = d_state, frozen), "fixed" (r =
+    # rank_fixed, frozen) or "adaptive" (trained through straight-through soft gates, with the curriculum
+    # and the budget / binary / switching losses below). rank_compute: "masked" (the reference: every
+    # tensor at d_state, zeros outside the prefix) or "sliced" (the same numbers computed on the batch's
+    # largest rank only: docs/variable-rank.md section 5).
+    rank_policy: str = "off"
+    rank_fixed: int = 0
+    rank_min: int = 1
+    rank_threshold: float = 0.5
+    rank_target_fraction: float = 0.5
+    rank_open_probability: float = 0.95
+    rank_temperature_initial: float = 2.0
+    rank_temperature_final: float = 0.5
+    rank_warmup_steps: int = 25
+    rank_ramp_steps: int = 75
+    rank_hardening_steps: int = 100
+    rank_budget_weight: float = 1.0
+    rank_binary_weight: float = 0.01
+    rank_switch_weight: float = 0.01
+    rank_compute: str = "masked"
+    # the rank-aware fast-weight memory (upstream ASM-CM-VR, "project_io"): the same mask on the memory's
+    # value axis, its read-out and its input state
+    rank_aware_memory: bool = False
     # epistemic gates (section V.4; upstream ASM-CM-E): the read gate and the hard write gate are each
     # scaled by a confidence c = q_loc q_cons in [0, 1], two MLPs on h_t = [z_t; e_t; e_{t-1}] with
     # fast_weight_confidence_layers hidden layers of fast_weight_confidence_hidden units (ReLU), dropout
@@ -181,6 +213,15 @@ class DRMConfig:
     @property
     def has_metric(self) -> bool:
         return self.use_drm_geometry and self.use_relational_metric
+
+    @property
+    def has_variable_rank(self) -> bool:
+        return self.rank_policy != "off"
+
+    @property
+    def fast_weight_values(self) -> int:
+        """d_v of the fast-weight matrices (fast_weight_value_dim, or d_k where it is 0)."""
+        return self.fast_weight_value_dim or self.fast_weight_dim
 
     @property
     def has_relational_metric(self) -> bool:
@@ -270,6 +311,7 @@ class DRMConfig:
         self._validate_composition()
         self._validate_metric_options()
         self._validate_fast_weight()
+        self._validate_variable_rank()
         strange = sorted(set(self.loss_weights) - set(LOSS_WEIGHTS_BASE))
         if strange:
             raise unknown("loss weight", strange[0], LOSS_WEIGHTS_BASE)
@@ -408,8 +450,84 @@ class DRMConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        value = self.fast_weight_value_dim
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(
+                f"fast_weight_value_dim must be a non-negative integer (0: fast_weight_dim), got {value!r}"
+            )
         if self.fast_weight_epistemic_gates:
             self._validate_epistemic_gates()
+
+    def _validate_variable_rank(self) -> None:
+        """The variable-rank rules of docs/variable-rank.md section 7, one line each."""
+        if self.rank_policy not in RANK_POLICIES:
+            raise ValueError(
+                f"rank_policy must be one of {', '.join(map(repr, RANK_POLICIES))}, got {self.rank_policy!r}"
+            )
+        if self.rank_compute not in ("masked", "sliced"):
+            raise ValueError(f"rank_compute must be 'masked' or 'sliced', got {self.rank_compute!r}")
+        if self.rank_aware_memory and not self.has_variable_rank:
+            raise ValueError(
+                "rank_aware_memory masks the memory by the block's rank: it needs rank_policy other than 'off'"
+            )
+        if self.rank_aware_memory and not self.fast_weight_memory:
+            raise ValueError("rank_aware_memory needs the fast-weight backend (fast_weight_memory=True)")
+        if not self.has_variable_rank:
+            return
+        policy = f"rank_policy={self.rank_policy!r}"
+        if self.has_direction_field:
+            raise ValueError(
+                f"{policy}: variable rank does not compose with the direction field (J and its direction variants); "
+                "use_direction_field=False gives J_NO_DIRECTION, J_DIRECT_CONTROL or ASM_CM"
+            )
+        if not self.use_drm_geometry:
+            raise ValueError(f"{policy}: variable rank needs the direct transition (use_drm_geometry=True)")
+        refused = [
+            (self.sequence_mode != "block_cumsum", f"sequence_mode={self.sequence_mode!r} (use 'block_cumsum')"),
+            (self.step_mode != "velocity", f"step_mode={self.step_mode!r} (use 'velocity')"),
+            (self.block_solver is not None, f"block_solver={self.block_solver!r}"),
+            (self.refinement_layers > 0, f"refinement_layers={self.refinement_layers}"),
+            (self.has_consistency_loss, "the block-consistency loss weights"),
+            (self.toroidal_dims > 0, f"toroidal_dims={self.toroidal_dims} (a masked angle does not read as zero)"),
+        ]
+        for bad, what in refused:
+            if bad:
+                raise ValueError(f"{policy}: variable rank refuses {what}")
+        if self.fast_weight_memory and not self.rank_aware_memory:
+            raise ValueError(
+                f"{policy} with fast_weight_memory=True needs rank_aware_memory=True (the memory would keep and "
+                "write back the coordinates the mask discards)"
+            )
+        if self.rank_aware_memory and self.fast_weight_values != self.d_state:
+            raise ValueError(
+                f"rank_aware_memory needs fast_weight_value_dim equal to d_state ({self.d_state}), "
+                f"got {self.fast_weight_values}"
+            )
+        for name in ("rank_min", "rank_fixed", "rank_warmup_steps", "rank_ramp_steps", "rank_hardening_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if not 1 <= self.rank_min <= self.d_state:
+            raise ValueError(f"rank_min must be in [1, d_state={self.d_state}], got {self.rank_min}")
+        if self.rank_policy == "fixed":
+            if self.rank_fixed > self.d_state:
+                raise ValueError(f"rank_fixed ({self.rank_fixed}) exceeds d_state ({self.d_state})")
+            if self.rank_fixed < self.rank_min:
+                raise ValueError(f"rank_fixed ({self.rank_fixed}) is below rank_min ({self.rank_min})")
+        for name in ("rank_threshold", "rank_open_probability"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 < value < 1):
+                raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+        if not (isinstance(self.rank_target_fraction, (int, float)) and 0 < self.rank_target_fraction <= 1):
+            raise ValueError(f"rank_target_fraction must be in (0, 1], got {self.rank_target_fraction!r}")
+        for name in ("rank_temperature_initial", "rank_temperature_final"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        for name in ("rank_budget_weight", "rank_binary_weight", "rank_switch_weight"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
     def _validate_epistemic_gates(self) -> None:
         for name in ("fast_weight_confidence_hidden", "fast_weight_confidence_layers"):
@@ -513,6 +631,25 @@ def _variant_overrides(name: str, dims: dict) -> dict:
     direct = dict(
         j, use_direction_field=False, use_relational_metric=False, use_metric_naturalization=False, step_mode="velocity"
     )
+    asm_cm = dict(
+        j,
+        use_direction_field=False,
+        fast_weight_memory=True,
+        fast_weight_durable=True,
+        fast_weight_write_threshold=0.5,
+        fast_weight_state_fp32=True,
+        fast_weight_compute_fp32=True,
+    )
+    # the variable-rank line (docs/variable-rank.md): full rank by default, upstream's Phase 3A curriculum
+    variable_rank = dict(
+        rank_policy="full",
+        rank_warmup_steps=50,
+        rank_ramp_steps=150,
+        rank_hardening_steps=200,
+        rank_budget_weight=0.0025,
+        rank_binary_weight=0.01,
+        rank_switch_weight=0.001,
+    )
     table = {
         "A": a,
         "B": b,
@@ -538,15 +675,14 @@ def _variant_overrides(name: str, dims: dict) -> dict:
         "J_METRIC_SUBSPACE": dict(j, directional_metric_composition="metric_subspace"),
         "J_METRIC_ORTHONORMAL_DIRECTION": dict(j, directional_metric_composition="metric_orthonormal"),
         # ASM-CM (section V): J_NO_DIRECTION with the durable fast-weight memory, float32 state and compute
-        "ASM_CM": dict(
-            j,
-            use_direction_field=False,
-            fast_weight_memory=True,
-            fast_weight_durable=True,
-            fast_weight_write_threshold=0.5,
-            fast_weight_state_fp32=True,
-            fast_weight_compute_fp32=True,
-        ),
+        "ASM_CM": asm_cm,
+        # variable rank (docs/variable-rank.md): ASM-VR-R = J_NO_DIRECTION without selective memory,
+        # ASM-VR-RS = J_NO_DIRECTION, ASM-VR-S = the direct control with its memory widened to ASM_CM's
+        # count (width matched in build_config), ASM-CM-VR = ASM_CM with the rank-aware memory (d_v = d_state)
+        "ASM_VR_R": dict(j, use_direction_field=False, selective_memory=False, **variable_rank),
+        "ASM_VR_RS": dict(j, use_direction_field=False, **variable_rank),
+        "ASM_VR_S": dict(direct, **variable_rank),
+        "ASM_CM_VR": dict(asm_cm, rank_aware_memory=True, **variable_rank),
     }
     # ASM-CM-E (section V.4): ASM_CM with the epistemic gates on its memory's read and write
     table["ASM_CM_E"] = dict(table["ASM_CM"], fast_weight_epistemic_gates=True)
@@ -592,10 +728,33 @@ VARIANTS = (
     "J_METRIC_SUBSPACE",
     "J_METRIC_ORTHONORMAL_DIRECTION",
     "ASM_CM",
+    "ASM_VR_R",
+    "ASM_VR_RS",
+    "ASM_VR_S",
+    "ASM_CM_VR",
     "ASM_CM_E",
 )
 # variant -> (the variant whose parameter count its memory width matches, the matching rule)
-MATCHED_MEMORY = {"SSM_CONTROL": ("J", "floor"), "J_DIRECT_CONTROL_MATCHED": ("J_NO_DIRECTION", "nearest")}
+MATCHED_MEMORY = {
+    "SSM_CONTROL": ("J", "floor"),
+    "J_DIRECT_CONTROL_MATCHED": ("J_NO_DIRECTION", "nearest"),
+    "ASM_VR_S": ("ASM_CM", "nearest"),  # upstream's PMCS-64 arm (S = 465 at its d = 64 preset)
+}
+
+
+def _quarter_state(values: dict) -> int:
+    return max(1, values["d_state"] // 4)
+
+
+# variant -> {field: its value from the resolved fields}, unless the caller sets the field: the
+# variable-rank floor at a quarter of the state (upstream's r_min = 16 at d = 64) and the rank-aware
+# memory's value width d_v = d_state
+DERIVED_FIELDS = {
+    "ASM_VR_R": {"rank_min": _quarter_state},
+    "ASM_VR_RS": {"rank_min": _quarter_state},
+    "ASM_VR_S": {"rank_min": _quarter_state},
+    "ASM_CM_VR": {"rank_min": _quarter_state, "fast_weight_value_dim": lambda values: values["d_state"]},
+}
 
 
 def build_config(variant: str, preset: str, vocab_size: int = 256, **overrides) -> DRMConfig:
@@ -613,6 +772,9 @@ def build_config(variant: str, preset: str, vocab_size: int = 256, **overrides) 
     if "loss_weights" in overrides:  # a partial dict updates the variant's weights
         overrides = dict(overrides, loss_weights={**values.get("loss_weights", CE_ONLY), **overrides["loss_weights"]})
     values.update(overrides)
+    for key, derive in DERIVED_FIELDS.get(variant, {}).items():
+        if key not in overrides:
+            values[key] = derive(values)
     config = DRMConfig(**values)
     config.validate()
     if variant in MATCHED_MEMORY and "memory_hidden" not in overrides:
@@ -676,13 +838,15 @@ def closed_form_parameter_count(c: DRMConfig) -> int:
     if c.has_geometry:
         total += c.refinement_layers * (_direction_field(c) + _metric(c) + _flow(c))
     if c.fast_weight_memory:  # section V: W_k, W_v and b_v, the gates (the consolidation gate if durable), W_o
-        k = c.fast_weight_dim
+        k, v = c.fast_weight_dim, c.fast_weight_values
         total += (
-            k * dt + (c.d_read + dt + 1) * k + (4 if c.fast_weight_durable else 3) * (c.d_read + 2 * dt + 1) + ds * k
+            k * dt + (c.d_read + dt + 1) * v + (4 if c.fast_weight_durable else 3) * (c.d_read + 2 * dt + 1) + ds * v
         )
         if c.fast_weight_epistemic_gates:  # section V.4: four MLPs (two factors for each of two gates)
             u = c.fast_weight_confidence_hidden
             total += 4 * ((c.d_read + 2 * dt + 1) * u + (c.fast_weight_confidence_layers - 1) * (u + 1) * u + u + 1)
+    if c.has_variable_rank:  # the rank controller's score head (docs/variable-rank.md section 2)
+        total += (dt + 1) * ds
     return total
 
 

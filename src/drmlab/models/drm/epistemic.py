@@ -31,6 +31,7 @@ __all__ = ["ConfidenceFactor", "EpistemicGates", "FACTORS"]
 FACTORS = ("read_loc", "read_cons", "write_loc", "write_cons")
 
 Linear = Callable[[torch.Tensor, nn.Linear], torch.Tensor]
+FirstLayer = Callable[[nn.Linear], torch.Tensor]
 
 
 class ConfidenceFactor(nn.Module):
@@ -46,12 +47,16 @@ class ConfidenceFactor(nn.Module):
             self.out.weight.zero_()
             self.out.bias.fill_(math.log(initial) - math.log1p(-initial))  # logit(initial)
 
-    def forward(self, h: torch.Tensor, linear: Linear = F.linear) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor | None, linear: Linear = F.linear, first: FirstLayer | None = None
+    ) -> torch.Tensor:
         """q(h) [...] from h [..., width_in]; ``linear(x, layer)`` applies a layer (the memory passes
-        one that casts the weights to its compute dtype)."""
+        one that casts the weights to its compute dtype); ``first(layer)``, where given, applies the first
+        hidden layer to h instead (the sliced variable rank, where h is not built at full width)."""
         x = h
-        for layer in self.hidden:
-            x = F.dropout(torch.relu(linear(x, layer)), self.dropout, self.training)
+        for index, layer in enumerate(self.hidden):
+            y = first(layer) if index == 0 and first is not None else linear(x, layer)
+            x = F.dropout(torch.relu(y), self.dropout, self.training)
         return torch.sigmoid(linear(x, self.out)).squeeze(-1)
 
 
@@ -75,9 +80,11 @@ class EpistemicGates(nn.Module):
             }
         )
 
-    def forward(self, h: torch.Tensor, linear: Linear = F.linear) -> tuple[torch.Tensor, torch.Tensor]:
-        """(c^r, c^w), each [B, L], from h [B, L, d_read + 2 d_token]."""
-        q = {name: factor(h, linear) for name, factor in self.factors.items()}
+    def forward(
+        self, h: torch.Tensor | None, linear: Linear = F.linear, first: FirstLayer | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(c^r, c^w), each [B, L], from h [B, L, d_read + 2 d_token] (or ``first``: see ConfidenceFactor)."""
+        q = {name: factor(h, linear, first) for name, factor in self.factors.items()}
         read = (q["read_loc"] * q["read_cons"]).clamp(0.0, 1.0)
         write = (q["write_loc"] * q["write_cons"]).clamp(0.0, 1.0)
         return read, write

@@ -29,10 +29,17 @@ and in the decoding state.
 Initialisation (upstream section 3.2): PyTorch's defaults except W_o = 0 (the memory starts as a
 no-op), forget bias 4.0, write bias 0.0 (durable) or -2.0.
 
+The value width d_v is ``fast_weight_value_dim`` (0: d_v = d_k).  The rank-aware form (upstream
+ASM-CM-VR, ``docs/variable-rank.md`` section 6) has d_v = d_state, so the value axis is aligned with the
+state's coordinates and the block's prefix mask Pi applies to both: the matrices' value columns at the
+block start, the values v_t and the read-out's output are masked (by a select: no straight-through
+gradient reaches the controller through the memory); the keys, gates and tokens are not.
+
 With ``fast_weight_epistemic_gates`` (ASM-CM-E, section V.4; :mod:`.epistemic`) the read gate is
 multiplied by a confidence c^r_t and the hard write gate g_t by c^w_t (so C's writes, which use g_t,
 are scaled too), both computed from h_t; their modules are built after every other layer here, so the
-rest of the memory draws the same initial values as without them.
+rest of the memory draws the same initial values as without them. With the rank-aware form the gates read
+the same masked h_t as the memory's gates (the sliced form splits their first layer alike).
 
 Two evaluation-time switches, plain attributes (no parameter, buffer or config field; both False by
 default, when the forward is the one above), serve the recall controls of docs/mqar.md section 8.1:
@@ -53,8 +60,19 @@ from drmlab.ops.delta_rule import delta_rule
 
 from .config import DRMConfig
 from .epistemic import EpistemicGates
+from .rank import fit_width
 
 __all__ = ["FastWeightMemory", "FastWeightState"]
+
+
+def _split_linear(x_state, x_rest, layer: nn.Linear, d_read: int, width: int, rows: int | None, cast) -> torch.Tensor:
+    """layer([x_state; x_rest]) where x_state holds the state's first ``width`` coordinates only (the rest
+    zero) and, with ``rows``, only the first ``rows`` outputs (docs/variable-rank.md section 5)."""
+    weight, bias = cast(layer.weight), None if layer.bias is None else cast(layer.bias)
+    if rows is not None:
+        weight, bias = weight[:rows], None if bias is None else bias[:rows]
+    return F.linear(x_state, weight[:, :width]) + F.linear(x_rest, weight[:, d_read:], bias)
+
 
 READ, WRITE, FORGET, CONSOLIDATE = range(4)  # rows of the gate layer
 FORGET_BIAS = 4.0
@@ -87,16 +105,16 @@ class FastWeightMemory(nn.Module):
 
     def __init__(self, c: DRMConfig):
         super().__init__()
-        d_k = c.fast_weight_dim
+        d_k, d_v = c.fast_weight_dim, c.fast_weight_values
         self.durable, self.threshold = c.fast_weight_durable, c.fast_weight_write_threshold
         self.read_scale, self.slow_read_scale = c.fast_weight_read_scale, c.fast_weight_slow_read_scale
         self.consolidation = c.fast_weight_consolidation
         self.state_fp32, self.compute_fp32 = c.fast_weight_state_fp32, c.fast_weight_compute_fp32
-        self.d_key, self.d_token = d_k, c.d_token
+        self.d_key, self.d_value, self.d_token, self.d_read = d_k, d_v, c.d_token, c.d_read
         self.key = nn.Linear(c.d_token, d_k, bias=False)  # W_k: queries and keys
-        self.value = nn.Linear(c.d_read + c.d_token, d_k)  # W_v, b_v on [z; e]
+        self.value = nn.Linear(c.d_read + c.d_token, d_v)  # W_v, b_v on [z; e]
         self.gates = nn.Linear(c.d_read + 2 * c.d_token, 4 if self.durable else 3)  # read, write, forget(, consolidate)
-        self.read_out = nn.Linear(d_k, c.d_state, bias=False)  # W_o
+        self.read_out = nn.Linear(d_v, c.d_state, bias=False)  # W_o
         with torch.no_grad():
             self.read_out.weight.zero_()
             self.gates.bias[FORGET] = FORGET_BIAS
@@ -111,7 +129,7 @@ class FastWeightMemory(nn.Module):
     def init_state(self, batch: int, like: torch.Tensor) -> FastWeightState:
         """Zeros: the memory before the first token, for a model whose weights are like ``like``."""
         dtype = self._state_dtype(like.dtype)
-        matrix = torch.zeros(batch, self.d_key, self.d_key, dtype=dtype, device=like.device)
+        matrix = torch.zeros(batch, self.d_key, self.d_value, dtype=dtype, device=like.device)
         return FastWeightState(
             fast=matrix,
             slow=matrix.clone() if self.durable else None,
@@ -125,11 +143,15 @@ class FastWeightMemory(nn.Module):
         e: torch.Tensor,
         state: FastWeightState,
         return_confidence: bool = False,
+        rank=None,
     ):
         """z' [B, L, d_state] and the memory after the L positions, from the block path's states z
         [B, L, d_state] (read as z_read [B, L, d_read]), the tokens' embeddings e [B, L, d_token] and
         the memory before them.  The state passed in is not modified.  ``return_confidence``: a third
-        result, the epistemic gates' (c^r, c^w) [B, L] each (None without them)."""
+        result, the epistemic gates' (c^r, c^w) [B, L] each (None without them).  ``rank``: the block's
+        :class:`~drmlab.models.drm.rank.RankMask` (the rank-aware form; z then has its width, and the
+        state keeps d_v columns, zero outside the prefix)."""
+        width = None if rank is None else rank.sliced
         if (self.read_off or self.write_off) and self.training:
             raise RuntimeError(
                 "the fast-weight memory's read_off / write_off are evaluation controls: not in train mode"
@@ -153,32 +175,53 @@ class FastWeightMemory(nn.Module):
             projected_previous = torch.cat([linear(previous[:, :1], self.key), projected[:, :-1]], dim=1)
             query = F.normalize(projected, dim=-1, eps=1e-12)
             key = F.normalize(projected_previous, dim=-1, eps=1e-12)
-            value = torch.tanh(linear(torch.cat([z_read, e], dim=-1), self.value))
-            h = torch.cat([z_read, e, previous], dim=-1)
-            gates = torch.sigmoid(linear(h, self.gates))
+            if width is None:
+                value = torch.tanh(linear(torch.cat([z_read, e], dim=-1), self.value))
+                h = torch.cat([z_read, e, previous], dim=-1)
+                gates = torch.sigmoid(linear(h, self.gates))
+                first = None
+            else:  # h_t = [z_t; e_t; e_{t-1}] with z_t on the prefix only: each first layer split (section 5)
+                rest = torch.cat([e, previous], dim=-1)
+                value = torch.tanh(_split_linear(z_read, e, self.value, self.d_read, width, width, cast))
+                gates = torch.sigmoid(_split_linear(z_read, rest, self.gates, self.d_read, width, None, cast))
+                h = None
+
+                def first(layer):
+                    return _split_linear(z_read, rest, layer, self.d_read, width, None, cast)
+
             read_gate = gates[..., READ]
+            fast0, slow0 = state.fast, state.slow
+            if rank is not None:  # Pi on the values and on the matrices' value columns (section 6)
+                value = rank.hard(value)
+                fast0 = rank.hard(fast0 if width is None else fast0[..., :width])
+                slow0 = None if slow0 is None else rank.hard(slow0 if width is None else slow0[..., :width])
             write = straight_through_threshold(gates[..., WRITE], self.threshold)
             confidence = None
             if self.confidence is not None:  # section V.4: g^r <- g^r c^r, g^w <- H(g^w) c^w
-                confidence = self.confidence(h, linear)
+                confidence = self.confidence(h, linear, first)
                 read_gate, write = read_gate * confidence[0], write * confidence[1]
             if self.write_off:  # section 8.1 of docs/mqar.md: g_t = 0, nothing is written into M or C
                 write = torch.zeros_like(write)
             retain = gates[..., FORGET]
-            read, fast = delta_rule(query, key, value, retain, write, state.fast)
+            read, fast = delta_rule(query, key, value, retain, write, fast0)
             slow = None
             if self.durable:  # the slow matrix: retention 1 (decay None), writes where both gates open
                 consolidate = straight_through_threshold(gates[..., CONSOLIDATE], self.threshold)
-                slow_read, slow = delta_rule(
-                    query, key, value, None, self.consolidation * write * consolidate, state.slow
-                )
+                slow_read, slow = delta_rule(query, key, value, None, self.consolidation * write * consolidate, slow0)
                 read = read + self.slow_read_scale * slow_read
-            correction = self.read_scale * read_gate.unsqueeze(-1) * linear(read.to(value.dtype), self.read_out)
+            read = read.to(value.dtype)
+            if width is None:
+                read_out = linear(read, self.read_out)
+            else:
+                read_out = F.linear(read, cast(self.read_out.weight)[:width, :width])
+            correction = self.read_scale * read_gate.unsqueeze(-1) * read_out
+            if rank is not None:
+                correction = rank.hard(correction)
             out = z if self.read_off else (cast(z) + correction).to(z.dtype)
         state_dtype = self._state_dtype(e.dtype)
-        new_state = FastWeightState(
-            fast=fast.to(state_dtype),
-            slow=None if slow is None else slow.to(state_dtype),
-            previous_token=e[:, -1].to(state_dtype),
-        )
+
+        def kept(matrix):  # the carried state keeps all d_v columns (zero outside the prefix)
+            return None if matrix is None else fit_width(matrix, self.d_value).to(state_dtype)
+
+        new_state = FastWeightState(fast=kept(fast), slow=kept(slow), previous_token=e[:, -1].to(state_dtype))
         return (out, new_state, confidence) if return_confidence else (out, new_state)

@@ -116,7 +116,11 @@ class PullbackMetric:
     def __init__(self, emitter, config: DRMConfig):
         self.emitter, self.toroidal_dims = emitter, config.toroidal_dims
 
-    def __call__(self, z_read: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, z_read: torch.Tensor, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``width``: z_read holds the state's first ``width`` coordinates only (the sliced variable rank,
+        ``docs/variable-rank.md`` section 5); the rest are zero, and the emitter reads the full width."""
+        if width is not None:
+            z_read = torch.nn.functional.pad(z_read, (0, self.emitter.norm.normalized_shape[0] - z_read.shape[-1]))
         lead = z_read.shape[:-1]
         with torch.autocast(device_type=z_read.device.type, enabled=False):
             x = z_read.reshape(-1, z_read.shape[-1]).to(_wide(z_read))

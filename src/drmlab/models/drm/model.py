@@ -15,6 +15,9 @@ Decoding (section A.4.5): ``init_state`` / ``step`` run the same stages one toke
 over its own state, and ``forward(tokens, return_state=True)`` returns, from the parallel pass, the
 state that stepping through the tokens would reach -- mid-block included -- so a prompt needs no stepping.
 ``step`` runs each stage's fast step, ``step_reference`` its plain one: the same logits, bit for bit.
+
+Variable rank (``docs/variable-rank.md``): a controller reads each block's first token and the block
+keeps a prefix of the state's coordinates; the block start and every increment are projected onto it.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from .config import DRMConfig
 from .fast_weight import FastWeightMemory
 from .losses import auxiliary_losses
 from .metric_options import PullbackMetric
+from .rank import RankController, RankMask, fit_width, rank_losses, rank_schedule
 from .stages import Block, BlockGeometry, build_stages, stepping
 from .transition import Transition
 
@@ -65,6 +69,7 @@ SEED_OFFSETS = {
     "refinement": 111,
     "direct_transition": 112,
     "fast_weight_memory": 113,
+    "rank_controller": 114,
 }
 
 
@@ -73,11 +78,14 @@ class DecodeState:
     """Everything :meth:`DRMModel.step` needs to continue the block path in O(1) per token
     (``docs/drm.md`` section A.4.5): the current block's start state, how many of its positions are
     done, and one entry per stage, in the order of ``DRMModel.stages``: that stage's state, None
-    where it starts afresh with the block."""
+    where it starts afresh with the block. Under variable rank, ``rank`` [B] is the open block's rank
+    (None before its first token) and z_start, inside a block, the start already projected onto it;
+    z_start is always d_state wide (zeros outside the rank)."""
 
     z_start: torch.Tensor
     position: int = 0
     stages: tuple = ()
+    rank: torch.Tensor | None = None
 
 
 class DRMModel(nn.Module):
@@ -120,6 +128,7 @@ class DRMModel(nn.Module):
         self.fast_weight_memory = (
             seeded("fast_weight_memory", lambda: FastWeightMemory(c)) if c.fast_weight_memory else None
         )
+        self.rank_controller = seeded("rank_controller", lambda: RankController(c)) if c.has_variable_rank else None
         # metric="pullback": the emitter's pullback J^T F J stands where the metric module would (docs/geometry.md 9)
         metric = PullbackMetric(self.emitter, c) if c.metric == "pullback" else self.metric
         self.transition = Transition(c, self.direction_field, metric, self.flow, self.direct_transition, self.risk)
@@ -147,13 +156,14 @@ class DRMModel(nn.Module):
     # ------------------------------------------------------------------ the state path
     def states(self, tokens: torch.Tensor, step: int | None = None) -> tuple[torch.Tensor, list[BlockGeometry]]:
         """The output states [B, T, d_state] and the per-block geometry record."""
-        states, record, _ = self._states(tokens, step, return_state=False)
-        return states, record
+        states, record, _, _ = self._states(tokens, step, return_state=False)
+        return fit_width(states, self.config.d_state), record
 
     def _states(self, tokens, step, return_state):
-        """(states [B, T, d], the geometry record, the decoding state after the last token when
-        ``return_state``, else None): the stages over each block in turn. Only the last state of a
-        block, and the state of a stage that crosses blocks, passes into the next."""
+        """(states [B, T, W], the geometry record, the decoding state after the last token when
+        ``return_state``, else None, the rank plan): the stages over each block in turn. Only the last
+        state of a block, and the state of a stage that crosses blocks, passes into the next. W is
+        d_state unless the rank is sliced (then the widest block's width; the rest is zero)."""
         check_tokens(tokens, self.config.vocab_size, self.model_name)
         if return_state:
             for stage in self.stages:
@@ -164,31 +174,73 @@ class DRMModel(nn.Module):
         z_start = self.initial_state(batch).to(e.dtype)
         kept = [stage.init_state(batch, e) for stage in self.stages]
         span = length if self.config.sequence_mode == "recurrent" else self.block_length  # one rollout (section 6)
+        plan = self._rank_plan(e[:, ::span], step)
+        widest = None if plan is None else plan["widest"]
         # every whole-sequence tensor is split into its blocks once: one gradient concatenation in the backward
         # instead of a zero-filled full-size gradient per block and their sum (the same values, bit for bit)
         blocks_e = e.split(span, dim=1)
-        parts = [None if part is None else part.split(span, dim=1) for part in (s.token_part(e) for s in self.stages)]
+        parts = [
+            None if part is None else part.split(span, dim=1) for part in (s.token_part(e, widest) for s in self.stages)
+        ]
         outputs, record, state, shared = [], [], None, {}
         for index, e_block in enumerate(blocks_e):
             keep = return_state and index == len(blocks_e) - 1
-            block = Block.at(z_start, e_block, strength, record, shared)
+            rank = None if plan is None else plan["masks"][index]
+            start = z_start if rank is None else rank.enter(z_start)
+            block = Block.at(start, e_block, strength, record, rank, shared)
             for i, (stage, part) in enumerate(zip(self.stages, parts)):
                 carried = kept[i] if stage.crosses_blocks else None
                 kept[i] = stage(block, None if part is None else part[index], carried, keep)
             z = block.spread()
-            outputs.append(z)
+            outputs.append(z if widest is None else fit_width(z, widest))
             if keep:
-                state = self._after(z_start, e_block.shape[1], kept, z[:, -1])
+                state = self._after(start, e_block.shape[1], kept, z[:, -1], rank)
             z_start = z[:, -1]
-        return torch.cat(outputs, dim=1), record, state
+        return torch.cat(outputs, dim=1), record, state, plan
 
-    def _after(self, z_start, position: int, kept: list, z_last) -> DecodeState:
-        """The decoding state ``position`` positions into the block from z_start; a complete block
-        hands its last state to the next, where every stage but those crossing blocks starts afresh."""
+    def _rank_plan(self, e_first: torch.Tensor, step: int | None) -> dict | None:
+        """Variable rank (docs/variable-rank.md sections 2-5): from each block's first token embedding
+        e_first [B, blocks, d_token], the ranks [B, blocks], each block's :class:`RankMask`, the soft
+        gates (adaptive policy: [B, blocks, d_state], else None), the widest width where sliced (else
+        None) and the curriculum's schedule at ``step``. None without variable rank."""
+        controller, c = self.rank_controller, self.config
+        if controller is None:
+            return None
+        sliced = c.rank_compute == "sliced"
+        ranks, logits = controller.decide(e_first)
+        schedule = gates = None
+        if logits is not None and controller.trainable:
+            schedule = rank_schedule(c, step)
+            gates = controller.soft_gates(logits, schedule.temperature)
+        straight_through = gates is not None and self.training and torch.is_grad_enabled()  # upstream: training only
+        if straight_through and sliced:
+            raise ValueError(
+                "rank_compute='sliced' cannot train the adaptive controller (its straight-through gradient reads "
+                "the coordinates the slice drops): train with rank_compute='masked'"
+            )
+        masks = [
+            RankMask.of(ranks[:, k], c.d_state, sliced, gates[:, k] if straight_through else None)
+            for k in range(ranks.shape[1])
+        ]
+        widest = max((m.width for m in masks), default=c.d_state) if sliced else c.d_state
+        return dict(
+            ranks=ranks, masks=masks, gates=gates, schedule=schedule, widest=widest if widest < c.d_state else None
+        )
+
+    def _after(self, start, position: int, kept: list, z_last, rank: RankMask | None = None) -> DecodeState:
+        """The decoding state ``position`` positions into the block from its start ``start``; a complete
+        block hands its last state to the next, where every stage but those crossing blocks starts afresh."""
+        d = self.config.d_state
         if position < self.block_length:
-            return DecodeState(z_start=z_start, position=position, stages=tuple(kept))
+            return DecodeState(
+                z_start=start if rank is None else fit_width(start, d),
+                position=position,
+                stages=tuple(kept),
+                rank=None if rank is None else rank.ranks,
+            )
         return DecodeState(
-            z_start=z_last, stages=tuple(s if stage.crosses_blocks else None for stage, s in zip(self.stages, kept))
+            z_start=z_last if rank is None else fit_width(z_last, d),
+            stages=tuple(s if stage.crosses_blocks else None for stage, s in zip(self.stages, kept)),
         )
 
     # ------------------------------------------------------------------ forward
@@ -207,10 +259,11 @@ class DRMModel(nn.Module):
         (:mod:`drmlab.models.inputs`); auxiliary losses that read the logits still see all of them.
         """
         check_logits_at(logits_at, tokens, self.model_name)
-        states, record, state = self._states(tokens, step, return_state)
+        states, record, state, plan = self._states(tokens, step, return_state)
         needs_all = self.config.has_geometry and any(w != 0 for w in self.config.loss_weights.values())
         read = self.read(states)
-        logits = self.emitter(read if logits_at is None or needs_all else read[logits_at])
+        width = None if plan is None else plan["widest"]
+        logits = self.emitter(read if logits_at is None or needs_all else read[logits_at], width)
         aux = {}
         if record:
             aux["dimD"] = _per_position(record, lambda g: g.gates.sum(-1) if g.gates is not None else g.rho * 0)
@@ -223,6 +276,13 @@ class DRMModel(nn.Module):
             aux["fast_weight_write_confidence"] = torch.cat([g.fast_weight_confidence[1] for g in record], dim=1)
         if needs_all:
             aux.update(auxiliary_losses(self.config, record, states, logits))
+        if plan is not None:
+            aux["rank"] = _per_position_values(plan["ranks"], [g.length for g in record])
+            if plan["gates"] is not None:  # the adaptive policy's curriculum (docs/variable-rank.md section 4)
+                terms = rank_losses(plan["gates"], plan["schedule"])
+                total = terms.pop("loss_aux")
+                aux.update(terms)
+                aux["loss_aux"] = aux["loss_aux"] + total if "loss_aux" in aux else total
         if logits_at is not None and needs_all:
             logits = logits[logits_at]
         return ModelOutput(logits=logits, aux=aux, state=state)
@@ -256,21 +316,30 @@ class DRMModel(nn.Module):
     def _step(self, tokens_t, state: DecodeState, step, reference: bool):
         check_step_tokens(tokens_t, self.config.vocab_size, state.z_start.shape[0], self.model_name)
         e = self.embedding(tokens_t.long()).unsqueeze(1)  # [B, 1, d_t]
-        block = Block.at(state.z_start, e, self.naturalization_strength(step), None)
-        reference = reference or not stepping.fast_step_supported(state.z_start)
+        start, rank = state.z_start, None
+        if self.rank_controller is not None:  # the rank is chosen at the block's first token, then kept
+            ranks = state.rank if state.rank is not None else self.rank_controller.decide(e[:, 0])[0]
+            rank = RankMask.of(ranks, self.config.d_state, self.config.rank_compute == "sliced")
+            start = rank.enter(start)
+        block = Block.at(start, e, self.naturalization_strength(step), None, rank)
+        # the fast steps apply the rank projection as the plain ones do; the sliced form steps by the reference
+        reference = reference or not stepping.fast_step_supported(start) or block.width is not None
         if reference:
-            kept = [stage.step_reference(block, stage.token_part(e), s) for stage, s in zip(self.stages, state.stages)]
+            kept = [
+                stage.step_reference(block, stage.token_part(e, block.width), s)
+                for stage, s in zip(self.stages, state.stages)
+            ]
         else:
             kept = [stage.step(block, stage.step_token_part(e), s) for stage, s in zip(self.stages, state.stages)]
         z = block.z[:, 0]
         if reference:
-            logits = self.emitter(self.read(z))
+            logits = self.emitter(self.read(z), block.width)
         else:  # LanguageEmitter.forward without the module calls
             emitter = self.emitter
             hidden = F.rms_norm(self.read(z), emitter.norm.normalized_shape, emitter.norm.weight, emitter.norm.eps)
             hidden = F.gelu(F.linear(hidden, emitter.fc1.weight, emitter.fc1.bias))
             logits = F.linear(hidden, emitter.fc2.weight, emitter.fc2.bias)
-        return logits, self._after(state.z_start, state.position + 1, kept, z)
+        return logits, self._after(start, state.position + 1, kept, z, rank)
 
 
 def _refined_action(config: DRMConfig, record: list[BlockGeometry]) -> torch.Tensor:
@@ -283,6 +352,11 @@ def _refined_action(config: DRMConfig, record: list[BlockGeometry]) -> torch.Ten
         else:
             energies.append(v.pow(2).sum(-1))
     return torch.cat(energies, dim=1).mean().detach()
+
+
+def _per_position_values(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """Repeat per-block values [B, blocks] over each block's positions: [B, T] (float)."""
+    return torch.cat([values[:, k : k + 1].expand(-1, n) for k, n in enumerate(lengths)], dim=1).float()
 
 
 def _per_position(record: list[BlockGeometry], value) -> torch.Tensor:

@@ -49,15 +49,17 @@ class Transition:
         module = self.flow if self.flow is not None else self.direct_transition
         return module.token_part(e)
 
-    def geometry_at(self, z: torch.Tensor) -> tuple:
-        """(gates, directions, gamma, U, rho) at states z [N, d] (None for absent modules)."""
+    def geometry_at(self, z: torch.Tensor, width: int | None = None) -> tuple:
+        """(gates, directions, gamma, U, rho) at states z [N, d] (None for absent modules). ``width``: z
+        holds the state's first ``width`` coordinates only (variable rank, docs/variable-rank.md section 5);
+        the metric is still full width."""
         z_read = self.read(z)
         gates = directions = gamma = u_factor = None
         if self.direction_field is not None:
             directions, gates = self.direction_field(z_read)
         if self.metric is not None:
-            gamma, u_factor = self.metric(z_read)
-        rho = self.risk(z_read) if self.risk is not None else z_read.new_zeros(z_read.shape[:-1])
+            gamma, u_factor = self.metric(z_read, width)
+        rho = self.risk(z_read, width) if self.risk is not None else z_read.new_zeros(z_read.shape[:-1])
         return gates, directions, gamma, u_factor, rho
 
     def metric_frame(self, geometry: tuple, strength: float) -> torch.Tensor | None:
@@ -76,11 +78,15 @@ class Transition:
         token_part: torch.Tensor,
         strength: float,
         frame: torch.Tensor | None = None,
+        width: int | None = None,
     ) -> torch.Tensor:
         """Naturalized velocity at z for each position's token: token_part [N, L, H] -> [N, L, d].
 
         With a metric-first composition (section U) the velocity is composed in span(V) from the
-        frame of :meth:`metric_frame` (``frame``, when the caller holds it for the block; computed here otherwise)."""
+        frame of :meth:`metric_frame` (``frame``, when the caller holds it for the block; computed here otherwise).
+        ``width`` (direct transition only): z holds the state's first ``width`` coordinates and only the
+        velocity's first ``width`` are returned; the metric's solve couples every coordinate, so with a
+        metric the transition's output and the solve stay full width (docs/variable-rank.md section 5)."""
         gates, directions, gamma, u_factor, _ = geometry
         z_read = self.read(z).unsqueeze(-2)
         if directions is not None:
@@ -90,9 +96,11 @@ class Transition:
                 return compose_metric_first(gates, coeff, directions, frame, strength)
             v = raw_velocity(gates, coeff, directions)
         else:
-            v = self.direct_transition(z_read, token_part)
+            v = self.direct_transition(z_read, token_part, width, None if gamma is not None else width)
         if gamma is not None:
             v = self.naturalize(v, gamma, u_factor, strength, self.config.metric_damping)
+            if width is not None:
+                v = v[..., :width]
         return v
 
     def endpoints(
@@ -102,14 +110,20 @@ class Transition:
         token_part: torch.Tensor,
         strength: float,
         frame: torch.Tensor | None = None,
+        project=None,
+        width: int | None = None,
     ) -> torch.Tensor:
         """One-token endpoints from z [N..., d] with the geometry at z, under ``step_mode``.
 
         token_part [N..., L, H] -> [N..., L, d]. ``velocity`` gives the Euler anchor
         z^a = B(z + dt v); ``candidate`` and ``geodesic`` start from it (``solvers``). ``frame``: the
-        metric-first frame at this geometry, if the caller already holds it (section U).
+        metric-first frame at this geometry, if the caller already holds it (section U). ``project``: the
+        block's rank projection of the velocity before it enters the state, ``width`` its width (variable
+        rank, docs/variable-rank.md section 2).
         """
-        v = self.velocity(z, geometry, token_part, strength, frame)
+        v = self.velocity(z, geometry, token_part, strength, frame, width)
+        if project is not None:
+            v = project(v)
         start = z.unsqueeze(-2)
         anchor = self.bound(start + self.config.dt * v)
         if self.config.step_mode == "candidate":

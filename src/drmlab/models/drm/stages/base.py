@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from ..rank import RankMask
 from ..transition import Transition
 
 
@@ -51,27 +52,46 @@ class Block:
     dim_d: torch.Tensor | None = None  # [B]
     rho: torch.Tensor | None = None  # [B]
     flow_tokens: torch.Tensor | None = None  # [B, L, H] the transition's token part
+    rank: RankMask | None = None  # the block's prefix mask (variable rank; None: every coordinate)
     shared: dict | None = None  # what every block of one forward pass shares (see ``once``)
 
     @classmethod
     def at(
-        cls, start: torch.Tensor, tokens: torch.Tensor, strength: float, record: list | None, shared: dict | None = None
+        cls,
+        start: torch.Tensor,
+        tokens: torch.Tensor,
+        strength: float,
+        record: list | None,
+        rank=None,
+        shared: dict | None = None,
     ) -> Block:
-        """A block before its first stage: every position still at the start state. ``shared``: one
-        dict for all the blocks of a forward pass (None: nothing is shared, as in ``step``)."""
+        """A block before its first stage: every position still at the start state (already projected
+        by ``rank``, where there is one). ``shared``: one dict for all the blocks of a forward pass
+        (None: nothing is shared, as in ``step``)."""
         anchor = start.unsqueeze(1)  # one view for every stage (one gradient path back to z_s)
-        return cls(start, tokens, strength, record, anchor, z=anchor, shared=shared)
+        return cls(start, tokens, strength, record, anchor, z=anchor, rank=rank, shared=shared)
 
     def once(self, key: str, make):
         """``make()``, computed once per forward pass and shared by all its blocks (every call where
         nothing is shared). For weight views: a column slice of a weight taken in every block gives,
         in the backward, a zero-filled gradient the size of the whole weight per block; one view per
-        pass gathers the blocks' gradients in the slice and fills once (the same sums, bit for bit)."""
+        pass gathers the blocks' gradients in the slice and fills once (the same sums, bit for bit).
+        The key names the view and its width (blocks of another rank take their own)."""
         if self.shared is None:
             return make()
         if key not in self.shared:
             self.shared[key] = make()
         return self.shared[key]
+
+    @property
+    def width(self) -> int | None:
+        """The state width the components compute on: None (all of d_state) unless the rank is sliced
+        (``docs/variable-rank.md`` section 5)."""
+        return None if self.rank is None else self.rank.sliced
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """An increment as it may enter the state: x itself, or its rank projection P(x)."""
+        return x if self.rank is None else self.rank.project(x)
 
     @property
     def length(self) -> int:
@@ -96,8 +116,9 @@ class Stage(nn.Module):
     """One optional stage of the block path.
 
     * ``name``: what it is called (the model attribute it runs, where it has one).
-    * ``token_part(e)``: what the stage needs from the tokens alone; ``forward`` gets it computed once
-      for the whole sequence and cut to the block, ``step`` for the one token (None: nothing).
+    * ``token_part(e, width)``: what the stage needs from the tokens alone; ``forward`` gets it computed once
+      for the whole sequence and cut to the block, ``step`` for the one token (None: nothing); ``width``:
+      the widest state width of the pass where the rank is sliced (else None).
     * ``init_state(batch, like)``: the stage's state before the first token.
     * ``forward(block, part, state, keep)``: the block in parallel; replaces ``block.z`` and returns,
       when ``keep``, the state that stepping through the block would leave (else None).
@@ -129,7 +150,7 @@ class Stage(nn.Module):
     def extra_repr(self) -> str:
         return f"name={self.name!r}" + (f", uses={', '.join(self.uses)}" if self.uses else "")
 
-    def token_part(self, e: torch.Tensor) -> torch.Tensor | None:
+    def token_part(self, e: torch.Tensor, width: int | None = None) -> torch.Tensor | None:
         return None
 
     def step_token_part(self, e: torch.Tensor) -> torch.Tensor | None:

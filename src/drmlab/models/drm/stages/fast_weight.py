@@ -17,15 +17,17 @@ class FastWeightStage(Stage):
     def init_state(self, batch, like):
         return self.fast_weight_memory.init_state(batch, like)
 
-    def forward(self, block: Block, part, state, keep):
-        memory = self.fast_weight_memory
-        block.z, state, confidence = memory(
-            block.z, self.transition.read(block.z), block.tokens, state, return_confidence=True
+    def _run(self, block: Block, state):
+        rank = block.rank if self.config.rank_aware_memory else None  # docs/variable-rank.md section 6
+        block.z, state, confidence = self.fast_weight_memory(
+            block.z, self.transition.read(block.z), block.tokens, state, return_confidence=True, rank=rank
         )
         if confidence is not None and block.record:  # the record of this block (the geometry stage's)
             block.record[-1].fast_weight_confidence = confidence
         return state
 
+    def forward(self, block: Block, part, state, keep):
+        return self._run(block, state)
+
     def step(self, block: Block, part, state):
-        block.z, state = self.fast_weight_memory(block.z, self.transition.read(block.z), block.tokens, state)
-        return state
+        return self._run(block, state)

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ..rank import fit_width
 from . import stepping
 from .base import Block, BlockGeometry, Stage
 
@@ -56,17 +57,24 @@ class PrefixStage(Stage):
     def __init__(self, transition):
         super().__init__("geometry", transition)
 
-    def token_part(self, e):
+    def token_part(self, e, width=None):
         return self.transition.token_part(e)
+
+    def _endpoints(self, block: Block, geometry, frame, part):
+        """The one-token endpoints from the block start; under variable rank the velocity is projected
+        onto the block's rank before it enters the state (docs/variable-rank.md section 2)."""
+        project = None if block.rank is None else block.project
+        return self.transition.endpoints(block.start, geometry, part, block.strength, frame, project, block.width)
 
     def forward(self, block: Block, part, state, keep):
         f, anchor = self.transition, block.anchor
-        geometry = f.geometry_at(block.start)
+        geometry = f.geometry_at(block.start, block.width)
         frame = f.metric_frame(geometry, block.strength)  # section U: once per block and sample
-        delta = f.endpoints(block.start, geometry, part, block.strength, frame) - anchor
+        delta = self._endpoints(block, geometry, frame, part) - anchor
         delta_sum = delta.cumsum(dim=1)
         _hand_on(block, f.bound(anchor + delta_sum), delta, geometry, part)
-        block.record.append(BlockGeometry(delta.shape[1], *geometry, delta / self.config.dt))
+        velocity = delta if block.width is None else fit_width(delta, self.config.d_state)  # the record is full width
+        block.record.append(BlockGeometry(delta.shape[1], *geometry, velocity / self.config.dt))
         if not keep:
             return None
         return PrefixState(geometry, frame, delta_sum[:, -1:], self._constants(block, geometry, frame))
@@ -77,6 +85,8 @@ class PrefixStage(Stage):
         ``woodbury_solve``, ``compose_metric_first``)."""
         c, f, strength = self.config, self.transition, block.strength
         if c.step_mode != "velocity" or not stepping.fast_step_supported(block.start):
+            return None
+        if block.width is not None:  # the sliced variable rank (docs/variable-rank.md section 5): the plain step
             return None
         if c.metric == "pullback" or c.has_degenerate_metric:  # their naturalizers (metric_options): the plain step
             return None
@@ -103,7 +113,7 @@ class PrefixStage(Stage):
         constants = None if state is None else state.constants
         if constants is None or constants.strength != block.strength:
             if state is None:
-                geometry = self.transition.geometry_at(block.start)
+                geometry = self.transition.geometry_at(block.start, block.width)
                 frame = self.transition.metric_frame(geometry, block.strength)
             else:
                 geometry, frame = state.geometry, state.frame
@@ -124,6 +134,7 @@ class PrefixStage(Stage):
             if u_factor is not None:
                 solved = solved - (scaled @ torch.cholesky_solve((solved @ u_factor).mT, chol)).mT
             v = v * stepping.scalar(1.0 - k.strength, v) + solved * stepping.scalar(k.strength, v)
+        v = block.project(v)  # variable rank: P(v) before it enters the state, as Transition.endpoints
         delta = stepping.bound(anchor + v * stepping.scalar(c.dt, v), c) - anchor
         delta_sum = delta if state.delta_sum is None else state.delta_sum + delta
         block.z, block.delta = stepping.bound(anchor + delta_sum, c), delta
@@ -136,11 +147,11 @@ class PrefixStage(Stage):
     def step_reference(self, block: Block, part, state: PrefixState | None):
         f, anchor = self.transition, block.anchor
         if state is None:
-            geometry = f.geometry_at(block.start)
+            geometry = f.geometry_at(block.start, block.width)
             frame = f.metric_frame(geometry, block.strength)
         else:
             geometry, frame = state.geometry, state.frame
-        delta = f.endpoints(block.start, geometry, part, block.strength, frame) - anchor
+        delta = self._endpoints(block, geometry, frame, part) - anchor
         delta_sum = delta if state is None else state.delta_sum + delta
         _hand_on(block, f.bound(anchor + delta_sum), delta, geometry, part)
         return PrefixState(geometry, frame, delta_sum)
@@ -162,7 +173,7 @@ class RecurrentStage(Stage):
     def __init__(self, transition):
         super().__init__("geometry", transition)
 
-    def token_part(self, e):
+    def token_part(self, e, width=None):
         return self.transition.token_part(e)
 
     def forward(self, block: Block, part, state, keep):

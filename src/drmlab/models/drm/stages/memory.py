@@ -27,17 +27,17 @@ class MemoryStage(Stage):
     def __init__(self, transition, memory):
         super().__init__("memory", transition, memory=memory)
 
-    def token_part(self, e):
+    def token_part(self, e, width=None):
         return self.memory.token_part(e)
 
     def forward(self, block: Block, part, state, keep):
         f, z = self.transition, block.spread()
         previous = torch.cat([block.anchor, z[:, :-1]], dim=1)
-        weight = block.once(self.name, self.memory.state_weight)
-        forget, update = self.memory.gates(f.read(previous), part, weight)
+        weight = block.once(f"{self.name}:{block.width}", lambda: self.memory.state_weight(block.width))
+        forget, update = self.memory.gates(f.read(previous), part, weight, block.width)
         m = linear_scan(forget, update, init=block.start)
         kept = MemoryState(z[:, -1:], m[:, -1]) if keep else None
-        block.z = f.bound(z + self.memory.scale * m)
+        block.z = f.bound(z + block.project(self.memory.scale * m))
         return kept
 
     def step_token_part(self, e):
@@ -56,14 +56,14 @@ class MemoryStage(Stage):
             F.linear(h, memory.candidate.weight, memory.candidate.bias)
         )
         m = forget * m_prev + update
-        block.z = stepping.bound(z + (m * stepping.scalar(memory.scale, m)).unsqueeze(1), self.config)
+        block.z = stepping.bound(z + block.project((m * stepping.scalar(memory.scale, m)).unsqueeze(1)), self.config)
         return MemoryState(z, m)
 
     def step_reference(self, block: Block, part, state: MemoryState | None):
         f, z = self.transition, block.z
         previous = block.anchor if state is None else state.previous
         m_prev = block.start if state is None else state.memory
-        forget, update = self.memory.gates(f.read(previous), part)
+        forget, update = self.memory.gates(f.read(previous), part, width=block.width)
         m = forget[:, 0] * m_prev + update[:, 0]
-        block.z = f.bound(z + self.memory.scale * m.unsqueeze(1))
+        block.z = f.bound(z + block.project(self.memory.scale * m.unsqueeze(1)))
         return MemoryState(z, m)

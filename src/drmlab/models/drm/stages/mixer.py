@@ -42,25 +42,27 @@ class MixerStage(Stage):
     def __init__(self, transition, mixer):
         super().__init__("mixer", transition, mixer=mixer)
 
-    def token_part(self, e):
+    def token_part(self, e, width=None):
         return self.mixer.token_part(e)
 
     def forward(self, block: Block, part, state, keep):
-        z = block.z
+        z, width = block.z, block.width
         diffs = None if block.delta is None else z - torch.cat([block.anchor, z[:, :-1]], dim=1)
-        weights = block.once(self.name, self.mixer.state_weights)
-        h = self.mixer.input_features(z, diffs, block.delta, block.scalars(), part, weights)
+        weights = block.once(f"{self.name}:{width}", lambda: self.mixer.state_weights(width))
+        h = self.mixer.input_features(z, diffs, block.delta, block.scalars(), part, weights, width)
         if keep:
-            correction, contexts = self.mixer(h, return_state=True)
+            correction, contexts = self.mixer(h, return_state=True, width=width)
         else:
-            correction = self.mixer(h)
-        block.z = self.transition.bound(z + correction)
+            correction = self.mixer(h, width=width)
+        block.z = self.transition.bound(z + block.project(correction))
         return MixerState(z[:, -1:], contexts, self._cache(block, contexts)) if keep else None
 
     def _cache(self, block: Block, contexts: list) -> MixerStepCache | None:
         """The block's :class:`MixerStepCache` after ``contexts`` where the fast step runs, else None."""
         mixer = self.mixer
         if not stepping.fast_step_supported(block.start) or mixer.depthwise[0].kernel_size[0] < 2:
+            return None
+        if block.width is not None:  # the sliced variable rank (docs/variable-rank.md section 5): the plain step
             return None
         scalar_part = F.linear(block.scalars(), mixer.in_proj.weight[:, -2:])
         taps = [conv_step_taps(conv.weight, block.start.dtype) for conv in mixer.depthwise]
@@ -107,19 +109,19 @@ class MixerStage(Stage):
             partials.append(open_sums)
             h = h + F.linear(F.silu(y), point.weight, point.bias)
         correction = F.linear(h, mixer.out_proj.weight, mixer.out_proj.bias) * stepping.scalar(mixer.scale, h)
-        block.z = stepping.bound(z + correction.unsqueeze(1), self.config)
+        block.z = stepping.bound(z + block.project(correction.unsqueeze(1)), self.config)
         return MixerState(z, contexts, MixerStepCache(cache.scalar_part, cache.taps, partials))
 
     def step_reference(self, block: Block, part, state: MixerState | None):
         z = block.z
         previous = block.anchor if state is None else state.previous
         diffs = None if block.delta is None else z - previous
-        h = self.mixer.input_features(z, diffs, block.delta, block.scalars(), part)[:, 0]
+        h = self.mixer.input_features(z, diffs, block.delta, block.scalars(), part, width=block.width)[:, 0]
         if state is None:
             width = self.config.mixer_kernel - 1
             contexts = [h.new_zeros(h.shape[0], dilation * width, h.shape[-1]) for dilation in self.mixer.dilations]
         else:
             contexts = state.contexts
-        correction, contexts = self.mixer.step(h, contexts)
-        block.z = self.transition.bound(z + correction.unsqueeze(1))
+        correction, contexts = self.mixer.step(h, contexts, block.width)
+        block.z = self.transition.bound(z + block.project(correction.unsqueeze(1)))
         return MixerState(z, contexts)

@@ -14,7 +14,7 @@ class RefinementStage(Stage):
     def __init__(self, transition, layer, index: int):
         super().__init__(f"refinement.{index}", transition, layer=layer)
 
-    def token_part(self, e):
+    def token_part(self, e, width=None):
         return self.layer.flow.token_part(e)
 
     def _refine(self, z, anchor, token_part, strength):

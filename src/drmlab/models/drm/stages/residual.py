@@ -12,11 +12,17 @@ class TokenResidualStage(Stage):
     def __init__(self, transition, token_residual):
         super().__init__("token_residual", transition, token_residual=token_residual)
 
-    def token_part(self, e):
-        return self.token_residual(e)
+    def token_part(self, e, width=None):
+        return self.token_residual(e, width)
+
+    def _add(self, block: Block, part) -> None:
+        z = block.z
+        if part.shape[-1] != z.shape[-1]:  # sliced rank: the pass's widest width, cut to this block's
+            part = part[..., : z.shape[-1]]
+        block.z = self.transition.bound(z + block.project(part))
 
     def forward(self, block: Block, part, state, keep):
-        block.z = self.transition.bound(block.z + part)
+        self._add(block, part)
         return None
 
     def step_token_part(self, e):
@@ -24,9 +30,9 @@ class TokenResidualStage(Stage):
         return F.linear(e[:, 0], residual.proj.weight) * stepping.scalar(residual.scale, e)
 
     def step(self, block: Block, part, state):
-        block.z = stepping.bound(block.z + part.unsqueeze(1), self.config)
+        block.z = stepping.bound(block.z + block.project(part.unsqueeze(1)), self.config)
         return None
 
     def step_reference(self, block: Block, part, state):
-        block.z = self.transition.bound(block.z + part)
+        self._add(block, part)
         return None
