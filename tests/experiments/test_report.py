@@ -404,3 +404,20 @@ def test_the_run_page_says_an_intact_checkpoint_verified(pages):
     status_line = re.search(r"<p>(Finished[^<]*)</p>", pages["run"]).group(1)
     assert status_line.endswith("Checkpoint at step 4 verified: every file matches its sha256.")
     assert "Every file verified (size and sha256)." in pages["run"]
+
+
+@pytest.mark.parametrize("name", ["summary.json", "eval.json"])
+def test_a_damaged_output_file_is_stated_and_the_page_still_drawn(studies, tmp_path, capsys, name):
+    """summary.json and eval.json carry no checksum: a damaged one made the page refuse. Now it says so
+    (naming the file) and renders the rest, changing no file."""
+    run = tmp_path / "run"
+    shutil.copytree(studies["run"], run)
+    (run / name).write_text('{"finished": tr')
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "report.html"}
+    page = _report(run, capsys)
+    assert capsys.readouterr().err == ""
+    assert re.search(rf"Damaged: \S*{re.escape(name)} is not valid JSON", page)
+    for heading in ("Results", "Curves", "Checkpoint", "Configuration"):
+        assert f"<h2>{heading}</h2>" in page
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "report.html"}
+    assert after == before

@@ -577,7 +577,26 @@ def test_a_full_real_disk_is_one_line_naming_the_path(small_tmpfs, capsys):
         message.startswith("no space left on the device while writing ") and "/run/checkpoints/step-0000000" in message
     )
     assert "\n" not in message and "intact" in message
+    # the first checkpoint did not fit: nothing is committed, and the line does not pretend otherwise
+    assert "no checkpoint was committed yet" in message and "start again" in message and "resume" not in message
     assert not [p for p in (small_tmpfs / "run").iterdir() if p.name.startswith(".checkpoint-")]
+
+
+def test_the_disk_error_says_which_checkpoint_is_intact(tmp_path):
+    """With a committed pointer in the run, the line names that run and says resume; without, start again."""
+    import errno
+
+    from drmlab.runs.jsonio import disk_error
+
+    run = tmp_path / "run"
+    target = run / "checkpoints" / ".tmp-step-2" / "model.safetensors"
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert "no checkpoint was committed yet" in str(disk_error(full, target))
+    run.mkdir()
+    (run / "checkpoint.json").write_text("{}")
+    message = str(disk_error(full, target))
+    assert f"the checkpoint committed in {run} " in message and "free some space and resume" in message
+    assert f"the checkpoint committed in {run} " in str(disk_error(full, run / "metrics.jsonl"))
 
 
 def test_a_full_disk_on_metrics_names_the_file(small_tmpfs):
@@ -782,3 +801,20 @@ def test_sigterm_during_the_final_evaluation_is_one_line_and_resume_evaluates(tm
         assert f"continue with: drmlab train --resume --out {out}" in err and "Traceback" not in err
         assert main([*argv, "--resume"]) == 0  # the evaluation runs again
     assert RunDir(out).finished_summary() is not None
+
+
+def test_a_damaged_summary_does_not_block_resume(tmp_path, capsys):
+    """summary.json (no checksum; rewritten at the end) damaged after a stop: resume says so in one line
+    and continues bit-exactly, as after an ordinary stop."""
+    cfg = _cfg()
+    train(SmallLM(), _stream(), None, cfg, tmp_path / "run", quiet=True, stop_after_step=3)
+    (tmp_path / "run" / "summary.json").write_text('{"stopped": ')
+    reference = SmallLM()
+    train(reference, _stream(), None, cfg, tmp_path / "whole", quiet=True)
+    model = SmallLM(seed=1)
+    capsys.readouterr()
+    summary = train(model, _stream(), None, cfg, tmp_path / "run", quiet=True, resume=True)
+    note = [line for line in capsys.readouterr().err.splitlines() if "summary.json" in line]
+    assert len(note) == 1 and "is not valid JSON" in note[0] and "resuming as after an ordinary stop" in note[0]
+    assert summary["finished"] and _same(_weights(model), _weights(reference))
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["finished"]

@@ -36,9 +36,13 @@ def disk_error(exc: BaseException, path: Path) -> OSError:
     code = getattr(exc, "errno", None)
     if code is None:
         code = next((c for text, c in _OS_ERROR_IN_TEXT.items() if text in str(exc)), None)
-    intact = "the last committed checkpoint and every file written before are intact"
+    committed = _committed_checkpoint_near(Path(path))
+    if committed is not None:
+        intact, then = f"the checkpoint committed in {committed} and every file written before are intact", "resume"
+    else:
+        intact, then = "no checkpoint was committed yet; every file written before is intact", "start again"
     if code in DISK_FULL:
-        error = OSError(f"no space left on the device while writing {path}; free some space and resume: {intact}")
+        error = OSError(f"no space left on the device while writing {path}; free some space and {then}: {intact}")
     elif code == errno.EROFS:
         error = OSError(f"the file system of {path} is read-only; nothing could be written there: {intact}")
     else:
@@ -46,6 +50,17 @@ def disk_error(exc: BaseException, path: Path) -> OSError:
         error = OSError(f"could not write {path}: {reason}")
     error.errno = code
     return error
+
+
+def _committed_checkpoint_near(path: Path) -> Path | None:
+    """The run folder holding a committed checkpoint pointer (``checkpoint.json``) among ``path``'s
+    folder and its parents up to the run's root (a checkpoint file sits 3 levels below it), else None."""
+    from .layout import POINTER_FILE
+
+    for folder in list(path.parents)[:4]:
+        if (folder / POINTER_FILE).is_file():
+            return folder
+    return None
 
 
 def is_disk_error(exc: BaseException) -> bool:

@@ -359,7 +359,11 @@ class Trainer:
             if not run.has_checkpoint():
                 raise FileNotFoundError(f"nothing to resume in {run.path}: no checkpoint")
             if run.has_config():
-                summary = run.read_summary() or {}
+                try:
+                    summary = run.read_summary() or {}
+                except ValueError as exc:  # an output, rewritten at the end; only the last stop's kind is read
+                    print(f"note: {exc}; resuming as after an ordinary stop (it is written again)", file=sys.stderr)
+                    summary = {}
                 changed = check_resumable(
                     run.read_config(),
                     self.config,

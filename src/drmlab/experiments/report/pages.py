@@ -135,9 +135,17 @@ def run_page(path: Path) -> str:
     config = run.read_config()
     if not isinstance(config, dict):
         raise NotAReportDirectory(f"{run.config_path} is not a run config (not a JSON object)")
-    summary = run.read_summary() or {}
+    damaged = []  # outputs without a checksum: a damaged one is stated and the rest of the page drawn
+    summary, evaluation = {}, None
+    try:
+        summary = run.read_summary() or {}
+    except ValueError as exc:
+        damaged.append(str(exc))
     rows = run.read_metrics() if run.metrics_path.is_file() else []
-    evaluation = read_json(run.eval_path) if run.eval_path.is_file() else None
+    try:
+        evaluation = read_json(run.eval_path) if run.eval_path.is_file() else None
+    except ValueError as exc:
+        damaged.append(str(exc))
     check = _check_checkpoint(run)
     result = read_json(path / "result.json") if (path / "result.json").is_file() else None  # an MQAR cell
 
@@ -146,6 +154,7 @@ def run_page(path: Path) -> str:
     title = f"Run {name} ({config.get('preset', '?')}, seed {seed})"
     body = [
         h.paragraph(_run_status(summary, check, rows), "note" if check.verdict == "damaged" else None),
+        *(h.paragraph(f"Damaged: {reason}.", "note") for reason in damaged),
         h.section(
             "Results",
             _results_table(summary) if summary else h.paragraph("No summary.json yet.", "note"),
