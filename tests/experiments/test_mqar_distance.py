@@ -262,7 +262,7 @@ def test_bad_input_is_one_line(argv, message, tmp_path, capsys):
 
 
 def test_state_bytes_count_what_a_sequence_carries_not_the_fast_steps_caches():
-    """The DRM fast step's block constants and the mixer's partial sums (``DERIVED_FIELDS``) are
+    """The DRM fast step's block constants and the mixer's partial sums (``CACHE_FIELDS``) are
     recomputable from the rest of the state: a prefilled J state counts the same bytes as the state
     with those caches dropped, and the caches are really there (so the test can fail)."""
     model = build_model("J", preset="micro", vocab_size=256, seed=0).eval()
@@ -270,10 +270,10 @@ def test_state_bytes_count_what_a_sequence_carries_not_the_fast_steps_caches():
     stripped = dataclasses.replace(
         state,
         stages=tuple(
-            s._replace(**{f: None for f in type(s).DERIVED_FIELDS}) if hasattr(type(s), "DERIVED_FIELDS") else s
+            s._replace(**{f: None for f in type(s).CACHE_FIELDS}) if hasattr(type(s), "CACHE_FIELDS") else s
             for s in state.stages
         ),
     )
-    cached = [s for s in state.stages if hasattr(type(s), "DERIVED_FIELDS")]
-    assert cached and all(getattr(s, f) is not None for s in cached for f in type(s).DERIVED_FIELDS)
+    cached = [s for s in state.stages if hasattr(type(s), "CACHE_FIELDS")]
+    assert cached and all(getattr(s, f) is not None for s in cached for f in type(s).CACHE_FIELDS)
     assert md.state_nbytes(state) == md.state_nbytes(stripped) > 0

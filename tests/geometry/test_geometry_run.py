@@ -98,3 +98,20 @@ def test_the_pullback_option_gets_a_rank_bound_and_no_agreement():
     assert "metric_exact" not in strata and strata["metric_exact_bound"] == 16
     assert "decoder pullback itself" in " ".join(record["notes"])
     assert "only bounded, by 16" in write_tables(record)
+
+
+def test_a_non_finite_vector_has_no_angle_not_a_perfect_one():
+    """A diverged transport (NaN) once read as angle 0.0 -- min(1, NaN) is 1 in Python -- i.e. as a
+    perfect agreement with the next block's directions. It is NaN now, and finite vectors keep their angle."""
+    import math
+
+    from drmlab.geometry.run import _g_angle
+
+    class Euclid:
+        def inner(self, z, a, b):
+            return (a * b).sum()
+
+    z = torch.zeros(2, dtype=torch.float64)
+    e1, e2 = torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor([1.0, 1.0], dtype=torch.float64)
+    assert abs(_g_angle(Euclid(), z, e1, e2) - math.pi / 4) < 1e-15
+    assert math.isnan(_g_angle(Euclid(), z, e1, torch.tensor([math.nan, 0.0], dtype=torch.float64)))

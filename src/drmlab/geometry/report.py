@@ -17,7 +17,7 @@ def _fmt(x) -> str:
 
 def write_tables(record: dict) -> str:
     """Markdown: one table of costs, then one per instrument."""
-    ins = record["instruments"]
+    ins = {name: r for name, r in record["instruments"].items() if "failed" not in r}  # failures: in the notes
     lines = [
         f"# Geometry of {record['model']} ({record.get('run', 'in memory')})",
         "",
@@ -29,7 +29,10 @@ def write_tables(record: dict) -> str:
     ]
     lines += [f"- {note}" for note in record["notes"]] + ([""] if record["notes"] else [])
     lines += ["| instrument | seconds |", "|---|---:|"]
-    lines += [f"| {name} | {_fmt(r['seconds'])} |" for name, r in ins.items()] + [""]
+    lines += [
+        f"| {name} | {_fmt(r['seconds'])}{' (failed)' if 'failed' in r else ''} |"
+        for name, r in record["instruments"].items()
+    ] + [""]
     if "metric" in ins:
         m = ins["metric"]
         pullback = "exact_rank" not in m  # metric="pullback": its rank is only bounded
@@ -138,6 +141,12 @@ def write_tables(record: dict) -> str:
                 f"{_fmt(t['angle_untransported_mean_rad'])} |"
                 for t in c["transport"]
             ]
+            lines += [
+                f"\nBlock {t['block']}: {t[key]}."
+                for t in c["transport"]
+                for key in ("transport_failed", "schild_failed")
+                if t.get(key)
+            ]
         lines.append("")
     if "geodesics" in ins:
         lines += [
@@ -177,7 +186,7 @@ def write_plots(record: dict, cache: dict, folder: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ins, files = record["instruments"], []
+    ins, files = {name: r for name, r in record["instruments"].items() if "failed" not in r}, []
     spectra = [(name, ins[name]["_spectrum_first"]) for name in ("metric", "pullback") if name in ins]
     if spectra:
         fig, ax = plt.subplots(figsize=(5, 3.5))

@@ -301,9 +301,13 @@ def _model_metric(view: ModelView) -> tuple:
 
 
 def _g_angle(metric, z, a, b) -> float:
+    """The unsigned G-angle between a and b at z (of the lines they span); NaN when either is non-finite
+    (never a clamped 0: min(1, NaN) is 1 in Python, which made a diverged transport read as perfect)."""
     cos = float(metric.inner(z, a, b)) / math.sqrt(
         max(float(metric.inner(z, a, a)) * float(metric.inner(z, b, b)), 1e-300)
     )
+    if not math.isfinite(cos):
+        return math.nan
     return math.acos(max(-1.0, min(1.0, abs(cos))))
 
 
@@ -340,6 +344,21 @@ def measure_connection(view: ModelView, budget: GeometryBudget) -> dict:
         v_end, _ = view.directions_fn(path[-1])
         moved = transport(metric, polyline(path), v_start.mT, steps=path.shape[0] - 1, t1=float(path.shape[0] - 1))
         z1 = path[-1]
+        if not bool(torch.isfinite(moved).all()):
+            lengths = [float(metric.inner(p, q - p, q - p)) ** 0.5 for p, q in zip(path[:-1], path[1:])]
+            out["transport"].append(
+                {
+                    "block": k,
+                    "segments": int(path.shape[0] - 1),
+                    "angle_transported_mean_rad": None,
+                    "angle_untransported_mean_rad": None,
+                    "transport_failed": (
+                        "the transport ODE's solution became non-finite; the path's longest segment has "
+                        f"G-length {max(lengths):.4g} (the integrator takes one step per segment)"
+                    ),
+                }
+            )
+            continue
         angles = [_g_angle(metric, z1, moved[:, i], v_end[i]) for i in range(v_end.shape[0])]
         raw = [_g_angle(metric, z1, v_start[i], v_end[i]) for i in range(v_end.shape[0])]
         row = {
@@ -350,8 +369,14 @@ def measure_connection(view: ModelView, budget: GeometryBudget) -> dict:
             "angle_transported_rad": angles,
         }
         if k == 0:
-            ladder = schild_transport(metric, path, v_start[0])
-            row["schild_vs_ode_angle_rad"] = _g_angle(metric, z1, ladder, moved[:, 0])
+            try:
+                ladder = schild_transport(metric, path, v_start[0])
+                if not bool(torch.isfinite(ladder).all()):
+                    raise ValueError("the ladder's vector became non-finite")
+                row["schild_vs_ode_angle_rad"] = _g_angle(metric, z1, ladder, moved[:, 0])
+            except (torch.linalg.LinAlgError, ValueError) as exc:  # its rungs leave the states the metric is sane at
+                row["schild_vs_ode_angle_rad"] = None
+                row["schild_failed"] = str(exc).splitlines()[0]
         out["transport"].append(row)
     return out
 
@@ -440,14 +465,20 @@ def geometry_of_model(
         if name in record["not_applicable"] or (only is not None and name not in only):
             continue
         start = time.perf_counter()
-        result = measure()
+        try:
+            result = measure()
+        except torch.linalg.LinAlgError as exc:  # a factorisation at states the instrument moved to: stated, not hidden
+            result = {"failed": str(exc).splitlines()[0]}
+            record["notes"].append(f"{name} failed: {result['failed']}")
         result["seconds"] = time.perf_counter() - start
         record["instruments"][name] = result
     if record["not_applicable"]:
         record["notes"].append(
             "not applicable: " + "; ".join(f"{k} ({v})" for k, v in record["not_applicable"].items())
         )
-    if "pullback" in record["instruments"] and record["instruments"]["pullback"]["how"].startswith("estimated"):
+    if "how" in record["instruments"].get("pullback", {}) and record["instruments"]["pullback"]["how"].startswith(
+        "estimated"
+    ):
         record["notes"].append(record["instruments"]["pullback"]["how"])
     record["seconds"] = time.perf_counter() - t0
     record["_cache"] = cache

@@ -71,9 +71,14 @@ class ForeignModelError(ValueError):
 
 def map_batch_rows(state, fn):
     """``state`` with ``fn`` applied to every tensor in it (dataclasses, tuples, lists and dicts are
-    rebuilt; numbers and None kept). Every drmlab decode state holds the batch in dim 0 of each tensor."""
+    rebuilt; numbers and None kept). Every drmlab decode state holds the batch in dim 0 of each tensor,
+    except the caches a state type lists in ``CACHE_FIELDS`` (the DRM fast step's block constants, which
+    also hold weight-derived tensors): those are dropped (None) and the next step recomputes them."""
     if isinstance(state, torch.Tensor):
         return fn(state)
+    caches = getattr(type(state), "CACHE_FIELDS", ())
+    if caches and hasattr(state, "_fields"):
+        state = state._replace(**{name: None for name in caches})
     if dataclasses.is_dataclass(state) and not isinstance(state, type):
         return dataclasses.replace(
             state, **{f.name: map_batch_rows(getattr(state, f.name), fn) for f in dataclasses.fields(state) if f.init}

@@ -227,11 +227,11 @@ def gate_verdicts(lengths: dict, threshold: float = GATE_THRESHOLD, control: int
 # ---------------------------------------------------------------------------------- reading
 def state_nbytes(state) -> int:
     """Bytes of every tensor in a decoding state (dataclasses, tuples, lists and dicts walked), without the
-    fields a state type lists in ``DERIVED_FIELDS`` (caches recomputable from the rest, such as the DRM
+    fields a state type lists in ``CACHE_FIELDS`` (caches recomputable from the rest, such as the DRM
     fast step's block constants): the state a sequence must carry."""
     if isinstance(state, torch.Tensor):
         return state.numel() * state.element_size()
-    derived = getattr(type(state), "DERIVED_FIELDS", ())
+    derived = getattr(type(state), "CACHE_FIELDS", ())
     if dataclasses.is_dataclass(state) and not isinstance(state, type):
         return sum(state_nbytes(getattr(state, f.name)) for f in dataclasses.fields(state) if f.name not in derived)
     if derived and hasattr(state, "_fields"):  # a NamedTuple

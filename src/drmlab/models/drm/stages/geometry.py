@@ -48,7 +48,7 @@ class PrefixState(NamedTuple):
     constants: StepConstants | None = None
 
     # derived from the rest (recomputable); not counted as the state a sequence carries (state_nbytes)
-    DERIVED_FIELDS = ("constants",)
+    CACHE_FIELDS = ("constants",)
 
 
 class PrefixStage(Stage):

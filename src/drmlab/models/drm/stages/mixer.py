@@ -35,7 +35,7 @@ class MixerState(NamedTuple):
     cache: MixerStepCache | None = None
 
     # derived from the rest (recomputable); not counted as the state a sequence carries (state_nbytes)
-    DERIVED_FIELDS = ("cache",)
+    CACHE_FIELDS = ("cache",)
 
 
 class MixerStage(Stage):
