@@ -480,3 +480,25 @@ def test_a_loss_piece_and_evaluation_hooks(tmp_path):
         r["half"] == pytest.approx(r["ce"] / 2) and r["parity"] == r["step"] % 2 and r["rows"] == 4 for r in steps
     )
     assert all(r["loss"] > 2 * r["ce"] for r in steps)  # twice (CE + the model's aux)
+
+
+def test_resume_accepts_a_model_field_newer_than_the_run_at_its_default(tmp_path):
+    """A run written before a model-config field existed (its config.json lacks it) resumes when the field
+    is at its default -- a new option that changes nothing -- and is refused, naming that field alone, when not."""
+    tr, va = _data()
+    train(TinyLM(), tr, va, _cfg(), tmp_path, quiet=True, stop_after_step=2)
+    run = RunDir(tmp_path)
+    config = json.loads(run.config_path.read_text())
+    del config["model_config"]["d"]  # as written by a drmlab that had no field d (default 16)
+    run.config_path.write_text(json.dumps(config))
+    run.accept_config_edits()
+    with pytest.raises(ValueError) as refused:
+        train(TinyLM(d=32), tr, va, _cfg(), tmp_path, resume=True, quiet=True)
+    message = str(refused.value)
+    assert "model_config.d: (absent) in the run, 32 now" in message and "vocab_size" not in message
+    reference = TinyLM()
+    train(reference, tr, va, _cfg(), tmp_path / "whole", quiet=True)
+    model = TinyLM(seed=5)
+    assert train(model, tr, va, _cfg(), tmp_path, resume=True, quiet=True)["finished"]
+    for (n, p), (_, q) in zip(reference.state_dict().items(), model.state_dict().items()):
+        assert torch.equal(p, q), n

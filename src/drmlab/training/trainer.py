@@ -238,13 +238,50 @@ def resolved_config(model, cfg: TrainConfig, run_info: RunInfo | None, world_siz
     )
 
 
-def check_resumable(saved: dict, fresh: dict, *, after_non_finite: bool = False) -> dict:
+def config_defaults(model) -> dict:
+    """{field: default} of ``model.config``'s dataclass (empty for a model without one)."""
+    config = getattr(model, "config", None)
+    if config is None or not dataclasses.is_dataclass(config):
+        return {}
+    defaults = {}
+    for f in dataclasses.fields(config):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    return jsonable(defaults)
+
+
+_ABSENT = object()
+
+
+def _model_config_problems(saved: dict | None, fresh: dict | None, defaults: dict) -> list[str]:
+    """The model-config fields that differ, one entry each. A field the run's config.json lacks (it was
+    written before the field existed) counts as its default: at the default it changes nothing."""
+    if not isinstance(saved, dict) or not isinstance(fresh, dict):
+        return [] if saved == fresh else [f"model_config: {saved!r} in the run, {fresh!r} now"]
+    problems = []
+    for key in sorted(set(saved) | set(fresh)):
+        before, now = saved.get(key, _ABSENT), fresh.get(key, _ABSENT)
+        if before is _ABSENT and now == defaults.get(key, _ABSENT):
+            continue
+        if before != now:
+            show = ["(absent)" if v is _ABSENT else repr(v) for v in (before, now)]
+            problems.append(f"model_config.{key}: {show[0]} in the run, {show[1]} now")
+    return problems
+
+
+def check_resumable(
+    saved: dict, fresh: dict, *, after_non_finite: bool = False, model_defaults: dict | None = None
+) -> dict:
     """Refuse to resume a run under other data, model or schedule-defining settings, listing each
-    difference; return the allowed changes ``{key: [before, now]}``."""
+    difference; return the allowed changes ``{key: [before, now]}``. ``model_defaults``
+    (:func:`config_defaults`): a model-config field newer than the run is accepted at its default."""
     problems, changed = [], {}
-    for key in ("model", "preset", "overrides", "model_config") + DATA_IDENTITY:
+    for key in ("model", "preset", "overrides") + DATA_IDENTITY:
         if saved.get(key) != fresh.get(key):
             problems.append(f"{key}: {saved.get(key)!r} in the run, {fresh.get(key)!r} now")
+    problems += _model_config_problems(saved.get("model_config"), fresh.get("model_config"), model_defaults or {})
     saved_hash = (saved.get("data") or {}).get("content_sha256")
     fresh_hash = (fresh.get("data") or {}).get("content_sha256")
     if saved_hash != fresh_hash:
@@ -368,6 +405,7 @@ class Trainer:
                     run.read_config(),
                     self.config,
                     after_non_finite=summary.get("stopped") in ("non-finite", "diverged"),
+                    model_defaults=config_defaults(self.model),
                 )
                 note = runtime_drift_note(changed)
                 if note:
