@@ -373,3 +373,11 @@ def test_the_cli_runs_the_zoology_protocol_and_refuses_other_protocols_flags(tmp
         assert words in capsys.readouterr().err
     assert main(["mqar", "--widths", "64", "--out", str(out)]) == 2
     assert "--widths: only with --protocol zoology" in capsys.readouterr().err
+
+
+def test_collect_reports_what_has_finished_and_trains_nothing(tmp_path):
+    summary = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, collect_only=True, **MICRO)
+    cell = summary["cells"]["ATTENTION w16 L64"]
+    assert cell["status"] == "incomplete" and cell["acc"] is None and cell["scores"] == {}
+    assert {r["status"] for r in summary["runs"]} == {"pending"}
+    assert not (tmp_path / "runs").exists() and (tmp_path / "results.json").is_file()

@@ -63,6 +63,7 @@ ZOOLOGY_ONLY = {
     "epochs": "--epochs",
     "early_stop": "--early-stop",
     "restore": "--restore",
+    "collect": "--collect",
 }
 
 
@@ -165,6 +166,12 @@ def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
     )
     zoo.add_argument("--epochs", type=int, default=None, help="epochs over the training set (default 64)")
     zoo.add_argument("--early-stop", type=float, default=None, help="stop a run at this test accuracy (default 0.99)")
+    zoo.add_argument(
+        "--collect",
+        action="store_true",
+        default=None,
+        help="train nothing: write the report (zoology.md, results.json) of the runs already finished in OUT",
+    )
     zoo.add_argument(
         "--restore",
         metavar="RESULTS_JSON",
@@ -358,6 +365,7 @@ def run_zoology(args: argparse.Namespace) -> int:
         device=runtime.device,
         quiet=runtime.quiet,
         log=runtime.log,
+        collect_only=bool(args.collect),
         **{key: value for key, value in given.items() if value is not None},
     )
     print((out / "zoology.md").read_text(), end="")

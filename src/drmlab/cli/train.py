@@ -237,7 +237,12 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{name} {preset} seed {cfg.seed}: val CE {summary['val_ce']:.4f} nats/token, "
             f"{summary['val_bpb']:.4f} bits/byte, ppl {summary['val_ppl']:.3f} over {summary['val_targets']:,} tokens; "
-            f"{summary['tokens']:,} tokens trained at {summary['tokens_per_s'] or 0:,.0f} tok/s"
+            f"{summary['tokens']:,} tokens trained"
+            + (
+                f" at {summary['tokens_per_s']:,.0f} tok/s"
+                if summary.get("tokens_per_s")
+                else " (no step in this call)"
+            )
         )
     print(f"results in {out}/: summary.json, metrics.jsonl, config.json, checkpoints/")
     return 0

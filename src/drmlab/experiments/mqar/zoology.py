@@ -509,8 +509,10 @@ def run_cell(
     device="auto",
     quiet: bool = True,
     log: Callable[[str], None] | None = None,
+    collect_only: bool = False,
 ) -> dict:
-    """Train (or continue, or reuse) one run; its result (``status``: done, diverged, n/a or locked)."""
+    """Train (or continue, or reuse) one run; its result (``status``: done, diverged, n/a or locked;
+    with ``collect_only`` nothing is trained and an unfinished run is ``pending``)."""
     from drmlab.runs import RunDir, RunLock, RunLockedError, write_json_atomic
     from drmlab.training.pieces import TrainPieces
     from drmlab.training.trainer import NonFiniteLossError, lm_loss_fn, train
@@ -550,6 +552,8 @@ def run_cell(
     saved = json.loads(path.read_text()) if path.is_file() else None
     if saved is not None and saved.get("spec") == spec and saved.get("status") in ("done", "diverged"):
         return dict(saved, reused=True)
+    if collect_only:  # the report of what has finished: nothing is trained
+        return dict(base, status="pending")
     try:
         lock = RunLock(out / "locks" / f"{label}.lock").acquire()
     except RunLockedError:
@@ -760,9 +764,11 @@ def run_planned(
     quiet: bool = True,
     log: Callable[[str], None] | None = None,
     wait_seconds: float = 30.0,
+    collect_only: bool = False,
 ) -> dict:
     """Run (or reuse) every (model, width, length, rate) of ``study``, leaving runs held by another
-    process to it and coming back to them; then write the report. The summary."""
+    process to it and coming back to them; then write the report. The summary. ``collect_only``: train
+    nothing, report what has finished (the rest of a cell's sweep shows as incomplete)."""
     from drmlab.experiments.mqar import zoology_report
 
     out = Path(out)
@@ -778,7 +784,9 @@ def run_planned(
     while todo:
         left = []
         for seq_len, kv, name, width, lr in todo:
-            r = run_cell(study, name, width, seq_len, kv, lr, out, device=device, quiet=quiet, log=log)
+            r = run_cell(
+                study, name, width, seq_len, kv, lr, out, device=device, quiet=quiet, log=log, collect_only=collect_only
+            )
             if r["status"] == "locked":
                 left.append((seq_len, kv, name, width, lr))
                 continue
@@ -810,9 +818,10 @@ def run_zoology_study(
     device="auto",
     quiet: bool = True,
     log: Callable[[str], None] | None = None,
+    collect_only: bool = False,
 ) -> dict:
     """``drmlab mqar --protocol zoology``: plan (:func:`plan_study`) and run the study into ``out``;
-    the summary (also ``out/zoology.json``, ``zoology.md``)."""
+    the summary (also ``out/zoology.json``, ``zoology.md``). ``collect_only``: report without training."""
     study = plan_study(
         models,
         widths,
@@ -828,4 +837,4 @@ def run_zoology_study(
         early_stop=early_stop,
         settings=settings,
     )
-    return run_planned(study, out, device=device, quiet=quiet, log=log)
+    return run_planned(study, out, device=device, quiet=quiet, log=log, collect_only=collect_only)
