@@ -33,7 +33,14 @@ def scalar(value: float, like: torch.Tensor) -> torch.Tensor:
 def fast_step_supported(like: torch.Tensor) -> bool:
     """Whether the fast step equals the reference bit for bit here: a float32 or float64 state
     (every cast of the reference is then a no-op) and no autocast on its device."""
-    return like.dtype in FAST_STEP_DTYPES and not torch.is_autocast_enabled(like.device.type)
+    return like.dtype in FAST_STEP_DTYPES and not _autocast_on(like.device.type)
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # a device type autocast does not know (meta): nothing is autocast there
+        return False
 
 
 def bound(z: torch.Tensor, config) -> torch.Tensor:
