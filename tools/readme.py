@@ -306,6 +306,40 @@ def _distance_table(studies: dict[str, dict]) -> str:
     return _table(header, ["---", "---:"] + ["---"] * len(lengths) + ["---:"], rows)
 
 
+# Zoology's Figure 2, attention's line, read from the published image by eye (docs/mqar.md section 10.7)
+ZOOLOGY_ATTENTION_FIGURE = "0.97-0.99"
+
+
+def _zoology_cell(cell: dict | None, n_rates: int) -> str:
+    """The best rate's final test accuracy, its rate and how many of the grid's rates have finished."""
+    if cell is None:
+        return "not run"
+    if cell.get("status") == "n/a":
+        return f"n/a ({cell['why']})"
+    scores = cell.get("scores") or {}
+    if cell.get("acc") is None:
+        return f"no finished rate (0 of {n_rates})" if not scores else "diverged"
+    text = f"{100 * cell['acc']:.1f}% (lr {cell['lr']:.3g})"
+    return text if len(scores) == n_rates else f"{text}; {len(scores)} of {n_rates} rates"
+
+
+def _zoology_table(studies: dict[str, dict]) -> str:
+    """The Zoology MQAR protocol on the CPU (docs/mqar.md section 10): per model, width and length the
+    best rate's final test accuracy, attention's published value first so the protocol is checked
+    against the paper before any other row is read."""
+    study = studies["zoology-cpu"]
+    settings, widths = study["study"]["settings"], study["study"]["widths"]
+    n_rates = len(study["study"]["lr_grid"])
+    columns = [(L, w) for L, _ in settings for w in widths]
+    rows = [["Zoology Fig. 2, attention (by eye)", *([ZOOLOGY_ATTENTION_FIGURE] * len(columns)), "-"]]
+    for name in study["study"]["models"]:
+        cells = [study["cells"].get(f"{name} w{w} L{L}") for L, w in columns]
+        state = next((c.get("state_bytes") for c in cells if c and c.get("state_bytes")), None)
+        rows.append([name, *(_zoology_cell(c, n_rates) for c in cells), "-" if state is None else f"{state:,} B"])
+    header = ["model", *(f"L {L}, width {w}" for L, w in columns), f"state at L {columns[0][0]}, width {columns[0][1]}"]
+    return _table(header, ["---"] + ["---"] * len(columns) + ["---:"], rows)
+
+
 def _protocol_table(studies: dict[str, dict]) -> str:
     """The protocol at tiny, each model at its swept rate: bits per byte (mean +- population std over
     seeds, per seed), the whole-stream rescoring at the 1M and 2M milestones, tokens/s."""
@@ -407,6 +441,7 @@ BLOCK_RENDERERS = {
     "bench-models": _bench_models_table,
     "bench-decode": _bench_decode_table,
     "bench-solvers": _bench_solvers_table,
+    "zoology-cpu": _zoology_table,
 }
 
 
