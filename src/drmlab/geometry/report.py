@@ -7,6 +7,11 @@ from pathlib import Path
 __all__ = ["write_plots", "write_tables"]
 
 
+def measured(record: dict) -> dict:
+    """The instruments of ``record`` that measured (a failed one is stated in the notes instead)."""
+    return {name: r for name, r in record["instruments"].items() if "failed" not in r}
+
+
 def _fmt(x) -> str:
     if x is None:
         return "--"
@@ -17,7 +22,7 @@ def _fmt(x) -> str:
 
 def write_tables(record: dict) -> str:
     """Markdown: one table of costs, then one per instrument."""
-    ins = {name: r for name, r in record["instruments"].items() if "failed" not in r}  # failures: in the notes
+    ins = measured(record)
     lines = [
         f"# Geometry of {record['model']} ({record.get('run', 'in memory')})",
         "",
@@ -186,7 +191,7 @@ def write_plots(record: dict, cache: dict, folder: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ins, files = {name: r for name, r in record["instruments"].items() if "failed" not in r}, []
+    ins, files = measured(record), []
     spectra = [(name, ins[name]["_spectrum_first"]) for name in ("metric", "pullback") if name in ins]
     if spectra:
         fig, ax = plt.subplots(figsize=(5, 3.5))
