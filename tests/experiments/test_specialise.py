@@ -384,3 +384,83 @@ def test_a_stage_read_lost_to_a_kill_is_read_again(finished, base_run, corpus, t
         ("stage", 3),
         ("stage", 5),
     ]
+
+
+# ---------------------------------------------------------------------------------- the interleaved recipe
+def test_interleaved_order_is_upstreams_pmcs_schedule():
+    """2,625 MQAR batches with a language step after every 4th: 3,281 updates (upstream-asm-vr.md section 9);
+    each stage holds its own MQAR batches, the stages tile the steps."""
+    s = recipe.Settings.interleaved([list(st) for st in recipe.DEFAULT_CURRICULUM], seed=0).validate()
+    assert s.total_steps == 3281
+    language = [k for k in range(1, s.total_steps + 1) if s.is_language_step(k)]
+    assert len(language) == 656 and language[:3] == [5, 10, 15]
+    bounds = s.stage_bounds()
+    assert bounds[0][1] == 1 and bounds[-1][2] == s.total_steps
+    assert all(b[1] == a[2] + 1 for a, b in zip(bounds, bounds[1:]))
+    for (length, batches), (bound_length, first, last) in zip(recipe.DEFAULT_CURRICULUM, bounds):
+        mqar = [k for k in range(first, last + 1) if not s.is_language_step(k)]
+        assert bound_length == length and len(mqar) == batches
+        assert all(s.stage_of(k) == length for k in range(first, last + 1))
+    batches = recipe.MixedBatches(np.arange(10_000) % 256, s)
+    assert [batches.is_language(0, k) for k in range(1, 11)] == [False] * 4 + [True] + [False] * 4 + [True]
+    inputs, targets = batches.global_batch(0, 5, 0)
+    assert inputs.shape == (4, 256) and torch.equal(inputs[:, 1:], targets[:, :-1])
+
+
+def test_interleaved_recipe_trains_the_base_model_as_it_is(base_run, corpus, tmp_path):
+    from drmlab.runs import load_run_model
+
+    s = recipe.Settings.interleaved([list(st) for st in CURRICULUM], seed=0, eval_sequences=EVAL_SEQUENCES)
+    run = recipe.Specialisation(
+        base_run, tmp_path / "pmcs", s, corpus, eval_tokens=EVAL_TOKENS, device="cpu", checkpoint_every=0
+    )
+    assert run.student_name == "J_NO_DIRECTION"
+    base, _, _ = load_run_model(base_run)
+    for name, tensor in base.state_dict().items():
+        assert torch.equal(run.student.state_dict()[name], tensor), name
+    result = run.run()
+    model, config, state = load_run_model(tmp_path / "pmcs")
+    assert config["model"] == "J_NO_DIRECTION" and int(state["step"]) == 6  # 5 MQAR batches + 1 language step
+    rows = [json.loads(line) for line in (tmp_path / "pmcs" / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert [r["batch"] for r in train_rows] == ["mqar"] * 4 + ["language", "mqar"]
+    assert [r["stage"] for r in train_rows] == [40, 40, 40, 72, 72, 72]
+    assert all(r["kd"] is None for r in train_rows)  # no teacher
+    assert [r["batch_tokens"] for r in train_rows if r["batch"] == "language"] == [4 * 256]
+    assert all(r["lr_all"] == 3e-4 for r in train_rows)
+    assert [(r["kind"], r["step"]) for r in rows if r["kind"] == "stage"] == [("stage", 3), ("stage", 6)]
+    assert [st["length"] for st in result["stages"]] == [40, 72] and "language" in result
+    optimizer = recipe.build_single_rate_optimizer(run.student, 3e-4)
+    assert [g["name"] for g in optimizer.param_groups] == ["all"]
+    assert len(optimizer.param_groups[0]["params"]) == len(list(run.student.parameters()))
+
+
+def test_a_run_written_before_the_recipes_continues_as_distill(finished):
+    run, _, _, _ = finished
+    spec = run.spec()
+    old = json.loads(json.dumps(spec))
+    for key in ("recipe", "language_rows", "language_every", "lr"):
+        del old["settings"][key]
+    assert recipe.recipe._differences(recipe.recipe._with_new_defaults(old), spec) == []
+    old["settings"]["memory_lr"] = 1.0
+    assert recipe.recipe._differences(recipe.recipe._with_new_defaults(old), spec) != []
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--lr", "1e-3"], "--lr is the interleaved recipe's rate"),
+        (["--recipe", "interleaved", "--memory-lr", "1e-3"], "--recipe interleaved trains every parameter at --lr"),
+    ],
+)
+def test_rates_of_the_other_recipe_are_refused_in_one_line(
+    base_run, cache_dir, corpus_file, tmp_path, capsys, flags, words
+):
+    from drmlab.cli import main
+
+    argv = ["specialise", "--base", str(base_run), "--out", str(tmp_path / "out"), "--device", "cpu"]
+    argv += ["--cache-dir", str(cache_dir), "--data", str(corpus_file), *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

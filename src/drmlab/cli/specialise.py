@@ -1,6 +1,7 @@
-"""``drmlab specialise``: the ASM_CM specialisation recipe (docs/mqar.md section 9) from a trained
-J_NO_DIRECTION run: :func:`drmlab.experiments.specialise.specialise`, printed as a table of the
-stage evaluations and the language CE before and after.
+"""``drmlab specialise``: the memory specialisation recipes (docs/mqar.md section 9): ``distill``, a
+trained J_NO_DIRECTION run into ASM_CM, or ``interleaved`` (upstream's PMCS-64), any run as it is;
+:func:`drmlab.experiments.specialise.specialise`, printed as a table of the stage evaluations and the
+language CE before and after.
 """
 
 from __future__ import annotations
@@ -20,12 +21,18 @@ examples:
   drmlab specialise --base runs/base-jnd --out runs/asm-cm-quick --steps-scale 0.25 --eval-tokens 128k
   drmlab mqar --protocol distance --ckpt runs/base-jnd-asm-cm --lengths 40,512,4096   # read it further
   drmlab eval --ckpt runs/base-jnd-asm-cm
+  drmlab specialise --recipe interleaved --base runs/vr-s --out runs/vr-s-mqar   # upstream's PMCS-64 recipe
 
 each step: with probability 0.8 a language batch (one window of 128 tokens of the training split; CE
 plus 0.5 T^2 KL(teacher || student) at T = 2), else an MQAR batch at the stage's length (4 examples
 below 512, 2 below 1024, then 1; CE on the 8 queries). AdamW, weight decay 0.01, the backbone at
 --backbone-lr and fast_weight_memory.* at --memory-lr, constant, clip 1.0. After each stage every
-curriculum length up to it is read; a stage passes at >= 80% on each. Files in --out: an ordinary run
+curriculum length up to it is read; a stage passes at >= 80% on each.
+
+--recipe interleaved (upstream's PMCS-64 memory specialisation): the base's own model, every stage's
+steps counted as MQAR batches taken in order, one plain language step (4 windows of 256, CE, no teacher)
+after every 4th; every parameter at --lr (default 3e-4), weight decay 0.01, constant, clip 1.0 (the
+default curriculum then makes 2,625 MQAR batches and 656 language steps). Files in --out: an ordinary run
 directory (config.json naming ASM_CM, checkpoint, metrics.jsonl, summary.json) plus specialise.json
 (the stage results, the language CE before and after). Started again, a killed run continues from its
 last checkpoint; a finished one is refused unless --overwrite.
@@ -46,14 +53,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--base",
         required=True,
         metavar="RUN_DIR",
-        help="a J_NO_DIRECTION run directory (or an ASM_CM one, to continue specialising it)",
+        help="a J_NO_DIRECTION run directory (or an ASM_CM one, to continue specialising it); any run "
+        "under --recipe interleaved",
+    )
+    parser.add_argument(
+        "--recipe",
+        choices=("distill", "interleaved"),
+        default="distill",
+        help="distill (default: ASM_CM, coin-mixed language batches distilled from the base, two rates) or "
+        "interleaved (upstream's PMCS-64: the base's model, a language step after every 4th MQAR batch, one rate)",
     )
     common.add_out_argument(parser, "the specialised run directory", required=True, metavar="RUN_DIR")
     parser.add_argument(
         "--curriculum",
         default=DEFAULT_CURRICULUM,
         metavar="L:STEPS,...",
-        help=f"stages of length:optimizer steps, lengths increasing (default {DEFAULT_CURRICULUM})",
+        help=f"stages of length:optimizer steps (MQAR batches under --recipe interleaved), lengths increasing "
+        f"(default {DEFAULT_CURRICULUM})",
     )
     parser.add_argument(
         "--steps-scale",
@@ -69,11 +85,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--backbone-lr",
         type=float,
-        default=1e-5,
-        help="learning rate of every parameter but the memory's (default 1e-5)",
+        default=None,
+        help="distill: learning rate of every parameter but the memory's (default 1e-5)",
     )
     parser.add_argument(
-        "--memory-lr", type=float, default=1e-4, help="learning rate of fast_weight_memory.* (default 1e-4)"
+        "--memory-lr", type=float, default=None, help="distill: learning rate of fast_weight_memory.* (default 1e-4)"
+    )
+    parser.add_argument(
+        "--lr", type=float, default=None, help="interleaved: the learning rate of every parameter (default 3e-4)"
     )
     parser.add_argument(
         "--eval-sequences",
@@ -114,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
     common.apply_threads(args)
     stages = recipe.scale_curriculum(recipe.parse_curriculum(args.curriculum), args.steps_scale)
-    base_config = recipe.check_base(args.base)  # before the corpus is read
+    base_config = recipe.check_base(args.base, args.recipe)  # before the corpus is read
     base_tokenizer = base_config.get("tokenizer") or "bytes"
     if args.tokenizer is not None and args.tokenizer != base_tokenizer:
         raise ValueError(f"--tokenizer {args.tokenizer}: the base run was trained with the {base_tokenizer} tokenizer")
@@ -134,8 +153,10 @@ def run(args: argparse.Namespace) -> int:
             corpus,
             curriculum=stages,
             seed=args.seed,
+            recipe=args.recipe,
             backbone_lr=args.backbone_lr,
             memory_lr=args.memory_lr,
+            lr=args.lr,
             eval_sequences=args.eval_sequences,
             eval_tokens=eval_tokens,
             device=args.device,

@@ -1,6 +1,8 @@
-"""The ASM_CM specialisation recipe (docs/mqar.md section 9; the upstream recipe restated in
-``shared/notes/upstream-asm.md`` section 4): a trained J_NO_DIRECTION run becomes an ASM_CM run that
-recalls over long distances without losing its language modelling.
+"""The memory specialisation recipes (docs/mqar.md section 9; the upstream recipes restated in
+``shared/notes/upstream-asm.md`` section 4 and ``upstream-asm-vr.md`` section 9): ``distill``, a
+trained J_NO_DIRECTION run becomes an ASM_CM run that recalls over long distances without losing its
+language modelling; ``interleaved``, upstream's PMCS-64 recipe, trains any run as it is on the same
+curriculum with a plain language step after every 4th MQAR batch.
 
 A curriculum, a loss and its stage evaluations on top of :func:`drmlab.training.train`:
 ``curriculum`` (stages, settings), ``batches`` (the mixed language / MQAR source, three random
@@ -17,11 +19,16 @@ from drmlab.experiments.specialise.curriculum import (
     EVAL_BATCHES,
     EVAL_TOKENS_PER_FORWARD,
     GRAD_CLIP,
+    INTERLEAVED_LANGUAGE_EVERY,
+    INTERLEAVED_LANGUAGE_ROWS,
+    INTERLEAVED_LANGUAGE_WINDOW,
+    INTERLEAVED_LR,
     KD_WEIGHT,
     LANGUAGE_PROBABILITY,
     LANGUAGE_WINDOW,
     MEMORY_LR,
     PASS_THRESHOLD,
+    RECIPES,
     TEMPERATURE,
     WEIGHT_DECAY,
     Settings,
@@ -41,11 +48,13 @@ from drmlab.experiments.specialise.recipe import (
     STUDENT_MODEL,
     Specialisation,
     build_optimizer,
+    build_single_rate_optimizer,
     build_student,
     check_base,
     load_base,
     memory_parameter_names,
     specialise,
+    student_model,
 )
 
 __all__ = [
@@ -59,6 +68,10 @@ __all__ = [
     "EVAL_TOKENS_PER_FORWARD",
     "FIXES_AFTER_NON_FINITE",
     "GRAD_CLIP",
+    "INTERLEAVED_LANGUAGE_EVERY",
+    "INTERLEAVED_LANGUAGE_ROWS",
+    "INTERLEAVED_LANGUAGE_WINDOW",
+    "INTERLEAVED_LR",
     "KD_WEIGHT",
     "LANGUAGE_PROBABILITY",
     "LANGUAGE_WINDOW",
@@ -66,6 +79,7 @@ __all__ = [
     "MEMORY_PREFIX",
     "PASS_THRESHOLD",
     "PROGRESS_SECONDS",
+    "RECIPES",
     "RESULT_FILE",
     "STUDENT_MODEL",
     "TEMPERATURE",
@@ -75,6 +89,7 @@ __all__ = [
     "Specialisation",
     "SpecialiseLoss",
     "build_optimizer",
+    "build_single_rate_optimizer",
     "build_student",
     "check_base",
     "check_curriculum",
@@ -89,5 +104,6 @@ __all__ = [
     "parse_curriculum",
     "scale_curriculum",
     "specialise",
+    "student_model",
     "uses_language",
 ]

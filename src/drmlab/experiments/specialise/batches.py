@@ -1,7 +1,8 @@
 """The specialisation's batches (docs/mqar.md section 9, "Curriculum"): at global step k a coin from
 ``default_rng([seed, k])`` picks a language window (offset from ``default_rng([seed + 1, k, 0])``)
-or an MQAR batch of the distance protocol at the stage's length (``default_rng([seed + 2, k, 0])``).
-Three streams keyed by the step, so :class:`MixedBatches` is an ordinary
+or an MQAR batch of the distance protocol at the stage's length (``default_rng([seed + 2, k, 0])``);
+the interleaved recipe replaces the coin by its fixed order (every 5th step a language batch).
+Streams keyed by the step, so :class:`MixedBatches` is an ordinary
 :class:`~drmlab.training.batches.BatchSource`: a resumed run draws the batches an uninterrupted one draws."""
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ def uses_language(seed: int, step: int, probability: float = LANGUAGE_PROBABILIT
 
 
 def language_batch(
-    stream: np.ndarray, seed: int, step: int, window: int = LANGUAGE_WINDOW
+    stream: np.ndarray, seed: int, step: int, window: int = LANGUAGE_WINDOW, rows: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs [1, window], next tokens [1, window]) of one random window of the training stream, its
-    offset from ``default_rng([seed + 1, step, 0])``."""
-    starts = window_starts(seed + 1, step, 0, 1, window, len(stream))
+    """(inputs [rows, window], next tokens [rows, window]) of random windows of the training stream,
+    their offsets from ``default_rng([seed + 1, step, 0])``."""
+    starts = window_starts(seed + 1, step, 0, rows, window, len(stream))
     rows = gather_windows(stream, starts, window + 1)
     return rows[:, :-1], rows[:, 1:]
 
@@ -44,11 +45,14 @@ class MixedBatches(BatchSource):
         self.stream, self.settings = stream, settings
 
     def is_language(self, seed: int, step: int) -> bool:
+        if self.settings.recipe == "interleaved":
+            return self.settings.is_language_step(step)
         return uses_language(seed, step, self.settings.language_probability)
 
     def global_batch(self, seed: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         if micro:
             raise ValueError("the specialisation takes one batch per step (grad_accum 1)")
         if self.is_language(seed, step):
-            return language_batch(self.stream, seed, step, self.settings.language_window)
+            s = self.settings
+            return language_batch(self.stream, seed, step, s.language_window, s.language_rows)
         return mqar_batch(seed, step, self.settings.stage_of(step))

@@ -1,6 +1,12 @@
 """The specialisation's settings (docs/mqar.md section 9): the curriculum of stages ``length:steps``
-(parse, check, scale), the MQAR batch size per length, the recipe's rates and constants, and
-:class:`Settings`, everything besides the base run and the data that decides the steps."""
+(parse, check, scale), the MQAR batch size per length, the two recipes' rates and constants, and
+:class:`Settings`, everything besides the base run and the data that decides the steps.
+
+Two recipes (section 9.1): ``distill`` (ours, the default) draws each step's batch by a coin, a
+language window distilled from the frozen base with probability 0.8, else an MQAR batch, the stage
+counting optimizer steps; ``interleaved`` (upstream's PMCS-64 memory specialisation) takes the stage's
+MQAR batches in order with one plain language step after every 4th, one rate for every parameter and
+no teacher, the stage counting MQAR batches."""
 
 from __future__ import annotations
 
@@ -11,8 +17,14 @@ from dataclasses import dataclass
 from drmlab.experiments.mqar import distance as mqar_distance
 
 DEFAULT_CURRICULUM = ((40, 1000), (80, 500), (160, 500), (320, 300), (512, 200), (1024, 100), (4096, 25))
+RECIPES = ("distill", "interleaved")
 LANGUAGE_PROBABILITY = 0.8
 LANGUAGE_WINDOW = 128
+# the interleaved recipe (upstream's PMCS-64): a language step after every 4th MQAR batch, 4 windows of 256
+INTERLEAVED_LANGUAGE_EVERY = 4
+INTERLEAVED_LANGUAGE_ROWS = 4
+INTERLEAVED_LANGUAGE_WINDOW = 256
+INTERLEAVED_LR = 3e-4
 TEMPERATURE = 2.0
 KD_WEIGHT = 0.5
 BACKBONE_LR = 1e-5
@@ -71,12 +83,15 @@ def mqar_batch_size(length: int) -> int:
 
 @dataclass
 class Settings:
-    """Everything besides the base run and the data that decides the specialisation's steps."""
+    """Everything besides the base run and the data that decides the specialisation's steps.
+    ``curriculum`` counts optimizer steps per stage under ``distill`` and MQAR batches under
+    ``interleaved``; ``lr`` is the interleaved recipe's one rate (``backbone_lr`` and ``memory_lr``
+    are the distill recipe's two groups)."""
 
     curriculum: list  # [[length, steps], ...] after scaling
     seed: int
-    backbone_lr: float = BACKBONE_LR
-    memory_lr: float = MEMORY_LR
+    backbone_lr: float | None = BACKBONE_LR
+    memory_lr: float | None = MEMORY_LR
     weight_decay: float = WEIGHT_DECAY
     grad_clip: float = GRAD_CLIP
     language_probability: float = LANGUAGE_PROBABILITY
@@ -85,17 +100,58 @@ class Settings:
     kd_weight: float = KD_WEIGHT
     eval_sequences: int | None = None  # None: EVAL_BATCHES x the length's MQAR batch size
     eval_seed: int = mqar_distance.DEFAULT_EVAL_SEED
+    recipe: str = "distill"
+    language_rows: int = 1
+    language_every: int | None = None  # interleaved: a language step after every this many MQAR batches
+    lr: float | None = None  # interleaved: the one rate of every parameter
+
+    @classmethod
+    def interleaved(cls, curriculum, seed: int, lr: float = INTERLEAVED_LR, **kw) -> Settings:
+        """The interleaved recipe's settings (upstream's PMCS-64 memory specialisation)."""
+        return cls(
+            curriculum=curriculum,
+            seed=seed,
+            recipe="interleaved",
+            backbone_lr=None,
+            memory_lr=None,
+            lr=lr,
+            kd_weight=0.0,
+            language_rows=INTERLEAVED_LANGUAGE_ROWS,
+            language_window=INTERLEAVED_LANGUAGE_WINDOW,
+            language_every=INTERLEAVED_LANGUAGE_EVERY,
+            **kw,
+        )
 
     def validate(self) -> Settings:
         self.curriculum = [list(stage) for stage in check_curriculum(self.curriculum)]
-        for name, low in (("backbone_lr", "a non-negative"), ("memory_lr", "a positive")):
+        if self.recipe not in RECIPES:
+            raise ValueError(f"--recipe must be one of {', '.join(RECIPES)}, got {self.recipe!r}")
+        if self.recipe == "distill":
+            rates = (("backbone_lr", "a non-negative"), ("memory_lr", "a positive"))
+            if self.lr is not None:
+                raise ValueError(
+                    "--lr is the interleaved recipe's rate; the distill recipe takes --backbone-lr and --memory-lr"
+                )
+        else:
+            rates = (("lr", "a positive"),)
+            if self.backbone_lr is not None or self.memory_lr is not None:
+                raise ValueError(
+                    "the interleaved recipe trains every parameter at --lr; --backbone-lr and --memory-lr are the distill recipe's"
+                )
+            if (
+                isinstance(self.language_every, bool)
+                or not isinstance(self.language_every, int)
+                or self.language_every < 1
+            ):
+                raise ValueError(f"the interleaved recipe needs language_every >= 1, got {self.language_every!r}")
+        for name, low in rates:
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
                 or not isinstance(value, (int, float))
                 or not math.isfinite(value)
                 or value < 0
-                or (name == "memory_lr" and value == 0)
+                or (name != "backbone_lr" and value == 0)
             ):
                 raise ValueError(f"--{name.replace('_', '-')} must be {low} number, got {value!r}")
         if not 0 <= self.language_probability <= 1:
@@ -107,15 +163,38 @@ class Settings:
         return self
 
     @property
+    def trainer_lr(self) -> float:
+        """The trainer's nominal rate (each optimizer group keeps its own)."""
+        return self.lr if self.recipe == "interleaved" else self.memory_lr
+
+    @property
     def total_steps(self) -> int:
-        return sum(steps for _, steps in self.curriculum)
+        return self.stage_bounds()[-1][2]
+
+    def is_language_step(self, step: int) -> bool:
+        """Interleaved only: whether optimizer step ``step`` (from 1) is the language step that follows
+        every ``language_every``-th MQAR batch."""
+        return step % (self.language_every + 1) == 0
+
+    def _step_of_mqar_batch(self, index: int) -> int:
+        """Interleaved: the optimizer step of MQAR batch ``index`` (from 1)."""
+        return index + (index - 1) // self.language_every
 
     def stage_bounds(self) -> list[tuple[int, int, int]]:
-        """(length, first step, last step) of every stage; steps count from 1 across stages."""
+        """(length, first step, last step) of every stage; steps count from 1 across stages. Under
+        ``interleaved`` a stage's steps are its MQAR batches and the language steps among and right
+        after them."""
         bounds, last = [], 0
-        for length, steps in self.curriculum:
-            bounds.append((length, last + 1, last + steps))
-            last += steps
+        if self.recipe != "interleaved":
+            for length, steps in self.curriculum:
+                bounds.append((length, last + 1, last + steps))
+                last += steps
+            return bounds
+        for length, batches in self.curriculum:
+            first = self._step_of_mqar_batch(last + 1)
+            last += batches
+            end = self._step_of_mqar_batch(last) + (1 if last % self.language_every == 0 else 0)
+            bounds.append((length, first, end))
         return bounds
 
     def stage_of(self, step: int) -> int:

@@ -1,6 +1,6 @@
 """The specialisation's losses (docs/mqar.md section 9): on a language batch the student's CE plus
 ``kd_weight T^2 KL(softmax(teacher / T) || softmax(student / T))`` per position against the frozen
-teacher, on an MQAR batch the CE on the 8 query positions; :class:`SpecialiseLoss` is the trainer's
+teacher (the CE alone at ``kd_weight`` 0), on an MQAR batch the CE on the 8 query positions; :class:`SpecialiseLoss` is the trainer's
 loss piece (:data:`drmlab.training.pieces.LossFn`) choosing between them by the step's coin."""
 
 from __future__ import annotations
@@ -62,13 +62,18 @@ class SpecialiseLoss:
         s = self.settings
         inputs, targets = batch
         language = self.batches.is_language(s.seed, step)
-        if language:
+        if language and s.kd_weight:
             with torch.no_grad():
                 teacher_logits = self.teacher(inputs, step=None).logits
             out = model(inputs, step=None)
             loss, ce, kl = language_loss(
                 out.logits, teacher_logits, targets, temperature=s.temperature, kd_weight=s.kd_weight
             )
+        elif language:  # no distillation (the interleaved recipe): the plain next-token CE
+            out = model(inputs, step=None)
+            logits = out.logits.to(torch.promote_types(out.logits.dtype, torch.float32))
+            loss = ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            kl = None
         else:
             out = model(inputs, step=None)
             loss = ce = mqar_loss(out.logits, targets)

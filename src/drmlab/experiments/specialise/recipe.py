@@ -1,6 +1,6 @@
 """The specialisation recipe on top of :func:`drmlab.training.train` (docs/mqar.md section 9): the
-frozen teacher and the student built from the base run, the two learning-rate groups, the stage
-evaluations and the language CE before and after as the trainer's hooks, the verdicts and
+frozen teacher and the student built from the base run, the learning-rate groups (two under
+``distill``, one under ``interleaved``), the stage evaluations and the language CE before and after as the trainer's hooks, the verdicts and
 ``specialise.json``. The step, the guards, checkpoints, resume and signals are the trainer's."""
 
 from __future__ import annotations
@@ -44,18 +44,25 @@ ADVICE = "Try a lower --memory-lr or --backbone-lr (the run then continues from 
 
 
 # ---------------------------------------------------------------------------------- models
-def check_base(base: str | Path) -> dict:
-    """The config.json of the run directory ``base`` after checking it can be specialised: a
-    J_NO_DIRECTION or ASM_CM run of the 256-id bytes vocabulary with a checkpoint (one line otherwise)."""
+def student_model(base_config: dict, recipe: str = "distill") -> str:
+    """The specialised model's registry name: ASM_CM under ``distill``, the base's own model under
+    ``interleaved`` (upstream's PMCS-64 specialises every arm as it is)."""
+    return STUDENT_MODEL if recipe == "distill" else base_config["model"]
+
+
+def check_base(base: str | Path, recipe: str = "distill") -> dict:
+    """The config.json of the run directory ``base`` after checking it can be specialised: a run of
+    the 256-id bytes vocabulary with a checkpoint, of J_NO_DIRECTION or ASM_CM under ``distill``, of
+    any model under ``interleaved`` (one line otherwise)."""
     run = RunDir(base)
     if not run.has_config():
         raise FileNotFoundError(f"--base {base}: not a drmlab run directory (no {run.config_path.name})")
     config = run.read_config()
     name = config.get("model")
-    if name not in BASE_MODELS:
+    if recipe == "distill" and name not in BASE_MODELS:
         raise ValueError(
-            f"--base {base}: a {name} run; the specialisation starts from a J_NO_DIRECTION run "
-            f"(or continues an ASM_CM one)"
+            f"--base {base}: a {name} run; the distill recipe starts from a J_NO_DIRECTION run "
+            f"(or continues an ASM_CM one); --recipe interleaved specialises any model as it is"
         )
     if not run.has_checkpoint():
         raise FileNotFoundError(f"--base {base}: no checkpoint to start from (missing {run.pointer_path.name})")
@@ -68,10 +75,10 @@ def check_base(base: str | Path) -> dict:
     return config
 
 
-def load_base(base: str | Path, device) -> tuple[nn.Module, dict, dict]:
+def load_base(base: str | Path, device, recipe: str = "distill") -> tuple[nn.Module, dict, dict]:
     """(the base model, frozen, in eval mode; its config.json; the checkpoint pointer), after
     :func:`check_base`."""
-    check_base(base)
+    check_base(base, recipe)
     run = RunDir(base)
     pointer = run.read_pointer()
     teacher, config, _ = run.load_model(device)
@@ -83,13 +90,15 @@ def memory_parameter_names(model: nn.Module) -> list[str]:
     return [name for name, _ in model.named_parameters() if name.startswith(MEMORY_PREFIX)]
 
 
-def build_student(base_config: dict, teacher: nn.Module, seed: int) -> nn.Module:
-    """ASM_CM at the base run's preset, vocabulary and overrides, holding the teacher's weights (all
-    of them but the new memory's from a J_NO_DIRECTION base), on the teacher's device, in train mode."""
+def build_student(base_config: dict, teacher: nn.Module, seed: int, recipe: str = "distill") -> nn.Module:
+    """The student (:func:`student_model`) at the base run's preset, vocabulary and overrides, holding
+    the teacher's weights (all of them but the new memory's from a J_NO_DIRECTION base under
+    ``distill``), on the teacher's device, in train mode."""
     from drmlab.models import build_model
 
+    name = student_model(base_config, recipe)
     student = build_model(
-        STUDENT_MODEL,
+        name,
         base_config["preset"],
         vocab_size=int(base_config["vocab_size"]),
         seed=seed,
@@ -97,7 +106,7 @@ def build_student(base_config: dict, teacher: nn.Module, seed: int) -> nn.Module
     )
     student.to(next(teacher.parameters()).device)
     source = teacher.state_dict()
-    if base_config["model"] == STUDENT_MODEL:
+    if base_config["model"] == name:
         student.load_state_dict(source, strict=True)
     else:
         missing, unexpected = student.load_state_dict(source, strict=False)
@@ -108,6 +117,12 @@ def build_student(base_config: dict, teacher: nn.Module, seed: int) -> nn.Module
                 f"{sorted(set(missing) - new)[:3]}, unexpected {sorted(unexpected)[:3]}"
             )
     return student.train()
+
+
+def build_single_rate_optimizer(student: nn.Module, lr: float, weight_decay: float = WEIGHT_DECAY) -> torch.optim.AdamW:
+    """The interleaved recipe's AdamW: every trainable parameter in one group ``all`` at ``lr``."""
+    trainable = [parameter for parameter in student.parameters() if parameter.requires_grad]
+    return torch.optim.AdamW([{"params": trainable, "lr": lr, "weight_decay": weight_decay, "name": "all"}], lr=lr)
 
 
 def build_optimizer(
@@ -166,7 +181,7 @@ class Specialisation:
         self.log, self.progress_seconds = log, progress_seconds
         self.device = resolve_device(str(device) if isinstance(device, torch.device) else device)
         if base_model is None:
-            self.teacher, self.base_config, self.base_pointer = load_base(self.base, self.device)
+            self.teacher, self.base_config, self.base_pointer = load_base(self.base, self.device, settings.recipe)
         else:  # (teacher, config, pointer) already loaded
             self.teacher, self.base_config, self.base_pointer = base_model
         if corpus.vocab_size != self.base_config.get("vocab_size"):
@@ -178,7 +193,8 @@ class Specialisation:
         self.rescore_seq_len = int(base_train.get("seq_len") or 256)
         self.rescore_batch = int(base_train.get("eval_batch_size") or 8)
         self.eval_tokens = eval_tokens
-        self.student = build_student(self.base_config, self.teacher, settings.seed)
+        self.student_name = student_model(self.base_config, settings.recipe)
+        self.student = build_student(self.base_config, self.teacher, settings.seed, settings.recipe)
         self.batches = MixedBatches(corpus.train, self.settings)
         self.loss = SpecialiseLoss(self.teacher, self.batches, self.settings)
         self.result: dict = {}
@@ -218,7 +234,7 @@ class Specialisation:
             grad_accum=1,
             seq_len=seq,
             seed=s.seed,
-            lr=s.memory_lr,
+            lr=s.trainer_lr,
             schedule="constant",
             weight_decay=s.weight_decay,
             grad_clip=s.grad_clip,
@@ -231,11 +247,11 @@ class Specialisation:
         ).validate()
 
     def run_info(self) -> RunInfo:
-        """config.json beside the trainer's entries: ASM_CM at the base's preset and overrides, the data
-        and the specialisation's own record (``specialise``: :meth:`spec`)."""
+        """config.json beside the trainer's entries: the student model at the base's preset and
+        overrides, the data and the specialisation's own record (``specialise``: :meth:`spec`)."""
         base = self.base_config
         return RunInfo(
-            STUDENT_MODEL,
+            self.student_name,
             base["preset"],
             base.get("overrides") or {},
             data=DataInfo(self.corpus.vocab_size, self.corpus.tokenizer.name, self.data_source, self.corpus.meta),
@@ -246,7 +262,11 @@ class Specialisation:
         s = self.settings
         return TrainPieces(
             loss_fn=self.loss,
-            optimizer_builder=lambda model, cfg: build_optimizer(model, s.backbone_lr, s.memory_lr, s.weight_decay),
+            optimizer_builder=(
+                (lambda model, cfg: build_single_rate_optimizer(model, s.lr, s.weight_decay))
+                if s.recipe == "interleaved"
+                else (lambda model, cfg: build_optimizer(model, s.backbone_lr, s.memory_lr, s.weight_decay))
+            ),
             hooks=(
                 EvalHook("rescore", {0}, self._before),
                 EvalHook("stage", {last for _, _, last in s.stage_bounds()}, self._stage),
@@ -327,7 +347,7 @@ class Specialisation:
             return run.describe() if run.holds_run() else f"a {RESULT_FILE} without its run"
         if summary and summary.get("finished"):
             return f"a finished specialisation (step {summary.get('steps')})"
-        differences = _differences(saved["spec"], spec)
+        differences = _differences(_with_new_defaults(saved["spec"]), spec)
         if summary and summary.get("stopped") == "non-finite":
             differences = [d for d in differences if d.split(":")[0].rsplit(".", 1)[-1] not in FIXES_AFTER_NON_FINITE]
         if differences:
@@ -476,6 +496,16 @@ class Specialisation:
             self.log(message)
 
 
+def _with_new_defaults(saved_spec: dict) -> dict:
+    """A saved spec with the settings added since it was written at their defaults (a run from before
+    the interleaved recipe is a distill run)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(Settings) if f.default is not dataclasses.MISSING}
+    settings = saved_spec.get("settings")
+    if not isinstance(settings, dict):
+        return saved_spec
+    return dict(saved_spec, settings={**{k: v for k, v in defaults.items() if k not in settings}, **settings})
+
+
 def _differences(saved, now, prefix: str = "") -> list[str]:
     """Dotted paths where two JSON values differ, with both values."""
     if isinstance(saved, dict) and isinstance(now, dict):
@@ -494,8 +524,10 @@ def specialise(
     curriculum=DEFAULT_CURRICULUM,
     steps_scale: float = 1.0,
     seed: int | None = None,
-    backbone_lr: float = BACKBONE_LR,
-    memory_lr: float = MEMORY_LR,
+    recipe: str = "distill",
+    backbone_lr: float | None = None,
+    memory_lr: float | None = None,
+    lr: float | None = None,
     eval_sequences: int | None = None,
     eval_tokens: int | None = None,
     device="auto",
@@ -507,22 +539,40 @@ def specialise(
 ) -> dict:
     """Run the recipe from the run directory ``base`` into ``out`` on ``corpus`` (a
     :class:`drmlab.data.TokenCorpus`; ``data_source`` is its name as config.json records it); ``seed``
-    defaults to the base run's. The result (specialise.json); ``stop_after_step`` stops early with a
-    checkpoint (an interruption, for tests)."""
+    defaults to the base run's. ``recipe`` is ``distill`` (rates ``backbone_lr`` and ``memory_lr``,
+    default 1e-5 and 1e-4) or ``interleaved`` (one rate ``lr``, default 3e-4). The result
+    (specialise.json); ``stop_after_step`` stops early with a checkpoint (an interruption, for tests)."""
     from drmlab.devices import resolve_device
 
     stages = scale_curriculum(curriculum, steps_scale)
     dev = resolve_device(str(device) if isinstance(device, torch.device) else device)
-    base_model = load_base(base, dev)
+    base_model = load_base(base, dev, recipe)
     if seed is None:
         seed = int((base_model[1].get("train") or {}).get("seed", 0))
-    settings = Settings(
-        curriculum=[list(st) for st in stages],
-        seed=seed,
-        backbone_lr=backbone_lr,
-        memory_lr=memory_lr,
-        eval_sequences=eval_sequences,
-    )
+    if recipe == "interleaved":
+        if backbone_lr is not None or memory_lr is not None:
+            raise ValueError(
+                "--recipe interleaved trains every parameter at --lr; --backbone-lr and --memory-lr are the distill recipe's"
+            )
+        settings = Settings.interleaved(
+            [list(st) for st in stages],
+            seed,
+            **({} if lr is None else {"lr": lr}),
+            eval_sequences=eval_sequences,
+        )
+    else:
+        if lr is not None:
+            raise ValueError(
+                "--lr is the interleaved recipe's rate; the distill recipe takes --backbone-lr and --memory-lr"
+            )
+        settings = Settings(
+            curriculum=[list(st) for st in stages],
+            seed=seed,
+            recipe=recipe,
+            backbone_lr=BACKBONE_LR if backbone_lr is None else backbone_lr,
+            memory_lr=MEMORY_LR if memory_lr is None else memory_lr,
+            eval_sequences=eval_sequences,
+        )
     job = Specialisation(
         base,
         out,
