@@ -20,9 +20,9 @@ import torch
 from drmlab.ops import decode_step
 
 from .stages import MemoryStage, MixerStage, PrefixStage, TokenResidualStage, stepping
+from .stages.geometry import PrefixState
 from .stages.memory import MemoryState
 from .stages.mixer import MixerState
-from .stages.geometry import PrefixState
 
 _ORDER = (PrefixStage, MixerStage, TokenResidualStage, MemoryStage)  # the kernel's stages, in its order
 _SLOT = {name: i for i, name in enumerate(decode_step.POINTER_SLOTS)}
