@@ -28,9 +28,10 @@ _ORDER = (PrefixStage, MixerStage, TokenResidualStage, MemoryStage)  # the kerne
 _SLOT = {name: i for i, name in enumerate(decode_step.POINTER_SLOTS)}
 _INT = {name: i for i, name in enumerate(decode_step.INTEGER_SLOTS)}
 _REAL = {name: i for i, name in enumerate(decode_step.REAL_SLOTS)}
-# Above this many rows torch's matrix products (MKL's GEMMs) outrun the kernel's plain C loops: at tiny,
-# one thread, the kernel is ~1.7x the fast step at batch 8 and ~0.6x at batch 64 (benchmarks/bench_decode.py)
-MAX_BATCH = 16
+# Above this many rows torch's matrix products (MKL's GEMMs) outrun the kernel's plain C loops (tiny, one
+# thread, bench_decode.py: at batch 8 the kernel is 1.5x the fast step for J, 0.86x for SSM_CONTROL with
+# its wide memory; at batch 64 0.57x and 0.33x)
+MAX_BATCH = 8
 
 
 def unsupported(model) -> str | None:
@@ -61,7 +62,7 @@ def unsupported(model) -> str | None:
 def token_unsupported(model, state) -> str | None:
     """Why the next token from ``state`` is stepped by the fast step instead, or None."""
     weight = model.embedding.weight
-    if weight.device.type != "cpu":
+    if not weight.is_cpu:
         return "the fused step's kernel runs on the CPU"
     if not stepping.fast_step_supported(weight) or state.z_start.dtype != weight.dtype:
         return "autocast, or a dtype other than float32 / float64"
