@@ -102,6 +102,27 @@ def test_prefill_then_decode_equals_pure_stepping(name):
         assert (x - y).abs().max() <= 1e-10
 
 
+@pytest.mark.parametrize("name", ["J", "J_NO_DIRECTION", "SSM_CONTROL", "G"])
+def test_fused_step_decodes_the_same_text(name):
+    """generate(fused_step=True) decodes by step_fused: the same tokens, logits equal to 1e-12 in float64
+    (G has no fused form: there it is the exact step, bit for bit)."""
+    model = build_model(name, preset="micro", seed=0).double().eval()
+    tok = get_tokenizer("bytes")
+    prompt = "def f(x):\n    return x"
+    a = generate(model, tok, prompt, max_new_tokens=12, temperature=0.8, seed=3, keep_logits=True)
+    b = generate(model, tok, prompt, max_new_tokens=12, temperature=0.8, seed=3, keep_logits=True, fused_step=True)
+    assert a.new_tokens == b.new_tokens
+    for x, y in zip(a.logits, b.logits):
+        assert (x - y).abs().max() <= 1e-12 * max(1.0, x.abs().max().item())
+        assert name != "G" or torch.equal(x, y)
+
+
+def test_fused_step_needs_a_model_with_one():
+    model = build_model("GPT2", preset="micro").eval()
+    with pytest.raises(ValueError, match="fused_step"):
+        generate(model, get_tokenizer("bytes"), "x", max_new_tokens=2, fused_step=True)
+
+
 def test_prefill_logits_equal_the_parallel_forward():
     model = build_model("J", preset="micro", seed=1).double().eval()
     tokens = torch.randint(0, 256, (2, 21))
@@ -185,6 +206,9 @@ def test_generate_cli_reproduces_and_refuses_foreign_checkpoints(tmp_path, capsy
         outputs.append(captured.out)
         assert "tok/s" in captured.err
     assert outputs[0] == outputs[1] and outputs[0].startswith("def f(")
+    fused = ["generate", "--ckpt", str(run), "--prompt", "def f(", "--max-tokens", "16", "--seed", "4", "--fused-step"]
+    assert main(fused) == 0
+    assert capsys.readouterr().out == outputs[0]  # round-off does not move a draw here
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "pytorch_model.bin").write_bytes(b"not ours")

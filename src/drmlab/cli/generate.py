@@ -14,6 +14,7 @@ examples:
 
 The prompt runs through the model's parallel forward (prefill); the continuation is decoded one
 token at a time through the model's exact step function. The same seed gives the same text.
+--fused-step decodes a DRM model by its fused C step instead (docs/drm.md section A.4.5).
 """
 
 
@@ -35,6 +36,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling: the smallest set with mass p")
     common.add_seed_argument(parser, "sampling seed (default 0)", default=0)
     common.add_device_argument(parser, "cpu", "cpu (default), cuda, auto")
+    parser.add_argument(
+        "--fused-step",
+        action="store_true",
+        help="DRM models: decode by the fused C step (equal to the exact step to round-off, not bit for bit; "
+        "the exact step where it does not apply, with the reason)",
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -47,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
     common.accept_edited_config(args, args.ckpt)
     model, config, _ = load_run_model(args.ckpt, device=args.device)
     tokenizer = get_tokenizer(config.get("tokenizer") or "bytes")
+    if args.fused_step:
+        why = model.fused_step_unsupported() if hasattr(model, "fused_step_unsupported") else "not a DRM model"
+        if why is not None:
+            raise ValueError(f"--fused-step: {why}; decode without --fused-step")
     sys.stdout.write(args.prompt)
     sys.stdout.flush()
 
@@ -64,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
         on_text=show,
+        fused_step=args.fused_step,
     )
     print(
         f"\n\n[{len(result.new_tokens)} tokens at {result.tokens_per_s:,.1f} tok/s; "

@@ -75,12 +75,15 @@ def generate(
     on_text: Callable[[str], None] | None = None,
     use_prefill: bool = True,
     keep_logits: bool = False,
+    fused_step: bool = False,
 ) -> GenerationResult:
     """Continue ``prompt`` by ``max_new_tokens`` tokens sampled from ``model``.
 
     ``on_text`` receives decoded text as tokens arrive (incomplete UTF-8 is held back).
     The same seed gives the same text. ``use_prefill=False`` steps through the prompt
-    instead of the parallel forward; both give the same tokens.
+    instead of the parallel forward; both give the same tokens. ``fused_step=True`` decodes by the
+    model's ``step_fused`` (DRM models: one C call per token inside a block, equal to ``step`` to
+    round-off, not bit for bit; ``docs/drm.md`` section A.4.5) instead of ``step``.
     """
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -93,6 +96,7 @@ def generate(
             f"the prompt contains token id {max(ids)} but the model's vocabulary has {vocab} ids "
             f"(tokenizer {tokenizer.name!r} does not match this model)"
         )
+    step = _step_function(model, fused_step)
     model.eval()
     device = next(model.parameters()).device
     tokens = torch.tensor([ids], dtype=torch.long, device=device)
@@ -103,7 +107,7 @@ def generate(
     else:
         state = model.init_state(1)
         for t in range(tokens.shape[1]):
-            logits, state = model.step(tokens[:, t], state)
+            logits, state = step(tokens[:, t], state)
     prefill_s = time.perf_counter() - start
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     new, kept = [], []
@@ -117,7 +121,7 @@ def generate(
             piece = decoder.decode(tokenizer.decode_bytes([new[-1]]))
             if piece:
                 on_text(piece)
-        logits, state = model.step(token, state)
+        logits, state = step(token, state)
     elapsed = time.perf_counter() - start
     if on_text is not None:
         tail = decoder.decode(b"", final=True)
@@ -131,3 +135,16 @@ def generate(
         prefill_s=prefill_s,
         logits=kept,
     )
+
+
+def _step_function(model, fused_step: bool):
+    """``model.step``, or ``model.step_fused`` with ``fused_step`` (a ValueError where the model has none)."""
+    if not fused_step:
+        return model.step
+    fused = getattr(model, "step_fused", None)
+    if fused is None:
+        raise ValueError(
+            f"fused_step=True: {getattr(model, 'model_name', type(model).__name__)} has no fused step "
+            "(DRM models only); decode with fused_step=False"
+        )
+    return fused

@@ -19,6 +19,8 @@ reference beside its fast paths and one dispatcher (the layout of flash-linear-a
 * ``kernel_project``, ``pseudo_inverse_solve``, ``exact_rank``: the same metric where its floor D may
   vanish (``docs/geometry.md`` section 8); ``fisher_pullback``, ``fisher_factor``: J^T (diag p - p p^T) J
   and a factor B with B^T B equal to it (``docs/geometry.md`` sections 3 and 9; ``drmlab.ops.fisher``).
+* ``decode_step``: the fused DRM decode step, one C call for a token inside an open block (``docs/drm.md``
+  section A.4.5, "The fused step"; the model side is ``drmlab.models.drm.fused_step``).
 * ``c_kernel_available`` / ``c_kernel_status``: whether the C kernels are built and loaded, and
   why not (``drmlab.ops.ckernels``, which compiles, caches and loads them).
 

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from drmlab.models.inputs import check_batch_size, check_logits_at, check_step_tokens, check_tokens
 from drmlab.models.output import ModelOutput
 
-from . import solvers
+from . import fused_step, solvers
 from .components import (
     CausalConvMixer,
     DirectionField,
@@ -312,6 +312,29 @@ class DRMModel(nn.Module):
         """:meth:`step` by each stage's plain step (``Stage.step_reference``): the reference the fast
         step is tested against and benchmarked beside."""
         return self._step(tokens_t, state, step, reference=True)
+
+    def step_fused(
+        self, tokens_t: torch.Tensor, state: DecodeState, step: int | None = None
+    ) -> tuple[torch.Tensor, DecodeState]:
+        """:meth:`step` by the fused C step where it applies (``fused_step``, docs/drm.md A.4.5 "The fused
+        step"): one kernel call per token inside a block, equal to :meth:`step_reference` to round-off
+        (not bit for bit: opt-in). Elsewhere, and for every token it does not take (a block's first,
+        autograd, autocast, another dtype or device), this is :meth:`step`; :meth:`fused_step_unsupported`
+        says why a model never takes it."""
+        if self.fused_step_unsupported() is None:
+            check_step_tokens(tokens_t, self.config.vocab_size, state.z_start.shape[0], self.model_name)
+            out = fused_step.step(self, tokens_t, state, self.naturalization_strength(step))
+            if out is not None:
+                return out
+        return self.step(tokens_t, state, step)
+
+    def fused_step_unsupported(self) -> str | None:
+        """Why :meth:`step_fused` never applies to this model (its stages or settings), or None; the reason
+        for one token (a block's first, autograd, autocast, dtype, device, the C kernel) is
+        ``fused_step.token_unsupported``."""
+        if "_fused_reason" not in self.__dict__:
+            self.__dict__["_fused_reason"] = fused_step.unsupported(self)
+        return self.__dict__["_fused_reason"]
 
     def _step(self, tokens_t, state: DecodeState, step, reference: bool):
         check_step_tokens(tokens_t, self.config.vocab_size, state.z_start.shape[0], self.model_name)
