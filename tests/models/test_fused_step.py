@@ -181,3 +181,23 @@ def test_fused_step_sees_a_changed_weight():
         _compare(model, 2, prompt=3)
         model.memory.forget.weight.data = model.memory.forget.weight.data * 0.5  # new storage
         _compare(model, 2, prompt=3)
+
+
+@pytest.mark.skipif(kernel_missing, reason="the decode_step C kernel cannot be built here (no C compiler)")
+def test_a_state_of_another_shape_is_refused_before_the_kernel_reads_it():
+    """The C code trusts its buffers' sizes: a state from a model of other widths is one ValueError."""
+    import dataclasses
+
+    model = build_model("J", preset="micro", seed=0).eval()
+    other = build_model("J", preset="micro", seed=0, d_state=model.config.d_state + 4).eval()
+    with torch.no_grad():
+        mine = prefill(model, torch.zeros(1, 3, dtype=torch.long))[1]
+        foreign = prefill(other, torch.zeros(1, 3, dtype=torch.long))[1]
+        for index in range(len(mine.stages)):  # one stage's state from the other model at a time
+            if mine.stages[index] is None:
+                continue
+            stages = list(mine.stages)
+            stages[index] = foreign.stages[index]
+            with pytest.raises(ValueError, match="step_fused: the state's .* has shape"):
+                model.step_fused(torch.zeros(1, dtype=torch.long), dataclasses.replace(mine, stages=tuple(stages)))
+        model.step_fused(torch.zeros(1, dtype=torch.long), mine)  # its own state steps

@@ -230,8 +230,43 @@ def step(model, tokens_t: torch.Tensor, state, strength: float):
     return logits, model._after(state.z_start, state.position + 1, kept, z)
 
 
+def _check_shape(name: str, x: torch.Tensor, shape: tuple) -> None:
+    """The kernel trusts its buffers' sizes: a state buffer of another shape than this model's (a hand-made
+    or foreign DecodeState) is refused here, before any C code reads it."""
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(
+            f"step_fused: the state's {name} has shape {tuple(x.shape)}, this model's is {tuple(shape)}; "
+            "pass a DecodeState made by this model (init_state / prefill / step)"
+        )
+
+
+def _check_state(call: _Call, state, prefix, mixer_state, memory_state) -> None:
+    """Every state buffer the kernel reads has the shape the model's sizes say (:func:`_check_shape`)."""
+    n = call.integers
+    batch, d = state.z_start.shape[0], n[_INT["state"]]
+    _check_shape("z_start", state.z_start, (batch, d))
+    if prefix is not None:
+        _check_shape("prefix delta_sum", prefix.delta_sum, (batch, 1, d))
+    if mixer_state is not None:
+        _check_shape("mixer previous", mixer_state.previous, (batch, 1, d))
+        if len(mixer_state.contexts) != n[_INT["mix_layers"]]:
+            raise ValueError(
+                f"step_fused: the state holds {len(mixer_state.contexts)} mixer windows, this model has "
+                f"{n[_INT['mix_layers']]} layers; pass a DecodeState made by this model"
+            )
+        width, kernel = n[_INT["mix_hidden"]], n[_INT["kernel"]]
+        for i, (context, dilation) in enumerate(
+            zip(mixer_state.contexts, call.integers[len(decode_step.INTEGER_SLOTS) :])
+        ):
+            _check_shape(f"mixer window {i}", context, (batch, dilation * (kernel - 1), width))
+    if memory_state is not None:
+        _check_shape("memory previous", memory_state.previous, (batch, 1, d))
+        _check_shape("memory", memory_state.memory, (batch, d))
+
+
 def _fill(call: _Call, tokens_t, state, prefix, mixer_state, memory_state, token_residual):
     """Put the state's buffers into ``call`` and make the outputs: (logits, the stages' new states, z)."""
+    _check_state(call, state, prefix, mixer_state, memory_state)
     put, z_start = call.put, state.z_start
     batch, d = z_start.shape
     dtype = z_start.dtype
