@@ -457,8 +457,8 @@ def transport_adaptive(
                     rejected,
                     None,
                     f"sub-step cap ({control.max_substeps}): stopped after {attempts} attempts in segment {k} of "
-                    f"{points.shape[0] - 1} at s = {s:.3g} with sub-step {h:.3g} of the segment; at this rate the "
-                    f"path needs about {projected:.2g} sub-steps",
+                    f"{points.shape[0] - 1} at s = {s:.3g} with sub-step {h:.3g} of the segment; "
+                    + (f"at this rate the path needs about {projected:.2g} sub-steps" if done > 0 else "no progress"),
                 )
             h = 1.0 - s if h >= (1.0 - s) * (1 - 1e-9) else h  # the last sub-step ends on the corner
             x0 = p + s * delta
@@ -539,8 +539,8 @@ def schild_ladder(
                     rejected,
                     None,
                     f"rung cap ({control.max_substeps}): stopped after {attempts} attempts in segment {k} of "
-                    f"{segments} at s = {t0:.3g} with rung {t1 - t0:.3g} of the segment; at this rate the path "
-                    f"needs about {projected:.2g} rungs",
+                    f"{segments} at s = {t0:.3g} with rung {t1 - t0:.3g} of the segment; "
+                    + (f"at this rate the path needs about {projected:.2g} rungs" if done > 0 else "no rung accepted"),
                 )
             x = points[k] + t0 * (points[k + 1] - points[k])
             y = points[k] + t1 * (points[k + 1] - points[k])
