@@ -128,22 +128,32 @@ def write_tables(record: dict) -> str:
         lines += [
             "## Connection",
             "",
-            "| block start | loop side | holonomy angle (rad) | G-area | curvature estimate |",
-            "|---:|---:|---:|---:|---:|",
+            "Loops sized in G-length (side s, G-area s^2), halved until small against the metric's variation; "
+            "the curvature estimate at s and s / 2, consistent when they agree to 25 %.",
+            "",
+            "| block start | G-side | holonomy angle (rad) | curvature K(s) | K(s / 2) | extrapolated | consistent |",
+            "|---:|---:|---:|---:|---:|---:|---|",
         ]
-        lines += [
-            f"| {h['block']} | {_fmt(h['size'])} | {_fmt(h['angle'])} | {_fmt(h['area'])} | {_fmt(h['curvature'])} |"
-            for h in c["holonomy"]
-        ]
+        for h in c["holonomy"]:
+            if h.get("angle") is None:
+                lines.append(
+                    f"| {h['block']} | {_fmt(h.get('side'))} | -- | -- | -- | -- | failed: {h.get('failed')} |"
+                )
+            else:
+                lines.append(
+                    f"| {h['block']} | {_fmt(h['side'])} | {_fmt(h['angle'])} | {_fmt(h['curvature'])} | "
+                    f"{_fmt(h['curvature_half'])} | {_fmt(h['curvature_extrapolated'])} | {h['consistent']} |"
+                )
         if c.get("transport"):
             lines += [
                 "",
-                "| block -> next | angle to V_i(next), transported (rad) | untransported (rad) |",
-                "|---|---:|---:|",
+                "| block -> next | angle to V_i(next), transported (rad) | untransported (rad) | sub-steps | "
+                "isometry defect |",
+                "|---|---:|---:|---:|---:|",
             ]
             lines += [
                 f"| {t['block']} -> {t['block'] + 1} | {_fmt(t['angle_transported_mean_rad'])} | "
-                f"{_fmt(t['angle_untransported_mean_rad'])} |"
+                f"{_fmt(t['angle_untransported_mean_rad'])} | {t.get('substeps')} | {_fmt(t.get('isometry_defect'))} |"
                 for t in c["transport"]
             ]
             lines += [
@@ -159,14 +169,16 @@ def write_tables(record: dict) -> str:
             "",
             ins["geodesics"]["note"] + ".",
             "",
-            "| block | path action | geodesic action | ratio | converged | residual |",
-            "|---:|---:|---:|---:|---|---:|",
+            "| block | path action | straight line | geodesic action | upper bound (last iterate) | ratio | converged | "
+            "residual | metric-weighted residual |",
+            "|---:|---:|---:|---:|---:|---:|---|---:|---:|",
         ]
         for g in ins["geodesics"]["blocks"]:
             geo = g["geodesic"]
             lines.append(
-                f"| {g['block']} | {_fmt(g['path_action'])} | {_fmt(geo['action'])} | {_fmt(g['action_ratio'])} | "
-                f"{geo['converged']} | {_fmt(geo['residual'])} |"
+                f"| {g['block']} | {_fmt(g['path_action'])} | {_fmt(g.get('straight_line_action'))} | "
+                f"{_fmt(geo['action'])} | {_fmt(geo.get('action_upper_bound'))} | {_fmt(g['action_ratio'])} | "
+                f"{geo['converged']} | {_fmt(geo['residual'])} | {_fmt(geo.get('metric_weighted_residual'))} |"
             )
         lines.append("")
     if "topology" in ins:

@@ -47,11 +47,17 @@ class GeometryBudget:
     max_exact_vocab: int = 4096  # above: the estimator
     estimator_samples: int = 64
     holonomy_points: int = 2  # block starts at which a small-loop holonomy is measured
-    holonomy_size: float = 1e-2  # loop side, relative to the state's norm (or absolute if the norm is 0)
-    holonomy_steps: int = 4  # RK4 steps per side of the loop
+    holonomy_side: float = 1.0  # the loop's first G-side; halved until small against the metric's variation
+    holonomy_metric_change: float = 1e-2  # the loop's bound on the metric change and on a side's bend
+    holonomy_rtol: float = 1e-9  # the loop transport's local error
+    holonomy_max_substeps: int = 2000
     transport_blocks: int = 2  # block-to-block transports of the directions
+    transport_rtol: float = 1e-8
+    transport_metric_change: float = 0.1
+    transport_max_substeps: int = 400  # per transport (and per ladder: rung attempts)
     geodesic_blocks: int = 1  # model paths compared with the geodesic between their endpoints
     geodesic_max_iter: int = 200
+    geodesic_max_hvp: int = 400  # Hessian-vector products of the Newton-CG solve (its cost bound)
     topology_landmarks: int = 120
     topology_resamples: int = 5
     topology_threshold: float = 0.1  # long bars: persistence > threshold x the landmark cloud's diameter
@@ -312,16 +318,24 @@ def _g_angle(metric, z, a, b) -> float:
 
 
 def measure_connection(view: ModelView, budget: GeometryBudget) -> dict:
-    """Section 4 on the learned metric: small-loop holonomy (sectional-curvature estimate) in the
-    plane of the first two directions (or the two leading eigenvectors of G) at a few block starts,
-    and the transport of the directions along each block's own path to the next block start
-    (anchor maps): the G-angle between the transported V_i(z_b) and V_i(z_{b+1}), beside the angle
-    without transport."""
-    from .connection import polyline, schild_transport, sectional_curvature, transport
+    """Section 4 on the learned metric, under step control in G-length (section 4): small-loop
+    holonomy (sectional-curvature estimates at two loop sizes) in the plane of the first two
+    directions (or the two leading eigenvectors of G) at a few block starts, and the transport of
+    the directions along each block's own path to the next block start (anchor maps): the G-angle
+    between the transported V_i(z_b) and V_i(z_{b+1}), beside the angle without transport, and
+    Schild's ladder against the ODE on the first block. A transport or ladder that hits its
+    sub-step cap gives its reason and no angle."""
+    from .connection import StepControl, schild_ladder, small_loop_holonomy, transport_adaptive
 
     metric, note = _model_metric(view)
     starts = view.block_starts[0]
-    out: dict = {"holonomy": [], "transport": []}
+    loop_control = StepControl(rtol=budget.holonomy_rtol, max_substeps=budget.holonomy_max_substeps)
+    path_control = StepControl(
+        rtol=budget.transport_rtol,
+        max_metric_change=budget.transport_metric_change,
+        max_substeps=budget.transport_max_substeps,
+    )
+    out: dict = {"holonomy": [], "transport": [], "step_control": asdict(path_control)}
     if note:
         out["note"] = note
     for k in range(min(budget.holonomy_points, starts.shape[0])):
@@ -332,9 +346,8 @@ def measure_connection(view: ModelView, budget: GeometryBudget) -> dict:
         else:
             vecs = torch.linalg.eigh(metric.dense(z))[1]
             u, w = vecs[:, -1], vecs[:, -2]
-        size = budget.holonomy_size * max(float(z.norm()), 1.0) / max(float(u.norm()), 1e-300)
-        est = sectional_curvature(metric, z, u, w, size, steps_per_side=budget.holonomy_steps)
-        out["holonomy"].append({"block": k, **est, "size": size})
+        est = small_loop_holonomy(metric, z, u, w, budget.holonomy_metric_change, budget.holonomy_side, loop_control)
+        out["holonomy"].append({"block": k, **est})
     if view.directions_fn is None:
         out["transport_note"] = "no learned directions: nothing to transport"
         return out
@@ -342,57 +355,53 @@ def measure_connection(view: ModelView, budget: GeometryBudget) -> dict:
         path = view.block_path(0, k)
         v_start, _ = view.directions_fn(path[0])
         v_end, _ = view.directions_fn(path[-1])
-        moved = transport(metric, polyline(path), v_start.mT, steps=path.shape[0] - 1, t1=float(path.shape[0] - 1))
         z1 = path[-1]
-        if not bool(torch.isfinite(moved).all()):
-            lengths = [float(metric.inner(p, q - p, q - p)) ** 0.5 for p, q in zip(path[:-1], path[1:])]
-            out["transport"].append(
-                {
-                    "block": k,
-                    "segments": int(path.shape[0] - 1),
-                    "angle_transported_mean_rad": None,
-                    "angle_untransported_mean_rad": None,
-                    "transport_failed": (
-                        "the transport ODE's solution became non-finite; the path's longest segment has "
-                        f"G-length {max(lengths):.4g} (the integrator takes one step per segment)"
-                    ),
-                }
-            )
-            continue
-        angles = [_g_angle(metric, z1, moved[:, i], v_end[i]) for i in range(v_end.shape[0])]
+        lengths = [float(metric.inner(p, q - p, q - p)) ** 0.5 for p, q in zip(path[:-1], path[1:])]
         raw = [_g_angle(metric, z1, v_start[i], v_end[i]) for i in range(v_end.shape[0])]
+        moved = transport_adaptive(metric, path, v_start.mT, path_control)
         row = {
             "block": k,
             "segments": int(path.shape[0] - 1),
-            "angle_transported_mean_rad": sum(angles) / len(angles),
+            "segment_g_length_max": max(lengths),
             "angle_untransported_mean_rad": sum(raw) / len(raw),
-            "angle_transported_rad": angles,
+            **moved.as_dict(),
         }
+        if moved.completed:
+            angles = [_g_angle(metric, z1, moved.frame[:, i], v_end[i]) for i in range(v_end.shape[0])]
+            row["angle_transported_mean_rad"] = sum(angles) / len(angles)
+            row["angle_transported_rad"] = angles
+        else:
+            row["angle_transported_mean_rad"] = None
+            row["transport_failed"] = moved.reason
         if k == 0:
-            try:
-                ladder = schild_transport(metric, path, v_start[0])
-                if not bool(torch.isfinite(ladder).all()):
-                    raise ValueError("the ladder's vector became non-finite")
-                row["schild_vs_ode_angle_rad"] = _g_angle(metric, z1, ladder, moved[:, 0])
-            except (torch.linalg.LinAlgError, ValueError) as exc:  # its rungs leave the states the metric is sane at
+            ladder = schild_ladder(metric, path, v_start[0], path_control)
+            row["schild"] = ladder.as_dict()
+            if ladder.completed and moved.completed:
+                row["schild_vs_ode_angle_rad"] = _g_angle(metric, z1, ladder.frame[:, 0], moved.frame[:, 0])
+            else:
                 row["schild_vs_ode_angle_rad"] = None
-                row["schild_failed"] = str(exc).splitlines()[0]
+                if not ladder.completed:
+                    row["schild_failed"] = ladder.reason
         out["transport"].append(row)
     return out
 
 
 def measure_geodesics(view: ModelView, budget: GeometryBudget) -> dict:
     """Section 5: each of the first blocks' own paths against the discrete geodesic (issue's left
-    rule, L-BFGS) between its endpoints under the learned metric: the action ratio (>= 1 when the
-    solve found the minimiser; a diagnostic) or, unconverged, the residual alone."""
+    rule; trust-region Newton-CG preconditioned by the frozen-metric Hessian, at most
+    ``geodesic_max_hvp`` Hessian-vector products) between its endpoints under the learned metric:
+    the action ratio (>= 1 when the solve found the minimiser; a diagnostic) or, unconverged, the
+    residuals alone. ``state_norm_max`` says whether the geodesic stays where the model's states are."""
     from .geodesics import path_versus_geodesic
 
     metric, note = _model_metric(view)
     rows = []
     for k in range(min(budget.geodesic_blocks, view.block_starts.shape[1] - 1)):
         path = view.block_path(0, k)
-        result = path_versus_geodesic(metric, path, rule="left", max_iter=budget.geodesic_max_iter)
-        rows.append({"block": k, **result})
+        result = path_versus_geodesic(
+            metric, path, rule="left", max_iter=budget.geodesic_max_iter, max_hvp=budget.geodesic_max_hvp
+        )
+        rows.append({"block": k, "path_state_norm_max": float(path.norm(dim=-1).max()), **result})
     return {
         "blocks": rows,
         "note": "the action ratio is a diagnostic, not evidence of geodesic emergence" + (f"; {note}" if note else ""),
