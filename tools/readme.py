@@ -340,6 +340,52 @@ def _zoology_table(studies: dict[str, dict]) -> str:
     return _table(header, ["---"] + ["---"] * len(columns) + ["---:"], rows)
 
 
+def _mqar_cells(reads: dict[str, dict], lengths: list[int]) -> str:
+    """``a / b / c / d`` percentages of the mean accuracy per length over the seeds read."""
+    cells = []
+    for L in lengths:
+        accs = [r[str(L)]["acc"] for r in reads.values() if str(L) in r]
+        cells.append("-" if not accs else f"{100 * sum(accs) / len(accs):.1f}")
+    return " / ".join(cells)
+
+
+def _pmcs_table(studies: dict[str, dict]) -> str:
+    """Upstream's PMCS-64 comparison at preset tiny (docs/variable-rank.md section 11): per arm the
+    language CE over paired seeds, the training rate, and the distance reads after the interleaved
+    recipe, each beside upstream's figure for its arm."""
+    study = studies["pmcs-tiny"]
+    lengths, upstream = study["lengths"], study["upstream"]
+    rows = []
+    for arm in study["arms"]:
+        lang, up = arm["language"], upstream.get(arm.get("upstream_arm") or "", {})
+        values = _seed_values(lang["per_seed"])
+        mean, std = mean_std(values)
+        reads = {seed: r["reads"] for seed, r in (arm.get("specialised") or {}).items() if r.get("reads")}
+        rows.append(
+            [
+                arm["arm"],
+                f"{arm['params']:,}",
+                f"{mean:.4f} +- {std:.4f} ({len(values)})",
+                f"{lang['tokens_per_s']:,.0f}",
+                "-" if not reads else f"{_mqar_cells(reads, lengths)} ({len(reads)})",
+                up.get("arm", "-"),
+                "-" if "test_ce" not in up else f"{up['test_ce'][0]:.4f} +- {up['test_ce'][1]:.4f}",
+                up.get("mqar", "-"),
+            ]
+        )
+    header = [
+        "arm",
+        "params",
+        "val CE, nats/byte (seeds)",
+        "train tok/s",
+        "MQAR % after the recipe, L " + " / ".join(f"{L:,}" for L in lengths) + " (seeds)",
+        "upstream arm",
+        "upstream test CE",
+        "upstream MQAR %",
+    ]
+    return _table(header, ["---", "---:", "---:", "---:", "---", "---", "---:", "---"], rows)
+
+
 def _protocol_table(studies: dict[str, dict]) -> str:
     """The protocol at tiny, each model at its swept rate: bits per byte (mean +- population std over
     seeds, per seed), the whole-stream rescoring at the 1M and 2M milestones, tokens/s."""
@@ -442,6 +488,7 @@ BLOCK_RENDERERS = {
     "bench-decode": _bench_decode_table,
     "bench-solvers": _bench_solvers_table,
     "zoology-cpu": _zoology_table,
+    "pmcs-tiny": _pmcs_table,
 }
 
 

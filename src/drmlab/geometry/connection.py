@@ -376,6 +376,20 @@ class StepControl:
         if self.max_substeps < 1:
             raise ValueError(f"StepControl.max_substeps must be >= 1, got {self.max_substeps}")
 
+    def cap_reason(self, unit: str, attempts: int, segment: int, segments: int, s: float, h: float, stalled: str):
+        """None while ``attempts`` (sub-steps or rungs, accepted and rejected) are within budget; else why the
+        walk stops: the cap reached, or, after 20 attempts, a rate that projects past 100x the cap (the
+        projection is stated; ``stalled`` when no progress was made)."""
+        done = (segment + s) / segments
+        projected = attempts / done if done > 0 else math.inf
+        if attempts < self.max_substeps and (attempts < 20 or projected <= 100 * self.max_substeps):
+            return None
+        return (
+            f"{unit} cap ({self.max_substeps}): stopped after {attempts} attempts in segment {segment} of "
+            f"{segments} at s = {s:.3g} with {unit} {h:.3g} of the segment; "
+            + (f"at this rate the path needs about {projected:.2g} {unit}s" if done > 0 else stalled)
+        )
+
 
 @dataclass
 class TransportResult:
@@ -447,19 +461,9 @@ def transport_adaptive(
 
         s, first = 0.0, None
         while 1.0 - s > 1e-12:
-            attempts, done = taken + rejected, (k + s) / (points.shape[0] - 1)
-            projected = attempts / done if done > 0 else math.inf
-            if attempts >= control.max_substeps or (attempts >= 20 and projected > 100 * control.max_substeps):
-                return TransportResult(
-                    None,
-                    False,
-                    taken,
-                    rejected,
-                    None,
-                    f"sub-step cap ({control.max_substeps}): stopped after {attempts} attempts in segment {k} of "
-                    f"{points.shape[0] - 1} at s = {s:.3g} with sub-step {h:.3g} of the segment; "
-                    + (f"at this rate the path needs about {projected:.2g} sub-steps" if done > 0 else "no progress"),
-                )
+            capped = control.cap_reason("sub-step", taken + rejected, k, points.shape[0] - 1, s, h, "no progress")
+            if capped is not None:
+                return TransportResult(None, False, taken, rejected, None, capped)
             h = 1.0 - s if h >= (1.0 - s) * (1 - 1e-9) else h  # the last sub-step ends on the corner
             x0 = p + s * delta
             if control.max_g_length is not None:
@@ -529,19 +533,9 @@ def schild_ladder(
         pending = [(0.0, 1.0)]  # rungs as parameter intervals of the segment, the next one last
         while pending:
             t0, t1 = pending.pop()
-            attempts, done = taken + rejected, (k + t0) / segments
-            projected = attempts / done if done > 0 else math.inf
-            if attempts >= control.max_substeps or (attempts >= 20 and projected > 100 * control.max_substeps):
-                return TransportResult(
-                    None,
-                    False,
-                    taken,
-                    rejected,
-                    None,
-                    f"rung cap ({control.max_substeps}): stopped after {attempts} attempts in segment {k} of "
-                    f"{segments} at s = {t0:.3g} with rung {t1 - t0:.3g} of the segment; "
-                    + (f"at this rate the path needs about {projected:.2g} rungs" if done > 0 else "no rung accepted"),
-                )
+            capped = control.cap_reason("rung", taken + rejected, k, segments, t0, t1 - t0, "no rung accepted")
+            if capped is not None:
+                return TransportResult(None, False, taken, rejected, None, capped)
             x = points[k] + t0 * (points[k + 1] - points[k])
             y = points[k] + t1 * (points[k + 1] - points[k])
             step = float(metric.inner(x, y - x, y - x)) ** 0.5
