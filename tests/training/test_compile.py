@@ -217,6 +217,44 @@ def test_train_compile_trains_like_eager(corpus, tmp_path, capsys):
         assert json.loads((tmp_path / kind / "config.json").read_text())["train"]["compile"] == (kind == "compiled")
     assert len(runs["compiled"]) == 2
     torch.testing.assert_close(torch.tensor(runs["compiled"]), torch.tensor(runs["eager"]), rtol=1e-4, atol=0)
+    # the compiled run says whether the compile paid (at its last step: two steps give one compiled sample)
+    rows = [json.loads(line) for line in (tmp_path / "compiled" / "metrics.jsonl").read_text().splitlines()]
+    (report,) = [r for r in rows if r["kind"] == "compile"]
+    assert report["step"] == 2 and report["total_steps"] == 2 and report["compile_seconds"] > 0
+    assert report["eager_ms"] > 0 and report["compiled_ms"] > 0
+    pays = report["break_even_steps"] is not None and report["break_even_steps"] < 2
+    assert report["worth_it"] == pays
+    assert not any(
+        r["kind"] == "compile"
+        for r in (json.loads(x) for x in (tmp_path / "eager" / "metrics.jsonl").read_text().splitlines())
+    )
+
+
+def test_the_compile_verdict_is_its_arithmetic():
+    """compile cost = first step - a compiled one; saving per step = grad_accum x (eager - compiled);
+    break-even = cost / saving; worth it when the run is longer; the eager pass leaves no trace."""
+    from drmlab.training.compile_report import CompileReport, describe, time_eager_pass
+
+    report = CompileReport(eager_seconds=0.030, grad_accum=2)
+    for seconds in (10.040, 0.042, 0.040, 0.044, 0.001):  # the last comes after the samples: ignored
+        report.observe(seconds)
+    assert report.ready() and report.compiled_seconds == [0.021, 0.020, 0.022]
+    row = report.row(step=4, total_steps=1000)
+    assert row["compiled_ms"] == pytest.approx(20.0) and row["compile_seconds"] == pytest.approx(10.0)
+    assert row["saving_ms_per_step"] == pytest.approx(20.0) and row["break_even_steps"] == pytest.approx(500.0)
+    assert row["worth_it"] is True and "worth it for this run's 1,000 steps" in describe(row)
+    assert report.row(step=4, total_steps=400)["worth_it"] is False
+    slower = CompileReport(eager_seconds=0.010)
+    for seconds in (5.0, 0.02, 0.02, 0.02):
+        slower.observe(seconds)
+    row = slower.row(4, 10_000)
+    assert row["break_even_steps"] is None and row["worth_it"] is False and "saves nothing" in describe(row)
+    # timing an eager pass restores the random state and clears the gradients
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
+    before = torch.get_rng_state()
+    seconds = time_eager_pass(lambda: model(torch.ones(2, 4)).sum().backward(), model, torch.device("cpu"))
+    assert seconds > 0 and torch.equal(torch.get_rng_state(), before)
+    assert all(p.grad is None for p in model.parameters())
 
 
 def test_a_model_that_cannot_compile_names_the_operation(corpus, tmp_path, capsys, monkeypatch):

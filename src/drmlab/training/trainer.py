@@ -70,6 +70,7 @@ from drmlab.models.parameters import count_parameters
 from drmlab.runs import MetricsLog, RunDir, jsonable, non_finite_parameters
 from drmlab.training import distributed as dist_utils
 from drmlab.training.batches import BatchSource, LMWindows, eval_sample
+from drmlab.training.compile_report import CompileReport, describe, time_eager_pass
 from drmlab.training.compiling import compile_errors, compile_model
 from drmlab.training.config import TRAIN_DEFAULTS, TrainConfig
 from drmlab.training.diagnostics import WINDOWS as DIAGNOSTIC_WINDOWS
@@ -348,6 +349,7 @@ class Trainer:
         self.pieces = pieces = pieces if pieces is not None else TrainPieces()
         self.loss_fn = pieces.loss_fn if pieces.loss_fn is not None else lm_loss_fn(cfg.bf16)
         self.hook_steps, self.advice, self.kept_rows = pieces.hook_steps, pieces.advice, set()
+        self.compile_report: CompileReport | None = None  # under cfg.compile, made in start()
         self.info, self.device = dist_utils.setup(str(device) if isinstance(device, torch.device) else device)
         self.main = self.info.is_main
         self.model = model.to(self.device)
@@ -433,6 +435,7 @@ class Trainer:
         probe = self.batches.batch(self.cfg.seed, 1, 0)[0][:1, : min(self.cfg.seq_len, 16)]
         self.net = dist_utils.wrap_model(self.model, self.info, self.device, probe=probe)
         if self.cfg.compile:  # the training forward only: evaluation and checkpoints use self.model
+            self.compile_report = CompileReport(self._eager_seconds(), self.cfg.grad_accum)
             self.net = compile_model(self.net)
         sinks = []
         if self.tensorboard and run is not None and main:  # the rows kept so far, then every new one
@@ -457,6 +460,23 @@ class Trainer:
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.t_start
+
+    def _eager_seconds(self) -> float | None:
+        """Before compiling: one eager forward and backward of the next step's first micro-batch, timed
+        and undone (compile_report.time_eager_pass); None in a distributed run (its collectives would
+        be timed too)."""
+        if self.info.enabled:
+            return None
+        cfg, step = self.cfg, self.start_step + 1
+        inputs, targets = self.batches.batch(cfg.seed, step, 0, self.info.rank, self.info.world_size)
+        batch = (inputs.to(self.device), targets.to(self.device))
+
+        def run_pass():
+            self.net.train()
+            loss, _ = self.loss_fn(self.net, batch, step)
+            (loss / cfg.grad_accum).backward()
+
+        return time_eager_pass(run_pass, self.model, self.device)
 
     # -- one optimizer step
     def train_step(self, step: int) -> dict:
@@ -495,6 +515,10 @@ class Trainer:
                         sums[key] = torch.zeros((), device=dev)
                     sums[key] += value.detach() / cfg.grad_accum
                 entries[key] = value
+        if self.compile_report is not None:
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            self.compile_report.observe(time.perf_counter() - t0)
         loss_value = float(dist_utils.all_reduce_mean(total, info))
         for key, value in sums.items():
             entries[key] = float(dist_utils.all_reduce_mean(value, info))
@@ -576,6 +600,13 @@ class Trainer:
         step, cfg = row["step"], self.cfg
         if self.main:
             self.log.log(row)
+            report = self.compile_report
+            if report is not None and not report.done and (report.ready() or step == last_step):
+                report.done = True
+                compile_row = report.row(step, cfg.total_steps)
+                self.log.log(compile_row)
+                if not self.quiet:
+                    print(describe(compile_row), file=sys.stderr, flush=True)
             if self.bar is not None:
                 self.bar.update(1)
                 self.bar.set_postfix_str(f"loss {row['loss']:.3f} {row['tok_s']:,.0f} tok/s")
