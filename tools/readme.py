@@ -349,6 +349,12 @@ def _mqar_cells(reads: dict[str, dict], lengths: list[int]) -> str:
     return " / ".join(cells)
 
 
+def _passing(reads: dict[str, dict], longest: int) -> str:
+    """``n seeds, k >= 80% at L``: how many seeds were read and how many recall at the longest length."""
+    passing = sum(1 for r in reads.values() if str(longest) in r and r[str(longest)]["acc"] >= 0.8)
+    return f"{len(reads)} seed{'s' if len(reads) > 1 else ''}, {passing} >= 80% at {longest:,}"
+
+
 def _pmcs_table(studies: dict[str, dict]) -> str:
     """Upstream's PMCS-64 comparison at preset tiny (docs/variable-rank.md section 11): per arm the
     language CE over paired seeds, the training rate, and the distance reads after the interleaved
@@ -367,7 +373,7 @@ def _pmcs_table(studies: dict[str, dict]) -> str:
                 f"{arm['params']:,}",
                 f"{mean:.4f} +- {std:.4f} ({len(values)})",
                 f"{lang['tokens_per_s']:,.0f}",
-                "-" if not reads else f"{_mqar_cells(reads, lengths)} ({len(reads)})",
+                "-" if not reads else f"{_mqar_cells(reads, lengths)} ({_passing(reads, lengths[-1])})",
                 up.get("arm", "-"),
                 "-" if "test_ce" not in up else f"{up['test_ce'][0]:.4f} +- {up['test_ce'][1]:.4f}",
                 up.get("mqar", "-"),
@@ -539,7 +545,7 @@ BLOCK_RENDERERS = {
     "bench-decode": _bench_decode_table,
     "bench-solvers": _bench_solvers_table,
     "zoology-cpu": _zoology_table,
-    # "pmcs-tiny": _pmcs_table,
+    "pmcs-tiny": _pmcs_table,
     "geometry-tiny": _geometry_table,
 }
 
