@@ -84,13 +84,8 @@ def test_fused_step_is_the_reference_step_to_round_off(name, dtype, monkeypatch)
 @pytest.mark.parametrize("name", sorted(NOT_FUSED))
 def test_fused_step_is_the_fast_step_where_it_does_not_apply(name):
     model = build_model(name, preset="micro", seed=2).eval()
-    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        a = b = model.init_state(2)
-        for t in range(12):
-            x, a = model.step_fused(tokens[:, t], a)
-            y, b = model.step(tokens[:, t], b)
-            assert torch.equal(_bits(x), _bits(y))
+        _fast_step_bit_for_bit(model, length=12, prompt=0, seed=0)
 
 
 SETTINGS = [
@@ -129,18 +124,15 @@ def test_fused_step_for_each_setting(overrides, monkeypatch):
 def test_fused_step_names_why_it_does_not_apply(overrides, words):
     model = build_model("J", preset="micro", seed=1, **overrides).eval()
     assert words in model.fused_step_unsupported()
-    tokens = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        a = b = model.init_state(2)
-        for t in range(10):
-            x, a = model.step_fused(tokens[:, t], a)
-            y, b = model.step(tokens[:, t], b)
-            assert torch.equal(_bits(x), _bits(y))
+        _fast_step_bit_for_bit(model, length=10, prompt=0, seed=1)
 
 
-def _fast_step_bit_for_bit(model, batch=2, length=10, prompt=5):
-    tokens = torch.randint(0, 256, (batch, prompt + length), generator=torch.Generator().manual_seed(4))
-    state = prefill(model, tokens[:, :prompt])[1]
+def _fast_step_bit_for_bit(model, batch=2, length=10, prompt=5, seed=4):
+    """``step_fused`` and ``step`` from one state (a prefill of ``prompt`` tokens, or ``init_state``): the
+    same logits bit for bit at every position."""
+    tokens = torch.randint(0, 256, (batch, prompt + length), generator=torch.Generator().manual_seed(seed))
+    state = prefill(model, tokens[:, :prompt])[1] if prompt else model.init_state(batch)
     a = b = state
     for t in range(prompt, prompt + length):
         x, a = model.step_fused(tokens[:, t], a)

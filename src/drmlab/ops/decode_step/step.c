@@ -138,6 +138,17 @@ static void SUF(bound)(T *restrict z, i64 n, T radius, int bounded)
     for (i64 i = 0; i < n; ++i) z[i] = radius * TANH(z[i] * scale / radius);
 }
 
+/* z_b <- B(z_b + scale a_b) for each of the B rows (z [B, d]; a's rows are wide apart) */
+static void SUF(add_scaled_bound)(T *restrict z, const T *restrict a, i64 B, i64 d, i64 wide, T scale, T radius,
+                                  int bounded)
+{
+    for (i64 b = 0; b < B; ++b) {
+        T *zb = z + b * d;
+        for (i64 i = 0; i < d; ++i) zb[i] += a[b * wide + i] * scale;
+        SUF(bound)(zb, d, radius, bounded);
+    }
+}
+
 int SUF(drm_decode_step)(void *const *p, const i64 *n, const double *r)
 {
     const i64 B = n[I_BATCH], d = n[I_STATE], dt = n[I_TOKEN], V = n[I_VOCAB];
@@ -283,23 +294,13 @@ int SUF(drm_decode_step)(void *const *p, const i64 *n, const double *r)
             SUF(linear)(B, M, M, g, wide, (const T *)q[2], M, (const T *)q[3], h, wide, 1);
         }
         SUF(linear)(B, M, d, h, wide, (const T *)p[P_MIX_OUT_W], d, (const T *)p[P_MIX_OUT_B], a, wide, 0);
-        const T scale = (T)r[R_MIX_SCALE];
-        for (i64 b = 0; b < B; ++b) {
-            T *zb = z + b * d;
-            for (i64 i = 0; i < d; ++i) zb[i] += a[b * wide + i] * scale;
-            SUF(bound)(zb, d, R, bounded);
-        }
+        SUF(add_scaled_bound)(z, a, B, d, wide, (T)r[R_MIX_SCALE], R, bounded);
     }
 
     /* ---------------------------------------------------------------- token residual */
     if (n[I_HAS_RESIDUAL]) {
         SUF(linear)(B, dt, d, e, dt, (const T *)p[P_RES_W], d, NULL, a, wide, 0);
-        const T scale = (T)r[R_RES_SCALE];
-        for (i64 b = 0; b < B; ++b) {
-            T *zb = z + b * d;
-            for (i64 i = 0; i < d; ++i) zb[i] += a[b * wide + i] * scale;
-            SUF(bound)(zb, d, R, bounded);
-        }
+        SUF(add_scaled_bound)(z, a, B, d, wide, (T)r[R_RES_SCALE], R, bounded);
     }
 
     /* ---------------------------------------------------------------- selective memory */
