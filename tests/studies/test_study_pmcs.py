@@ -36,3 +36,29 @@ def test_vr_s_full_beats_asm_cm_on_language_on_every_seed_by_upstreams_margin():
     assert 0.02 < verdict["gain"] < 0.045  # upstream: 2.5489 - 2.5168 = 0.0321
     assert round(arms["ASM_VR_S full"]["language"]["ce_mean"], 4) == 2.1770
     assert round(arms["ASM_CM"]["language"]["ce_mean"], 4) == 2.2096
+
+
+def test_only_asm_cm_recalls_after_the_interleaved_recipe_and_its_controls_fall():
+    arms = _arms()
+    cm = arms["ASM_CM"]["specialised"]
+    assert sorted(cm) == ["17", "29", "43"]  # every seed, where upstream's recalled at 32K in 1 of 3
+    assert all(r["reads"][L]["acc"] >= 0.99 for r in cm.values() for L in ("40", "512", "4096", "32768"))
+    assert all(round(100 * r["reads"]["32768"]["acc"], 1) == 100.0 for r in cm.values())
+    for name, arm in arms.items():
+        for seed, r in arm["specialised"].items():
+            assert r["ce_after"] < r["ce_before"], (name, seed)  # its language steps train on
+            if name != "ASM_CM":
+                assert round(100 * max(x["acc"] for x in r["reads"].values()), 1) <= 8.2, (name, seed)  # < 13.87%
+    for seed, r in cm.items():
+        controls = r["controls"]
+        assert set(controls) == {"memory_read_off", "pairs_unwritten", "keys_shuffled"}
+        for name, c in controls.items():
+            assert c["verdict"] == "falls", (seed, name)
+            assert all(round(100 * c[L]["acc"], 1) <= 2.4 for L in ("40", "512", "4096")), (seed, name)  # chance 1.56%
+        assert all(controls["keys_shuffled"][L]["bound_acc"] >= 0.999 for L in ("40", "512", "4096"))
+
+
+def test_the_training_rate_gap_is_small_on_the_cpu():
+    arms = _arms()
+    ratio = arms["ASM_VR_S full"]["language"]["tokens_per_s"] / arms["ASM_CM"]["language"]["tokens_per_s"]
+    assert round(ratio, 2) == 1.28  # upstream: 168,127 / 9,070 = 18.5 on its GPU
