@@ -515,7 +515,7 @@ class Trainer:
                         sums[key] = torch.zeros((), device=dev)
                     sums[key] += value.detach() / cfg.grad_accum
                 entries[key] = value
-        if self.compile_report is not None:
+        if self.compile_report is not None and not self.compile_report.done:  # its first steps only
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             self.compile_report.observe(time.perf_counter() - t0)

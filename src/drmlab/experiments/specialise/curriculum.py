@@ -106,15 +106,18 @@ class Settings:
     lr: float | None = None  # interleaved: the one rate of every parameter
 
     @classmethod
-    def interleaved(cls, curriculum, seed: int, lr: float = INTERLEAVED_LR, **kw) -> Settings:
-        """The interleaved recipe's settings (upstream's PMCS-64 memory specialisation)."""
+    def interleaved(
+        cls, curriculum, seed: int, lr: float | None = None, backbone_lr=None, memory_lr=None, **kw
+    ) -> Settings:
+        """The interleaved recipe's settings (upstream's PMCS-64 memory specialisation); ``lr`` defaults
+        to 3e-4; a ``backbone_lr`` or ``memory_lr`` given is refused by :meth:`validate`."""
         return cls(
             curriculum=curriculum,
             seed=seed,
             recipe="interleaved",
-            backbone_lr=None,
-            memory_lr=None,
-            lr=lr,
+            backbone_lr=backbone_lr,
+            memory_lr=memory_lr,
+            lr=INTERLEAVED_LR if lr is None else lr,
             kd_weight=0.0,
             language_rows=INTERLEAVED_LANGUAGE_ROWS,
             language_window=INTERLEAVED_LANGUAGE_WINDOW,
@@ -136,7 +139,7 @@ class Settings:
             rates = (("lr", "a positive"),)
             if self.backbone_lr is not None or self.memory_lr is not None:
                 raise ValueError(
-                    "the interleaved recipe trains every parameter at --lr; --backbone-lr and --memory-lr are the distill recipe's"
+                    "--recipe interleaved trains every parameter at --lr; --backbone-lr and --memory-lr are the distill recipe's"
                 )
             if (
                 isinstance(self.language_every, bool)

@@ -26,6 +26,12 @@ def distillation_kl(
     return F.kl_div(log_student, log_teacher, log_target=True, reduction="sum") / positions
 
 
+def next_token_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean CE of ``logits`` [..., vocab] against every target, in float32 or wider."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 def language_loss(
     student_logits: torch.Tensor,
     teacher_logits: torch.Tensor,
@@ -35,9 +41,8 @@ def language_loss(
     kd_weight: float = KD_WEIGHT,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(CE + kd_weight T^2 KL, CE, KL) of a language batch: CE of the student against the next tokens."""
-    dtype = torch.promote_types(student_logits.dtype, torch.float32)
-    logits = student_logits.to(dtype)
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    logits = student_logits.to(torch.promote_types(student_logits.dtype, torch.float32))
+    ce = next_token_ce(logits, targets)
     kl = distillation_kl(logits, teacher_logits, temperature)
     return ce + kd_weight * temperature**2 * kl, ce, kl
 
@@ -71,8 +76,7 @@ class SpecialiseLoss:
             )
         elif language:  # no distillation (the interleaved recipe): the plain next-token CE
             out = model(inputs, step=None)
-            logits = out.logits.to(torch.promote_types(out.logits.dtype, torch.float32))
-            loss = ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            loss = ce = next_token_ce(out.logits, targets)
             kl = None
         else:
             out = model(inputs, step=None)

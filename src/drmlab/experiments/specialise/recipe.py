@@ -549,28 +549,18 @@ def specialise(
     base_model = load_base(base, dev, recipe)
     if seed is None:
         seed = int((base_model[1].get("train") or {}).get("seed", 0))
-    if recipe == "interleaved":
-        if backbone_lr is not None or memory_lr is not None:
-            raise ValueError(
-                "--recipe interleaved trains every parameter at --lr; --backbone-lr and --memory-lr are the distill recipe's"
-            )
+    if recipe == "interleaved":  # another recipe's rates are refused by Settings.validate, in one line
         settings = Settings.interleaved(
-            [list(st) for st in stages],
-            seed,
-            **({} if lr is None else {"lr": lr}),
-            eval_sequences=eval_sequences,
+            [list(st) for st in stages], seed, lr, backbone_lr, memory_lr, eval_sequences=eval_sequences
         )
     else:
-        if lr is not None:
-            raise ValueError(
-                "--lr is the interleaved recipe's rate; the distill recipe takes --backbone-lr and --memory-lr"
-            )
         settings = Settings(
             curriculum=[list(st) for st in stages],
             seed=seed,
             recipe=recipe,
             backbone_lr=BACKBONE_LR if backbone_lr is None else backbone_lr,
             memory_lr=MEMORY_LR if memory_lr is None else memory_lr,
+            lr=lr,
             eval_sequences=eval_sequences,
         )
     job = Specialisation(
