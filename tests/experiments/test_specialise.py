@@ -464,3 +464,16 @@ def test_rates_of_the_other_recipe_are_refused_in_one_line(
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_rate_conflict_is_refused_before_the_corpus_is_read(base_run, tmp_path, capsys):
+    """The rates are checked first: with a corpus that does not exist, the refusal still names the rate."""
+    from drmlab.cli import main
+
+    missing = tmp_path / "no-such-corpus.txt"
+    argv = ["specialise", "--base", str(base_run), "--out", str(tmp_path / "out"), "--device", "cpu"]
+    argv += ["--data", str(missing), "--recipe", "interleaved", "--backbone-lr", "1e-5"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--recipe interleaved trains every parameter at --lr" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()

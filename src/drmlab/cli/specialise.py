@@ -133,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
 
     common.apply_threads(args)
     stages = recipe.scale_curriculum(recipe.parse_curriculum(args.curriculum), args.steps_scale)
-    base_config = recipe.check_base(args.base, args.recipe)  # before the corpus is read
+    # the rates and the base run are checked before the corpus is read
+    recipe.recipe_settings(args.recipe, stages, 0, args.lr, args.backbone_lr, args.memory_lr, args.eval_sequences)
+    base_config = recipe.check_base(args.base, args.recipe)
     base_tokenizer = base_config.get("tokenizer") or "bytes"
     if args.tokenizer is not None and args.tokenizer != base_tokenizer:
         raise ValueError(f"--tokenizer {args.tokenizer}: the base run was trained with the {base_tokenizer} tokenizer")

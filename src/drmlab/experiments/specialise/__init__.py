@@ -53,6 +53,7 @@ from drmlab.experiments.specialise.recipe import (
     check_base,
     load_base,
     memory_parameter_names,
+    recipe_settings,
     specialise,
     student_model,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "mqar_batch_size",
     "mqar_loss",
     "parse_curriculum",
+    "recipe_settings",
     "scale_curriculum",
     "specialise",
     "student_model",

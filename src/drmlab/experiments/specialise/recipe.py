@@ -516,6 +516,29 @@ def _differences(saved, now, prefix: str = "") -> list[str]:
     return [] if saved == now else [f"{prefix[:-1]}: {saved!r} in the run, {now!r} now"]
 
 
+def recipe_settings(
+    recipe: str, stages, seed: int, lr=None, backbone_lr=None, memory_lr=None, eval_sequences=None
+) -> Settings:
+    """The validated :class:`Settings` of ``recipe`` with these rates: another recipe's rates, a
+    rate out of range or a bad curriculum is one ValueError (the CLI calls this before reading the
+    corpus, so a refusal is immediate)."""
+    if recipe == "interleaved":
+        settings = Settings.interleaved(
+            [list(st) for st in stages], seed, lr, backbone_lr, memory_lr, eval_sequences=eval_sequences
+        )
+    else:
+        settings = Settings(
+            curriculum=[list(st) for st in stages],
+            seed=seed,
+            recipe=recipe,
+            backbone_lr=BACKBONE_LR if backbone_lr is None else backbone_lr,
+            memory_lr=MEMORY_LR if memory_lr is None else memory_lr,
+            lr=lr,
+            eval_sequences=eval_sequences,
+        )
+    return settings.validate()
+
+
 def specialise(
     base: str | Path,
     out: str | Path,
@@ -549,20 +572,7 @@ def specialise(
     base_model = load_base(base, dev, recipe)
     if seed is None:
         seed = int((base_model[1].get("train") or {}).get("seed", 0))
-    if recipe == "interleaved":  # another recipe's rates are refused by Settings.validate, in one line
-        settings = Settings.interleaved(
-            [list(st) for st in stages], seed, lr, backbone_lr, memory_lr, eval_sequences=eval_sequences
-        )
-    else:
-        settings = Settings(
-            curriculum=[list(st) for st in stages],
-            seed=seed,
-            recipe=recipe,
-            backbone_lr=BACKBONE_LR if backbone_lr is None else backbone_lr,
-            memory_lr=MEMORY_LR if memory_lr is None else memory_lr,
-            lr=lr,
-            eval_sequences=eval_sequences,
-        )
+    settings = recipe_settings(recipe, stages, seed, lr, backbone_lr, memory_lr, eval_sequences)
     job = Specialisation(
         base,
         out,
