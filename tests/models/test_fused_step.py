@@ -193,3 +193,22 @@ def test_a_state_of_another_shape_is_refused_before_the_kernel_reads_it():
             with pytest.raises(ValueError, match="step_fused: the state's .* has shape"):
                 model.step_fused(torch.zeros(1, dtype=torch.long), dataclasses.replace(mine, stages=tuple(stages)))
         model.step_fused(torch.zeros(1, dtype=torch.long), mine)  # its own state steps
+
+
+@pytest.mark.skipif(kernel_missing, reason="the decode_step C kernel cannot be built here (no C compiler)")
+@pytest.mark.parametrize("width", ["hidden_size", "n_directions"])
+def test_block_constants_of_another_model_are_refused_before_the_kernel_reads_them(width):
+    """Same state width, other flow or direction widths: the state buffers pass their check and
+    the block's cached constants are what would be read past their ends; one ValueError names them."""
+    import dataclasses
+
+    model = build_model("J", preset="micro", seed=0).eval()
+    other = build_model("J", preset="micro", seed=0, **{width: getattr(model.config, width) * 2}).eval()
+    with torch.no_grad():
+        mine = prefill(model, torch.zeros(1, 3, dtype=torch.long))[1]
+        foreign = prefill(other, torch.zeros(1, 3, dtype=torch.long))[1]
+        index = next(i for i, s in enumerate(mine.stages) if type(s) is fused_step.PrefixState)
+        stages = list(mine.stages)
+        stages[index] = foreign.stages[index]
+        with pytest.raises(ValueError, match="step_fused: the block constants"):
+            model.step_fused(torch.zeros(1, dtype=torch.long), dataclasses.replace(mine, stages=tuple(stages)))

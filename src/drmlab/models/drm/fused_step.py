@@ -264,6 +264,37 @@ def _check_state(call: _Call, state, prefix, mixer_state, memory_state) -> None:
         _check_shape("memory", memory_state.memory, (batch, d))
 
 
+def _check_constants(call: _Call, prefix, batch: int) -> None:
+    """The block's cached constants have the element counts the kernel reads for this model and batch
+    (state part B x H, gates B x n, directions B x n x d with n the flow's outputs, the solve's factors
+    B x d, B x d x r, B x r x r, dimD and rho one per row): a foreign or hand-made prefix state is
+    refused before the C code reads past a buffer."""
+    n, k = call.integers, prefix.constants
+    d, hidden, outputs = n[_INT["state"]], n[_INT["flow_hidden"]], n[_INT["flow_out"]]
+    want = {"state_part": (k.state_part, batch * hidden), "dim_d": (k.dim_d, batch), "rho": (prefix.geometry[4], batch)}
+    if k.directions is not None:
+        count = k.directions.shape[-2]
+        if count != outputs:
+            raise ValueError(
+                f"step_fused: the block constants hold {count} directions, this model's flow gives {outputs}; "
+                "pass a DecodeState made by this model"
+            )
+        want.update(gates=(k.gates, batch * count), directions=(k.directions, batch * count * d))
+    if k.solve is not None:
+        damped, u_factor, scaled, chol = k.solve
+        want["damped"] = (damped, batch * d)
+        if u_factor is not None:
+            rank = u_factor.shape[-1]
+            want.update(u_factor=(u_factor, batch * d * rank), scaled=(scaled, batch * d * rank))
+            want["chol"] = (chol, batch * rank * rank)
+    for name, (x, count) in want.items():
+        if x is not None and x.numel() != count:
+            raise ValueError(
+                f"step_fused: the block constants' {name} has {x.numel()} elements, this model reads {count}; "
+                "pass a DecodeState made by this model"
+            )
+
+
 def _fill(call: _Call, tokens_t, state, prefix, mixer_state, memory_state, token_residual):
     """Put the state's buffers into ``call`` and make the outputs: (logits, the stages' new states, z)."""
     _check_state(call, state, prefix, mixer_state, memory_state)
@@ -281,6 +312,7 @@ def _fill(call: _Call, tokens_t, state, prefix, mixer_state, memory_state, token
     call.size(batch=batch)
     kept = []
     if prefix is not None:
+        _check_constants(call, prefix, batch)
         k = prefix.constants
         delta_sum = torch.empty(batch, 1, d, dtype=dtype)
         put("state_part", k.state_part)
