@@ -17,6 +17,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import study_json  # tools/study_json.py, beside this file
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "docs" / "studies" / "geometry-tiny" / "results.json"
 MODELS = ("J", "J_NO_DIRECTION", "J_METRIC_SUBSPACE")
@@ -148,7 +150,7 @@ def main() -> None:
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
     prov["date"] = datetime.date.today().isoformat()
-    RECORD.write_text(json.dumps(record, indent=1) + "\n")
+    study_json.write(RECORD, record)
     print(f"{RECORD.relative_to(ROOT)}: {len(record['runs'])} runs ({seed_text})")
 
 

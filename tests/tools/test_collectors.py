@@ -1,0 +1,121 @@
+"""The study collectors (tools/collect_geometry.py, tools/collect_pmcs.py) and the records' layout
+(tools/study_json.py): the layout loses nothing and is the committed files' own, and each collector
+turns a run folder of the shape its commands write into the committed entry, keeping the entries
+already committed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ROOT / "tools"
+
+
+def _tool(name: str):
+    sys.path.insert(0, str(TOOLS))
+    try:
+        spec = importlib.util.spec_from_file_location(f"drmlab_tool_{name}", TOOLS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(TOOLS))
+
+
+study_json = _tool("study_json")
+
+
+def test_the_layout_round_trips_and_keeps_its_lines_short():
+    record = {"a": [1, 2.5, None], "b": {"c": {"d": [0.1] * 40, "e": "x" * 200}}, "f": [], "g": {}, "h": [{"i": 1}]}
+    text = study_json.dumps(record)
+    assert json.loads(text) == record
+    lines = text.splitlines()
+    assert '"a": [1, 2.5, null],' in text and len(lines) > 3
+    assert all(len(line) <= study_json.WIDTH or '"e"' in line or "0.1" in line for line in lines)
+
+
+@pytest.mark.parametrize("name", ["geometry-tiny", "pmcs-tiny"])
+def test_the_collected_records_are_in_the_layout(name):
+    """Collecting again rewrites a record only where its numbers change."""
+    text = (ROOT / "docs" / "studies" / name / "results.json").read_text()
+    assert study_json.dumps(json.loads(text)) + "\n" == text
+
+
+def _write(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+
+
+def test_the_geometry_collector_keeps_the_scalars_and_the_committed_runs(tmp_path):
+    collect = _tool("collect_geometry")
+    run = tmp_path / "J-seed2"
+    _write(run / "summary.json", {"model": "J", "seed": 2, "val_ce": 1.61, "steps": 611})
+    instruments = {
+        "metric": {"exact_rank": [128], "eigenvalue_min": 1e-4, "_spectrum_first": [1.0], "seconds": 0.1},
+        "pullback": {"how": "exact", "trace_mean": 3.0, "seconds": 0.2},
+        "strata": {"rtol": 1e-4, "seconds": 0.3},
+        "agreement": {"energy_log_pearson": -0.1, "principal_angles_mean_rad": [1.0], "seconds": 0.4},
+        "connection": {
+            "holonomy": [{"block": 0, "curvature": 5.0, "consistent": True, "substeps": 9}],
+            "transport": [{"block": 0, "completed": False, "transport_failed": "cap", "schild": {}}],
+            "seconds": 0.5,
+        },
+        "geodesics": {
+            "blocks": [{"block": 0, "converged": False, "residual": 0.5, "x": 1}],
+            "note": "n",
+            "seconds": 0.6,
+        },
+        "topology": {"longest_h1": 1.5, "bootstrap_top_persistence": [1], "seconds": 0.7},
+    }
+    _write(
+        run / "geometry-v2" / "geometry.json", {"tokens": 512, "windows": 2, "instruments": instruments, "notes": []}
+    )
+    record = collect.collect(tmp_path, {"runs": {"J-seed1": {"model": "J", "seed": 1}}})
+    assert sorted(record["runs"]) == ["J-seed1", "J-seed2"] and record["runs"]["J-seed1"] == {"model": "J", "seed": 1}
+    entry = record["runs"]["J-seed2"]
+    assert entry["metric"] == {"exact_rank": [128], "eigenvalue_min": 1e-4}  # spectra and timings stay out
+    assert entry["agreement"] == {"energy_log_pearson": -0.1}
+    assert entry["connection"]["holonomy"] == [{"block": 0, "curvature": 5.0, "consistent": True}]
+    assert entry["connection"]["transport"] == [{"block": 0, "completed": False, "transport_failed": "cap"}]
+    assert entry["geodesics"] == [{"block": 0, "converged": False, "residual": 0.5}]
+    assert entry["seconds"]["topology"] == 0.7 and entry["tokens_measured"] == 512 and entry["val_ce"] == 1.61
+
+
+def _read(acc: float, status: str = "read") -> dict:
+    return {"status": status, "acc": acc, "ci95": [0.0, 1.0], "first_acc": acc, "state_bytes": 100, "by_query": [acc]}
+
+
+def test_the_pmcs_collector_adds_a_seed_and_says_when_its_base_was_trained_again(tmp_path):
+    collect = _tool("collect_pmcs")
+    record = {
+        "arms": [
+            {
+                "arm": "J_NO_DIRECTION",
+                "model": "J_NO_DIRECTION",
+                "overrides": {},
+                "language": {"per_seed": {"29": 2.2}},
+            },
+            {"arm": "VR-S fixed", "model": "ASM_VR_S", "overrides": {"rank_policy": "fixed"}, "language": {}},
+        ]
+    }
+    spec = tmp_path / "spec" / "J_NO_DIRECTION-seed29"
+    stages = [{"lengths": {"40": {"acc": 0.5}}}, {"lengths": {"40": {"acc": 0.08}, "512": {"acc": 0.1}}}]
+    _write(spec / "specialise.json", {"before": {"ce": 2.25}, "after": {"ce": 2.1}, "stages": stages})
+    lengths = {"40": _read(0.08), "512": _read(0.05)}
+    _write(spec / "reads" / "results.json", {"entries": [{"label": "x", "lengths": lengths}]})
+    assert collect.collect(tmp_path, record) == ["J_NO_DIRECTION seed 29"]
+    entry = record["arms"][0]["specialised"]["29"]
+    assert entry["stage_control_40"] == 0.08  # the recipe's last read of the control
+    assert entry["reads"]["512"] == {"acc": 0.05, "ci95": [0.0, 1.0], "first_acc": 0.05, "state_bytes": 100}
+    assert entry["base_retrained"] == {"ce": 2.25, "language_leg_ce": 2.2, "difference": pytest.approx(0.05)}
+    assert "specialised" not in record["arms"][1]  # a fixed-rank arm is not the model's full-rank arm
+
+    lengths["512"] = {"status": "not read", "why": "the control did not pass"}
+    _write(spec / "reads" / "results.json", {"entries": [{"label": "x", "lengths": lengths}]})
+    with pytest.raises(ValueError, match="read with --read-all"):
+        collect.collect(tmp_path, record)
