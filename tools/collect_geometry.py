@@ -17,7 +17,7 @@ import json
 import subprocess
 from pathlib import Path
 
-import study_json  # tools/study_json.py, beside this file
+from drmlab.experiments.results import write
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "docs" / "studies" / "geometry-tiny" / "results.json"
@@ -150,7 +150,7 @@ def main() -> None:
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
     prov["date"] = datetime.date.today().isoformat()
-    study_json.write(RECORD, record)
+    write(RECORD, record)
     print(f"{RECORD.relative_to(ROOT)}: {len(record['runs'])} runs ({seed_text})")
 
 

@@ -20,7 +20,7 @@ import datetime
 import json
 from pathlib import Path
 
-import study_json  # tools/study_json.py, beside this file
+from drmlab.experiments.results import write
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "docs" / "studies" / "pmcs-tiny" / "results.json"
@@ -102,7 +102,7 @@ def main() -> None:
     if args.how:
         record["provenance"]["how"] = args.how
     record["provenance"]["date"] = datetime.date.today().isoformat()
-    study_json.write(RECORD, record)
+    write(RECORD, record)
     print(f"{RECORD.relative_to(ROOT)}: {', '.join(added) or 'nothing new'}")
 
 

@@ -1,7 +1,6 @@
-"""The study collectors (tools/collect_geometry.py, tools/collect_pmcs.py) and the records' layout
-(tools/study_json.py): the layout loses nothing and is the committed files' own, and each collector
-turns a run folder of the shape its commands write into the committed entry, keeping the entries
-already committed."""
+"""The study collectors (tools/collect_geometry.py, tools/collect_pmcs.py): each turns a run folder of
+the shape its commands write into the committed entry, keeping the entries already committed, and
+writes the studies' one layout."""
 
 from __future__ import annotations
 
@@ -27,23 +26,14 @@ def _tool(name: str):
         sys.path.remove(str(TOOLS))
 
 
-study_json = _tool("study_json")
-
-
-def test_the_layout_round_trips_and_keeps_its_lines_short():
-    record = {"a": [1, 2.5, None], "b": {"c": {"d": [0.1] * 40, "e": "x" * 200}}, "f": [], "g": {}, "h": [{"i": 1}]}
-    text = study_json.dumps(record)
-    assert json.loads(text) == record
-    lines = text.splitlines()
-    assert '"a": [1, 2.5, null],' in text and len(lines) > 3
-    assert all(len(line) <= study_json.WIDTH or '"e"' in line or "0.1" in line for line in lines)
-
-
 @pytest.mark.parametrize("name", ["geometry-tiny", "pmcs-tiny"])
-def test_the_collected_records_are_in_the_layout(name):
-    """Collecting again rewrites a record only where its numbers change."""
+def test_the_collected_records_are_in_the_studies_layout(name):
+    """The collectors write through drmlab.experiments.results.write, the committed files' own layout:
+    collecting again rewrites a record only where its numbers change."""
+    from drmlab.experiments.results import dumps
+
     text = (ROOT / "docs" / "studies" / name / "results.json").read_text()
-    assert study_json.dumps(json.loads(text)) + "\n" == text
+    assert dumps(json.loads(text)) == text
 
 
 def _write(path: Path, record: dict) -> None:
