@@ -190,10 +190,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--step", type=int, default=1, help="optimizer step passed to both (naturalization warm-up)")
+    parser.add_argument(
+        "--json", type=Path, help="also write the figures as a study record (docs/studies/bench-reference)"
+    )
     args = parser.parse_args()
     root, package = load_reference(args.reference)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, reference {root}")
+    presets = []
     for preset in args.presets.split(","):
         pairs = {}
         tokens = None
@@ -228,6 +232,7 @@ def main() -> None:
             f"{'variant':<26}{'params':>12}{'ours tok/s':>12}{'ref tok/s':>12}{'ours/ref':>10}"
             f"{'ours cpu':>12}{'ref cpu':>12}{'ours/ref':>10}{'f64 gap':>10}"
         )
+        rows = {}
         for v, pair in pairs.items():
             wall = {side: count / statistics.median(t[0] for t in times[v, side]) for side in ("ours", "ref")}
             cpu = {side: count / statistics.median(t[1] for t in times[v, side]) for side in ("ours", "ref")}
@@ -236,6 +241,35 @@ def main() -> None:
                 f"{v:<26}{params:>12,}{wall['ours']:>12,.0f}{wall['ref']:>12,.0f}{wall['ours'] / wall['ref']:>10.2f}"
                 f"{cpu['ours']:>12,.0f}{cpu['ref']:>12,.0f}{cpu['ours'] / cpu['ref']:>10.2f}{pair['gap']:>10.1e}"
             )
+            rows[v] = {"params": params, "wall_tokens_per_s": wall, "cpu_tokens_per_s": cpu, "f64_gap": pair["gap"]}
+        presets.append({"preset": preset, "batch": tokens.shape[0], "seq_len": tokens.shape[1] - 1, "variants": rows})
+    if args.json is not None:
+        write_record(args, root, presets)
+
+
+def write_record(args, root: Path, presets: list[dict]) -> None:
+    """The figures as a study record: command, commits (ours and the reference's), settings, numbers;
+    the reference is named by its commit, never by where its checkout lies."""
+    import subprocess
+
+    from drmlab.experiments.results import provenance, write
+
+    head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=root, capture_output=True, text=True)
+    command = "python benchmarks/bench_reference.py --reference REFERENCE " + " ".join(
+        f"--{k} {getattr(args, k)}" for k in ("presets", "variants", "rounds", "threads", "step")
+    )
+    settings = {k: getattr(args, k) for k in ("presets", "variants", "rounds", "threads", "step")}
+    settings["reference"] = "gnai-creator/drm-language-emitter at " + (head.stdout.strip() or "an unknown commit")
+    record = {
+        "title": "Training tokens/s of drmlab's DRM variants against the upstream reference implementation, "
+        "paired (its variant table at our widths, its weights in ours), forward + loss + backward + AdamW, float32",
+        "provenance": {**provenance(settings, command=command), "machine": args.machine},
+        "units": "tokens per second: wall (median step) and CPU time of the calling thread (median step), "
+        "rounds interleaving every model; f64_gap the largest logit or loss difference of the pair in float64",
+        "presets": presets,
+    }
+    write(args.json, record)
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":
