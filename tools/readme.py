@@ -212,6 +212,42 @@ def _bench_models_table(studies: dict[str, dict]) -> str:
     )
 
 
+def _bench_reference_table(studies: dict[str, dict]) -> str:
+    """Training tokens/s against the upstream reference implementation (benchmarks/bench_reference.py):
+    per preset and variant, ours and the reference's rate in thread CPU time and their ratio, the
+    wall-clock ratio beside it, and the float64 gap of the pair."""
+    rows = []
+    for p in studies["bench-reference"]["presets"]:
+        for name, v in p["variants"].items():
+            cpu, wall = v["cpu_tokens_per_s"], v["wall_tokens_per_s"]
+            rows.append(
+                [
+                    p["preset"],
+                    name,
+                    f"{v['params']:,}",
+                    f"{cpu['ours']:,.0f}",
+                    f"{cpu['ref']:,.0f}",
+                    f"**{cpu['ours'] / cpu['ref']:.2f}x**",
+                    f"{wall['ours'] / wall['ref']:.2f}x",
+                    f"{v['f64_gap']:.0e}",
+                ]
+            )
+    return _table(
+        [
+            "preset",
+            "variant",
+            "params",
+            "ours tok/s (CPU)",
+            "reference tok/s (CPU)",
+            "ours / reference",
+            "wall clock",
+            "f64 gap",
+        ],
+        ["---", "---", "---:", "---:", "---:", "---:", "---:", "---:"],
+        rows,
+    )
+
+
 def _bench_decode_table(studies: dict[str, dict]) -> str:
     study = studies["bench-decode"]
     contexts = study["contexts"]
@@ -542,6 +578,7 @@ BLOCK_RENDERERS = {
     "loop-study-tiny": _loop_study_table,
     "compare-tiny": _cross_family_table,
     "bench-models": _bench_models_table,
+    "bench-reference": _bench_reference_table,
     "bench-decode": _bench_decode_table,
     "bench-solvers": _bench_solvers_table,
     "zoology-cpu": _zoology_table,
