@@ -193,6 +193,9 @@ def main() -> None:
     parser.add_argument(
         "--json", type=Path, help="also write the figures as a study record (docs/studies/bench-reference)"
     )
+    parser.add_argument(
+        "--machine", default="not stated", help="with --json: a line describing the machine and its load"
+    )
     args = parser.parse_args()
     root, package = load_reference(args.reference)
     torch.set_num_threads(args.threads)
