@@ -110,7 +110,8 @@ def run_entry(run: Path) -> dict:
         "holonomy": [_pick(h, HOLONOMY) for h in inst["connection"]["holonomy"]],
         "transport": [_pick(t, TRANSPORT) for t in inst["connection"]["transport"]],
     }
-    entry["geodesics"] = [_pick(g, GEODESIC) for g in inst["geodesics"]["blocks"]]
+    # each block's solve result (row["geodesic"]) beside the model path's own figures, on one level
+    entry["geodesics"] = [_pick({**g, **g.get("geodesic", {})}, GEODESIC) for g in inst["geodesics"]["blocks"]]
     entry["seconds"] = {name: inst[name]["seconds"] for name in inst}
     entry["notes"] = geo["notes"]
     return entry

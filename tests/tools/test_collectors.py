@@ -56,7 +56,9 @@ def test_the_geometry_collector_keeps_the_scalars_and_the_committed_runs(tmp_pat
             "seconds": 0.5,
         },
         "geodesics": {
-            "blocks": [{"block": 0, "converged": False, "residual": 0.5, "x": 1}],
+            "blocks": [
+                {"block": 0, "path_action": 9.0, "geodesic": {"converged": False, "residual": 0.5, "length": 1}}
+            ],
             "note": "n",
             "seconds": 0.6,
         },
@@ -72,7 +74,7 @@ def test_the_geometry_collector_keeps_the_scalars_and_the_committed_runs(tmp_pat
     assert entry["agreement"] == {"energy_log_pearson": -0.1}
     assert entry["connection"]["holonomy"] == [{"block": 0, "curvature": 5.0, "consistent": True}]
     assert entry["connection"]["transport"] == [{"block": 0, "completed": False, "transport_failed": "cap"}]
-    assert entry["geodesics"] == [{"block": 0, "converged": False, "residual": 0.5}]
+    assert entry["geodesics"] == [{"block": 0, "path_action": 9.0, "converged": False, "residual": 0.5}]
     assert entry["seconds"]["topology"] == 0.7 and entry["tokens_measured"] == 512 and entry["val_ce"] == 1.61
 
 
