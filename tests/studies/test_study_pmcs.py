@@ -6,6 +6,8 @@ controls fall."""
 
 from __future__ import annotations
 
+import math
+
 from study_results import load
 
 from drmlab.experiments.stats import gate
@@ -44,11 +46,18 @@ def test_only_asm_cm_recalls_after_the_interleaved_recipe_and_its_controls_fall(
     assert sorted(cm) == ["17", "29", "43"]  # every seed, where upstream's recalled at 32K in 1 of 3
     assert all(r["reads"][L]["acc"] >= 0.99 for r in cm.values() for L in ("40", "512", "4096", "32768"))
     assert all(round(100 * r["reads"]["32768"]["acc"], 1) == 100.0 for r in cm.values())
+    first_at_40 = []
     for name, arm in arms.items():
+        assert sorted(arm["specialised"]) == ["17", "29", "43"], name  # every arm read at every seed
         for seed, r in arm["specialised"].items():
             assert r["ce_after"] < r["ce_before"], (name, seed)  # its language steps train on
             if name != "ASM_CM":
-                assert round(100 * max(x["acc"] for x in r["reads"].values()), 1) <= 8.8, (name, seed)  # < 13.87%
+                reads = r["reads"]
+                assert round(100 * max(x["acc"] for x in reads.values()), 1) <= 9.1, (name, seed)  # level 35%
+                assert max(reads[L]["first_acc"] for L in ("512", "4096", "32768")) <= 0.103, (name, seed)
+                if name in ("ASM_VR_R full", "J_NO_DIRECTION"):
+                    first_at_40.append(reads["40"]["first_acc"])
+    assert (round(100 * min(first_at_40), 1), round(100 * max(first_at_40), 1)) == (14.8, 20.3)  # level 13.87%
     for seed, r in cm.items():
         controls = r["controls"]
         assert set(controls) == {"memory_read_off", "pairs_unwritten", "keys_shuffled"}
@@ -56,6 +65,21 @@ def test_only_asm_cm_recalls_after_the_interleaved_recipe_and_its_controls_fall(
             assert c["verdict"] == "falls", (seed, name)
             assert all(round(100 * c[L]["acc"], 1) <= 2.4 for L in ("40", "512", "4096")), (seed, name)  # chance 1.56%
         assert all(controls["keys_shuffled"][L]["bound_acc"] >= 0.999 for L in ("40", "512", "4096"))
+
+
+def test_three_specialisations_start_from_language_runs_trained_again():
+    """Their CE is within 0.0011 nats of the language leg's run of that arm and seed (another CPU)."""
+    again = {
+        (name, seed): r["base_retrained"]
+        for name, arm in _arms().items()
+        for seed, r in arm["specialised"].items()
+        if "base_retrained" in r
+    }
+    assert sorted(again) == [("ASM_VR_R full", "43"), ("J_NO_DIRECTION", "29"), ("J_NO_DIRECTION", "43")]
+    for (name, seed), b in again.items():
+        assert b["language_leg_ce"] == _arms()[name]["language"]["per_seed"][seed]
+        assert math.isclose(b["ce"], b["language_leg_ce"] + b["difference"], rel_tol=0, abs_tol=1e-12)
+        assert 0 < abs(b["difference"]) <= 0.0011
 
 
 def test_the_training_rate_gap_is_small_on_the_cpu():
