@@ -132,3 +132,18 @@ def test_the_adapter_reproduces_the_model_forward():
     assert torch.allclose(gamma, record[1].gamma[0], atol=1e-14) and torch.allclose(
         u, record[1].u_factor[0], atol=1e-14
     )
+
+
+def test_the_geodesic_budget_is_a_setting(micro_run, tmp_path, capsys):
+    """--geodesic-hvp bounds the solve's Hessian-vector products; a budget below 1 is one line."""
+    from drmlab.cli import main
+
+    run, text, _ = micro_run
+    argv = ["geometry", "--ckpt", str(run), "--tokens", "64", "--threads", "1", "--data", str(text)]
+    assert main([*argv, "--geodesic-hvp", "3", "--out", str(tmp_path / "g")]) == 0
+    geo = json.loads((tmp_path / "g" / "geometry.json").read_text())["instruments"]["geodesics"]["blocks"][0]
+    assert geo["geodesic"]["hessian_vector_products"] <= 3
+    capsys.readouterr()
+    assert main([*argv, "--geodesic-hvp", "0", "--out", str(tmp_path / "h")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--geodesic-hvp must be at least 1" in err and len(err.splitlines()) == 1

@@ -1,8 +1,9 @@
 """The README's claims about the geometry instruments on trained tiny runs (docs/studies/geometry-tiny,
-docs/geometry.md section 10): seed 1 of J, J_METRIC_SUBSPACE and J_NO_DIRECTION; a learned metric that is
-numerically its rank-8 part on the eps floor, unlike the decoder's pullback metric, with large curvatures
-of both signs; transport stopped at its cap; an unconverged geodesic solve that still bounds the model
-path's excess action from below."""
+docs/geometry.md section 10): J, J_METRIC_SUBSPACE and J_NO_DIRECTION at seeds 1, 2 and 3. In seven of
+the nine runs the learned metric is numerically its rank-8 part on the eps floor; J_METRIC_SUBSPACE's
+seeds 2 and 3 are far better conditioned. No run's metric resembles the decoder's pullback metric;
+curvatures are large and of both signs; transport stops at its cap; the geodesic solve converges in one
+run (an action ratio of 3e4) and elsewhere still bounds the model path's excess action from below."""
 
 from __future__ import annotations
 
@@ -10,53 +11,86 @@ import math
 
 from study_results import load
 
-RUNS = ("J-seed1", "J_METRIC_SUBSPACE-seed1", "J_NO_DIRECTION-seed1")
+MODELS = ("J", "J_METRIC_SUBSPACE", "J_NO_DIRECTION")
+WELL_CONDITIONED = {"J_METRIC_SUBSPACE-seed2", "J_METRIC_SUBSPACE-seed3"}
 
 
 def _runs() -> dict:
     return load("geometry-tiny")["runs"]
 
 
-def test_the_three_seed_one_runs_and_nothing_else():
+def test_three_models_at_three_seeds():
     runs = _runs()
-    assert set(runs) == set(RUNS) and all(r["seed"] == 1 and r["tokens_measured"] == 512 for r in runs.values())
+    assert set(runs) == {f"{m}-seed{s}" for m in MODELS for s in (1, 2, 3)}
+    assert all(r["tokens_measured"] == 512 and r["steps"] == 611 for r in runs.values())
 
 
-def test_the_learned_metric_is_its_rank_eight_part_on_the_floor():
+def test_the_learned_metric_is_its_rank_eight_part_on_the_floor_except_in_two_runs():
     for name, r in _runs().items():
         m = r["metric"]
-        assert m["numerical_rank_approx"]["rank_rtol_1e-02"] == 8.0 and m["exact_rank"] == [128], name
-        assert 1e11 <= m["condition_number_mean"] <= 1e14, name
-        assert math.isclose(m["eigenvalue_min"], 1e-4, rel_tol=1e-2), name  # the eps floor
+        assert m["exact_rank"] == [128] and 0.99e-4 <= m["eigenvalue_min"] < 2e-4, name  # the floor: full rank
+        rank = m["numerical_rank_approx"]["rank_rtol_1e-02"]
+        if name in WELL_CONDITIONED:
+            assert rank > 40 and m["condition_number_mean"] < 2e7, name
+        else:
+            assert rank == 8.0 and m["condition_number_mean"] > 7e10, name
+    ranks = {n: round(r["metric"]["numerical_rank_approx"]["rank_rtol_1e-02"], 1) for n, r in _runs().items()}
+    assert (ranks["J_METRIC_SUBSPACE-seed2"], ranks["J_METRIC_SUBSPACE-seed3"]) == (43.1, 89.4)
 
 
-def test_it_does_not_resemble_the_decoders_pullback_metric():
+def test_no_learned_metric_resembles_the_decoders_pullback_metric():
     pearson = {}
     for name, r in _runs().items():
         a = r["agreement"]
         assert abs(a["principal_angle_largest_mean_rad"] - a["random_subspace_largest_angle_rad"]) < 0.02, name
-        pearson[name] = a["energy_log_pearson"]
-    assert all(p <= 0 for p in pearson.values())  # uncorrelated or anti-correlated
-    assert round(pearson["J-seed1"], 2) == -0.06 and round(pearson["J_NO_DIRECTION-seed1"], 2) == -0.82
+        pearson[name] = round(a["energy_log_pearson"], 2)
+    positive = {n for n, p in pearson.items() if p > 0}
+    assert positive == {"J_METRIC_SUBSPACE-seed3"} and pearson["J_METRIC_SUBSPACE-seed3"] == 0.72
+    rest = [p for n, p in pearson.items() if n not in positive]
+    assert (min(rest), max(rest)) == (-0.82, -0.06)
 
 
-def test_curvatures_are_large_of_both_signs_and_one_is_the_loops():
-    curvatures, inconsistent = [], []
+def test_curvatures_are_large_of_both_signs_and_the_loop_sizes_agree_at_eleven_of_eighteen():
+    consistent, signs = [], set()
     for name, r in _runs().items():
         for h in r["connection"]["holonomy"]:
             assert h["angle"] is not None and math.isfinite(h["curvature"]), name  # never NaN
-            curvatures.append(h["curvature"])
-            if not h["consistent"]:
-                inconsistent.append((name, h["block"]))
-    assert len(curvatures) == 6 and min(curvatures) < -50 and max(curvatures) > 50
-    assert inconsistent == [("J-seed1", 0)]
+            if h["consistent"]:
+                consistent.append(abs(h["curvature"]))
+                signs.add(h["curvature"] > 0)
+    assert len(consistent) == 11 and signs == {True, False}
+    assert round(min(consistent), 1) == 1.1 and round(max(consistent)) == 6024
 
 
-def test_transport_stops_at_its_cap_and_the_geodesic_solve_does_not_converge():
+def test_transport_stops_at_its_cap():
     for name, r in _runs().items():
         transport = r["connection"]["transport"]
-        assert (not transport) == (name == "J_NO_DIRECTION-seed1")  # no directions to transport
+        assert (not transport) == name.startswith("J_NO_DIRECTION"), name  # no directions to transport
         assert all(not t["completed"] and t["angle_transported_mean_rad"] is None for t in transport), name
+
+
+def test_one_geodesic_converges_and_the_others_bound_the_excess_action():
+    converged = {}
+    bounds = []
+    for name, r in _runs().items():
         (geo,) = r["geodesics"]
-        assert not geo["converged"] and geo["action_ratio"] is None, name
-        assert geo["path_action"] / geo["action_upper_bound"] >= 1e6, name
+        if geo["converged"]:
+            converged[name] = geo
+        else:
+            assert geo["action_ratio"] is None, name
+            bounds.append(geo["path_action"] / geo["action_upper_bound"])
+    assert list(converged) == ["J_METRIC_SUBSPACE-seed3"]
+    geo = converged["J_METRIC_SUBSPACE-seed3"]
+    assert geo["residual"] < 1e-8 and geo["state_norm_max"] < 8  # inside the ball the states live in
+    assert f"{geo['action_ratio']:.1e}" == "3.0e+04" and geo["action_ratio"] >= 1
+    assert math.isclose(geo["action_ratio"], geo["path_action"] / geo["action"])
+    assert (f"{min(bounds):.1e}", f"{max(bounds):.1e}") == ("7.2e+04", "7.6e+06")
+
+
+def test_sixteen_times_the_budget_does_not_converge_the_solve_on_a_well_conditioned_run():
+    probe = load("geometry-tiny")["geodesic_budget_probe"]
+    assert probe["run"] == "J_METRIC_SUBSPACE-seed2"
+    (most,) = [b for b in probe["budgets"] if b["hessian_vector_products"] == 6400]
+    assert not most["converged"] and round(most["residual"], 2) == 0.70
+    default = _runs()[probe["run"]]["geodesics"][0]
+    assert most["action_upper_bound"] < default["action_upper_bound"]  # a cheaper path found, still a bound

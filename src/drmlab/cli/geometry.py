@@ -37,6 +37,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument("--ckpt", required=True, metavar="RUN", help="a run directory written by drmlab train")
     parser.add_argument("--tokens", default="512", metavar="N", help="validation tokens to measure on (default 512)")
+    parser.add_argument(
+        "--geodesic-hvp",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Hessian-vector products the geodesic solve may spend (default 400; docs/geometry.md section 5)",
+    )
     common.add_out_argument(parser, "output folder (default RUN/geometry)")
     add_data_arguments(parser)
     add_runtime_arguments(parser, device_default="cpu")
@@ -53,6 +60,18 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--tokens must be at least 2, got {args.tokens}")
     if args.threads is None:  # many small operations: more threads only add overhead (docs/geometry.md section 7)
         args.threads = 1
+    budget = None
+    if args.geodesic_hvp is not None:
+        import dataclasses
+
+        from drmlab.geometry.run import GeometryBudget
+
+        if args.geodesic_hvp < 1:
+            raise ValueError(f"--geodesic-hvp must be at least 1, got {args.geodesic_hvp}")
+        # the iteration cap follows: the products are the budget that binds
+        budget = dataclasses.replace(
+            GeometryBudget(), geodesic_max_hvp=args.geodesic_hvp, geodesic_max_iter=max(200, args.geodesic_hvp)
+        )
     apply_threads(args)
     record, files = run_geometry(
         args.ckpt,
@@ -62,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         data=args.data,
         tokenizer=args.tokenizer,
         cache_dir=args.cache_dir,
+        budget=budget,
     )
     if not args.quiet:
         for name, result in record["instruments"].items():
