@@ -391,6 +391,58 @@ def _passing(reads: dict[str, dict], longest: int) -> str:
     return f"{len(reads)} seed{'s' if len(reads) > 1 else ''}, {passing} >= 80% at {longest:,}"
 
 
+CONTROL_COLUMNS = (
+    ("memory_read_off", "read off"),
+    ("memory_write_off", "write off"),
+    ("pairs_unwritten", "pairs unwritten"),
+)
+
+
+def _asm_cm_controls_table(studies: dict[str, dict]) -> str:
+    """ASM_CM's recall under the controls per arm and seed (docs/mqar.md section 8.1, issue 26 item 3):
+    the plain reads per length with the Wilson interval at the longest, the first query there, and each
+    control at the longest length it was read with its verdict over the lengths read."""
+    study = studies["asm-cm-controls"]
+    rows = []
+    for arm in study["arms"]:
+        for seed in sorted(arm["runs"], key=int):
+            run = arm["runs"][seed]
+            reads = run["reads"]
+            lengths = sorted(reads, key=int)
+            top = reads[lengths[-1]]
+            lo, hi = top["ci95"]
+            cells = [arm["arm"], seed, " / ".join(f"{100 * reads[L]['acc']:.1f}" for L in lengths)]
+            cells += [f"[{100 * lo:.1f}, {100 * hi:.1f}]", f"{100 * top['first_acc']:.1f}"]
+            for name, _ in CONTROL_COLUMNS + (("keys_shuffled", "keys shuffled"),):
+                c = run["controls"].get(name)
+                if c is None:
+                    cells.append("-")
+                    continue
+                read = sorted((L for L in c if L.isdigit()), key=int)
+                text = " / ".join(f"{100 * c[L]['acc']:.1f}" for L in (read[0], read[-1]))
+                if "bound_acc" in c[read[-1]]:
+                    text += " (bound " + " / ".join(f"{100 * c[L]['bound_acc']:.1f}" for L in (read[0], read[-1])) + ")"
+                cells.append(f"{text}, {c['verdict'].split(':')[0].replace('(uninformative', '(uninformative)')}")
+            rows.append(cells)
+    some = next(iter(r for a in study["arms"] for r in a["runs"].values()), None)
+    lengths = [] if some is None else sorted(some["reads"], key=int)
+    longest = f"{int(lengths[-1]):,}" if lengths else "-"
+    control_at = "-"
+    if some is not None:
+        read = sorted({int(L) for c in some["controls"].values() for L in c if L.isdigit()})
+        control_at = f"{read[0]:,} / {read[-1]:,}"
+    header = [
+        "arm",
+        "seed",
+        "MQAR %, L " + " / ".join(f"{int(L):,}" for L in lengths),
+        f"95% at {longest}",
+        f"first query at {longest}",
+        *(f"{label} at {control_at}, verdict" for _, label in CONTROL_COLUMNS),
+        f"keys shuffled at {control_at}, verdict",
+    ]
+    return _table(header, ["---", "---:", "---", "---:", "---:", "---", "---", "---", "---"], rows)
+
+
 def _pmcs_table(studies: dict[str, dict]) -> str:
     """Upstream's PMCS-64 comparison at preset tiny (docs/variable-rank.md section 11): per arm the
     language CE over paired seeds, the training rate, and the distance reads after the interleaved
@@ -583,6 +635,7 @@ BLOCK_RENDERERS = {
     "bench-solvers": _bench_solvers_table,
     "zoology-cpu": _zoology_table,
     "pmcs-tiny": _pmcs_table,
+    "asm-cm-controls": _asm_cm_controls_table,
     "geometry-tiny": _geometry_table,
 }
 
