@@ -19,6 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
+import distance_record  # tools/distance_record.py, beside this file
 from drmlab.experiments.mqar.controls import binding_levels
 from drmlab.experiments.results import provenance, write
 
@@ -45,33 +46,6 @@ COMMANDS = {
 }
 
 
-def _entry(folder: Path) -> dict:
-    (entry,) = json.loads((folder / "results.json").read_text())["entries"]
-    return entry
-
-
-def reads(entry: dict) -> dict:
-    """Every length of a distance entry, read (a length not read is an error: the study reads all)."""
-    out = {}
-    for length, r in entry["lengths"].items():
-        if r.get("status") != "read":
-            raise ValueError(f"{entry['label']}: length {length} was not read ({r.get('why')})")
-        out[length] = {k: r[k] for k in READ_KEYS}
-    return out
-
-
-def controls(entry: dict) -> dict:
-    """Per control of a distance entry: its verdict and, per length, its figures."""
-    out = {}
-    for name, verdict in entry["controls"].items():
-        out[name] = {"verdict": verdict["verdict"]}
-        for length, r in entry["lengths"].items():
-            c = (r.get("controls") or {}).get(name)
-            if c is not None and c.get("status") == "read":
-                out[name][length] = {k: c[k] for k in CONTROL_KEYS if k in c}
-    return out
-
-
 def spec_run(spec: Path) -> dict | None:
     result = json.loads((spec / "specialise.json").read_text())
     if "after" not in result or not (spec / "controls" / "results.json").is_file():
@@ -80,20 +54,20 @@ def spec_run(spec: Path) -> dict | None:
         "ce_before": result["before"]["ce"],
         "ce_after": result["after"]["ce"],
         "recall_pass": result.get("recall_pass"),
-        "reads": reads(_entry(spec / "reads")),
-        "controls": controls(_entry(spec / "controls")),
+        "reads": distance_record.reads(distance_record.entry(spec / "reads"), READ_KEYS),
+        "controls": distance_record.controls(distance_record.entry(spec / "controls"), CONTROL_KEYS),
     }
 
 
 def alone_run(folder: Path) -> dict | None:
     if not (folder / "controls" / "results.json").is_file():
         return None
-    trained = _entry(folder)
+    trained = distance_record.entry(folder)
     return {
         "steps": trained["step"],
         "milestones": trained["milestones"],
-        "reads": reads(trained),
-        "controls": controls(_entry(folder / "controls")),
+        "reads": distance_record.reads(trained, READ_KEYS),
+        "controls": distance_record.controls(distance_record.entry(folder / "controls"), CONTROL_KEYS),
     }
 
 

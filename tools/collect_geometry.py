@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 from pathlib import Path
 
-from drmlab.experiments.results import write
+from drmlab.experiments.results import source_commit, write
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "docs" / "studies" / "geometry-tiny" / "results.json"
@@ -147,9 +146,7 @@ def main() -> None:
     if args.commit:
         prov["commit"] = args.commit
     else:
-        prov["commit"] = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
+        prov["commit"] = source_commit()
     prov["date"] = datetime.date.today().isoformat()
     write(RECORD, record)
     print(f"{RECORD.relative_to(ROOT)}: {len(record['runs'])} runs ({seed_text})")

@@ -20,39 +20,13 @@ import datetime
 import json
 from pathlib import Path
 
+import distance_record  # tools/distance_record.py, beside this file
 from drmlab.experiments.results import write
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "docs" / "studies" / "pmcs-tiny" / "results.json"
 READ_KEYS = ("acc", "ci95", "first_acc", "state_bytes")
 CONTROL_KEYS = ("acc", "ci95", "first_acc", "bound_acc")
-
-
-def _entry(folder: Path) -> dict:
-    """The one ckpt entry of a distance-protocol results.json."""
-    (entry,) = json.loads((folder / "results.json").read_text())["entries"]
-    return entry
-
-
-def _reads(entry: dict) -> dict:
-    out = {}
-    for length, r in entry["lengths"].items():
-        if r.get("status") != "read":
-            raise ValueError(f"{entry['label']}: length {length} was not read ({r.get('why')}); read with --read-all")
-        out[length] = {k: r[k] for k in READ_KEYS}
-    return out
-
-
-def _controls(entry: dict) -> dict:
-    verdicts = entry.get("control_verdicts") or entry.get("controls") or {}
-    out = {}
-    for length, r in entry["lengths"].items():
-        for name, c in (r.get("controls") or {}).items():
-            out.setdefault(name, {})[length] = {k: c[k] for k in CONTROL_KEYS if k in c}
-    for name in out:
-        verdict = verdicts.get(name, {})
-        out[name] = {"verdict": verdict.get("verdict") if isinstance(verdict, dict) else verdict, **out[name]}
-    return out
 
 
 def spec_entry(spec: Path, language_ce: float | None) -> dict:
@@ -62,10 +36,10 @@ def spec_entry(spec: Path, language_ce: float | None) -> dict:
         "ce_before": result["before"]["ce"],
         "ce_after": result["after"]["ce"],
         "stage_control_40": last["40"]["acc"],
-        "reads": _reads(_entry(spec / "reads")),
+        "reads": distance_record.reads(distance_record.entry(spec / "reads"), READ_KEYS),
     }
     if (spec / "controls" / "results.json").is_file():
-        entry["controls"] = _controls(_entry(spec / "controls"))
+        entry["controls"] = distance_record.controls(distance_record.entry(spec / "controls"), CONTROL_KEYS)
     if language_ce is not None and entry["ce_before"] != language_ce:
         entry["base_retrained"] = {
             "ce": entry["ce_before"],

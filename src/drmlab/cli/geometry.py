@@ -62,16 +62,12 @@ def run(args: argparse.Namespace) -> int:
         args.threads = 1
     budget = None
     if args.geodesic_hvp is not None:
-        import dataclasses
-
         from drmlab.geometry.run import GeometryBudget
 
         if args.geodesic_hvp < 1:
             raise ValueError(f"--geodesic-hvp must be at least 1, got {args.geodesic_hvp}")
         # the iteration cap follows: the products are the budget that binds
-        budget = dataclasses.replace(
-            GeometryBudget(), geodesic_max_hvp=args.geodesic_hvp, geodesic_max_iter=max(200, args.geodesic_hvp)
-        )
+        budget = GeometryBudget(geodesic_max_hvp=args.geodesic_hvp, geodesic_max_iter=max(200, args.geodesic_hvp))
     apply_threads(args)
     record, files = run_geometry(
         args.ckpt,
