@@ -151,16 +151,19 @@ def test_nothing_below_the_cli_reads_flags_or_prints():
     assert not offending, offending
 
 
-def test_a_busy_machine_gets_one_line_suggesting_fewer_threads(monkeypatch, capsys):
+def test_a_busy_machine_trains_on_the_cores_left_and_says_so_in_one_line(monkeypatch, capsys):
     from drmlab.cli import common
 
-    assert common.busy_machine_warning(threads=2, cores=2, others=0) is None
-    assert common.busy_machine_warning(threads=1, cores=2, others=5) is None  # one thread waits for no other
-    assert common.busy_machine_warning(threads=4, cores=8, others=3) is None
-    assert common.busy_machine_warning(threads=2, cores=2, others=None) is None  # not Linux: nothing known
-    line = common.busy_machine_warning(threads=2, cores=2, others=1)
-    assert "1 other task already busy on this 2-core machine" in line and line.endswith("pass --threads 1")
-    assert common.busy_machine_warning(threads=8, cores=8, others=3).endswith("pass --threads 5")
+    assert common.busy_thread_choice(threads=2, cores=2, others=0) is None
+    assert common.busy_thread_choice(threads=1, cores=2, others=5) is None  # one thread waits for no other
+    assert common.busy_thread_choice(threads=4, cores=8, others=3) is None
+    assert common.busy_thread_choice(threads=2, cores=2, others=None) is None  # not Linux: nothing known
+    assert common.busy_thread_choice(threads=2, cores=2, others=1) == 1
+    assert common.busy_thread_choice(threads=2, cores=2, others=7) == 1  # never fewer than one
+    assert common.busy_thread_choice(threads=8, cores=8, others=3) == 5
+    line = common.busy_machine_note(2, 1, 2, 1)
+    assert "1 other task already busy on this 2-core machine: using 1 thread instead of torch's 2" in line
+    assert "\n" not in line and line.endswith("pass --threads N to choose")
     # the count is the fewest runnable tasks over the looks, less this process
     looks = iter(["0.5 0.4 0.3 3/80 1\n", "0.5 0.4 0.3 2/80 1\n", "0.5 0.4 0.3 4/80 1\n"])
     import builtins
@@ -173,16 +176,22 @@ def test_a_busy_machine_gets_one_line_suggesting_fewer_threads(monkeypatch, caps
         lambda path, *a, **k: io.StringIO(next(looks)) if path == "/proc/loadavg" else real_open(path, *a, **k),
     )
     assert common.other_busy_tasks(gap=0) == 1
-    # apply_threads prints it on the CPU when --threads is not given, and never with --threads
+    # apply_threads takes the cores left on the CPU when --threads is not given; never with --threads, and a
+    # resumed run's recorded thread count (``recorded``) wins over the busy machine's choice
     import argparse
 
     monkeypatch.setattr(common, "other_busy_tasks", lambda: 1)
     monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     import torch
 
+    chosen = []
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(torch, "set_num_threads", chosen.append)
     common.apply_threads(argparse.Namespace(threads=None, device="cpu"))
-    assert "pass --threads 1" in capsys.readouterr().err
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    assert chosen == [1] and "using 1 thread instead of torch's 2" in capsys.readouterr().err
     common.apply_threads(argparse.Namespace(threads=2, device="cpu"))
-    assert capsys.readouterr().err == ""
+    assert chosen == [1, 2] and capsys.readouterr().err == ""
+    common.apply_threads(argparse.Namespace(threads=None, device="cpu"), recorded=2)
+    assert chosen == [1, 2, 2] and capsys.readouterr().err == ""
+    common.apply_threads(argparse.Namespace(threads=1, device="cpu"), recorded=2)  # told otherwise
+    assert chosen == [1, 2, 2, 1]

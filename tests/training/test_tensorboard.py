@@ -73,12 +73,12 @@ def _events(run: Path):
 
 
 def _expected(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
-    """The scalars metrics.jsonl's rows should give: train rows' loss, ce, lr, grad_norm and tok_s;
+    """The scalars metrics.jsonl's rows should give: train rows' loss, ce, lr, grad_norm, tok_s, gflops, util;
     eval rows' val_ce and each diagnostic; float32, as TensorBoard stores them."""
     expected: dict[str, list] = {}
     for row in rows:
         if row["kind"] == "train":
-            fields = {f"train/{k}": row[k] for k in ("loss", "ce", "lr", "grad_norm", "tok_s")}
+            fields = {f"train/{k}": row[k] for k in ("loss", "ce", "lr", "grad_norm", "tok_s", "gflops", "util")}
         elif row["kind"] == "eval":
             fields = {
                 "eval/val_ce": row["val_ce"],
@@ -122,6 +122,8 @@ def test_event_files_equal_metrics_across_crashes_and_resumes(corpus_file, tmp_p
         "train/lr",
         "train/grad_norm",
         "train/tok_s",
+        "train/gflops",
+        "train/util",
         "eval/val_ce",
         "eval/diagnostics/dimD_mean",
         "eval/diagnostics/gate_q50",

@@ -15,6 +15,12 @@ import importlib
 import os
 import sys
 
+# Torch's CPU threads (GNU OpenMP) spin while they wait for each other; on a machine shared with other busy
+# processes a spinning thread holds a core the others need, and two default runs on 2 cores each kept ~10%
+# of their solo speed. Sleeping waits (read by OpenMP when torch loads, so set before any verb imports it;
+# a value the user set is kept) -- benchmarks/bench_sharing.py measures both.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # verb -> module, in the order ``drmlab --help`` lists them.
 VERBS = {
     "train": "drmlab.cli.train",

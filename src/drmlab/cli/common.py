@@ -154,23 +154,29 @@ def check_tensorboard(args: argparse.Namespace) -> None:
         require_tensorboard()
 
 
-def apply_threads(args: argparse.Namespace) -> None:
-    """Set torch's intra-op threads from ``--threads`` (when given and positive); without it, on the
-    CPU, print one line when the machine is too busy for torch's default (:func:`busy_machine_warning`)."""
+def apply_threads(args: argparse.Namespace, recorded: int | None = None) -> None:
+    """Set torch's intra-op threads: ``--threads`` when given; else ``recorded`` (the thread count a resumed
+    run was started with: a resume keeps it unless told otherwise, so it continues bit for bit); else, on
+    the CPU, torch's default -- fewer when other tasks already keep cores busy (:func:`busy_thread_choice`,
+    said in one line). The choice is recorded in the run's config.json (``runtime.threads``)."""
     threads = getattr(args, "threads", None)
     if threads is not None and threads <= 0:
         raise ValueError(f"--threads must be a positive integer, got {threads}")
     import torch
 
+    if threads is None and isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0:
+        threads = recorded
     if threads is not None:
         torch.set_num_threads(threads)
         return
     device = getattr(args, "device", "cpu")
     if device == "cpu" or (device in ("auto", None) and not torch.cuda.is_available()):
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        warning = busy_machine_warning(torch.get_num_threads(), cores, other_busy_tasks())
-        if warning:
-            print(warning, file=sys.stderr)
+        default, others = torch.get_num_threads(), other_busy_tasks()
+        choice = busy_thread_choice(default, cores, others)
+        if choice is not None:
+            torch.set_num_threads(choice)
+            print(busy_machine_note(default, choice, cores, others), file=sys.stderr)
 
 
 def other_busy_tasks(looks: int = 3, gap: float = 0.01) -> int | None:
@@ -188,20 +194,25 @@ def other_busy_tasks(looks: int = 3, gap: float = 0.01) -> int | None:
     return max(0, min(counts) - 1)
 
 
-def busy_machine_warning(threads: int, cores: int, others: int | None) -> str | None:
-    """One line when torch's ``threads`` and the ``others`` busy tasks outnumber the ``cores``.
+def busy_thread_choice(threads: int, cores: int, others: int | None) -> int | None:
+    """The thread count to use instead of torch's ``threads`` when the ``others`` busy tasks and those
+    threads outnumber the ``cores`` (the cores the others leave, at least one); None to keep torch's.
 
     Torch's CPU threads wait for each other at the end of every operation; when one of them has no
     core, every operation waits for the scheduler. Measured on 2 cores beside one busy process: J at
-    preset micro trained at 72 tokens/s with torch's 2 threads and 19,944 with --threads 1. The line
-    suggests a count and changes nothing (the thread count also changes the last bits of results)."""
+    preset micro trained at 72 tokens/s with torch's 2 threads and 19,944 with --threads 1 (the CLI
+    also makes waiting threads sleep instead of spin: ``drmlab.cli``'s OMP_WAIT_POLICY)."""
     if others is None or threads <= 1 or threads + others <= cores:
         return None
-    suggest = max(1, cores - others)
+    return max(1, min(threads, cores - others))
+
+
+def busy_machine_note(threads: int, choice: int, cores: int, others: int) -> str:
+    """The one line saying that the run uses ``choice`` threads instead of torch's ``threads``."""
     return (
-        f"drmlab: {others} other task{'s' if others > 1 else ''} already busy on this {cores}-core machine and torch "
-        f"will use {threads} threads: threads that wait for each other on a busy CPU can make training a hundred "
-        f"times slower; pass --threads {suggest}"
+        f"drmlab: {others} other task{'s' if others != 1 else ''} already busy on this {cores}-core machine: "
+        f"using {choice} thread{'s' if choice != 1 else ''} instead of torch's {threads} (threads that wait for "
+        "each other on a busy CPU can make training a hundred times slower); pass --threads N to choose"
     )
 
 

@@ -181,6 +181,18 @@ def resolve_settings(args: argparse.Namespace, saved: dict | None):
     return name, preset, data, tokenizer, model_overrides, resolve_train_config(preset, **values)
 
 
+def _recorded_threads(args: argparse.Namespace) -> int | None:
+    """The thread count the run in ``--out`` was trained with (its config.json), which a resume keeps unless
+    --threads says otherwise; None where there is none to read (the resume's own checks then say why)."""
+    from drmlab.runs import RunDir
+
+    try:
+        runtime = RunDir(args.out).read_config().get("runtime") if args.out is not None else None
+    except (ValueError, OSError, AttributeError):
+        return None
+    return runtime.get("threads") if isinstance(runtime, dict) else None
+
+
 def run(args: argparse.Namespace) -> int:
     from drmlab.evaluation import byte_counter, rescorer
     from drmlab.models import build_model, count_parameters
@@ -189,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
     common.check_tensorboard(args)
-    common.apply_threads(args)
+    common.apply_threads(args, recorded=_recorded_threads(args) if args.resume else None)
     main_process = os.environ.get("RANK", "0") == "0"  # under torchrun only process 0 reports
     if not main_process:
         args.quiet = True
@@ -242,6 +254,11 @@ def run(args: argparse.Namespace) -> int:
                 f" at {summary['tokens_per_s']:,.0f} tok/s"
                 if summary.get("tokens_per_s")
                 else " (no step in this call)"
+            )
+            + (
+                f", {summary['gflops']:,.1f} GFLOP/s ({100 * summary['util']:.0f}% of this machine's GEMM peak)"
+                if summary.get("gflops")
+                else ""
             )
         )
     print(f"results in {out}/: summary.json, metrics.jsonl, config.json, checkpoints/")

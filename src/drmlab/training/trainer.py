@@ -79,6 +79,7 @@ from drmlab.training.optim import build_optimizer, lr_at
 from drmlab.training.pieces import LossFn, TrainPieces
 from drmlab.training.run_info import RunInfo
 from drmlab.training.tensorboard import open_sink, require_tensorboard
+from drmlab.training.utilisation import Utilisation, count_step_flops, gemm_peak_gflops
 
 IGNORE_INDEX = BatchSource.IGNORE_INDEX  # a target that is not scored
 
@@ -377,6 +378,7 @@ class Trainer:
         self.diverging_steps = 0
         self.stop_signal: int | None = None
         self.tensorboard = tensorboard
+        self.utilisation: Utilisation | None = None  # made in start() (not in a distributed run)
 
     # -- setup and resume
     def start(self, resume: bool, overwrite: bool = False) -> None:
@@ -427,6 +429,7 @@ class Trainer:
                 run.summary_path.unlink(missing_ok=True)
         else:
             torch.manual_seed(self.cfg.seed)
+        self.utilisation = self._measure_utilisation()
         if run is not None and main:
             run.write_config(self.config)
         dist_utils.barrier(self.info)
@@ -460,6 +463,26 @@ class Trainer:
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.t_start
+
+    def _measure_utilisation(self) -> Utilisation | None:
+        """The counted FLOPs of a step and this machine's GEMM peak (:mod:`drmlab.training.utilisation`),
+        recorded in config.json's runtime; None in a distributed run, or (said in one line) where the
+        count fails -- a measurement, never a reason to stop training."""
+        if self.info.enabled:
+            return None
+        cfg, step = self.cfg, self.start_step + 1
+        try:
+            inputs, targets = self.batches.batch(cfg.seed, step, 0)
+            batch = (inputs.to(self.device), targets.to(self.device))
+            flops = count_step_flops(self.model, self.loss_fn, batch, step, cfg.batch_size * cfg.grad_accum)
+            dtype = torch.bfloat16 if cfg.bf16 else next(self.model.parameters()).dtype
+            utilisation = Utilisation(flops, gemm_peak_gflops(self.device, dtype))
+        except Exception as exc:  # noqa: BLE001 -- a diagnostic; the run goes on without it
+            print(f"note: no FLOP count for this run ({type(exc).__name__}: {exc})", file=sys.stderr)
+            return None
+        if self.run is not None and self.main:
+            self.config["runtime"]["utilisation"] = jsonable(utilisation.record())
+        return utilisation
 
     def _eager_seconds(self) -> float | None:
         """Before compiling: one eager forward and backward of the next step's first micro-batch, timed
@@ -557,6 +580,7 @@ class Trainer:
             **rates,
             "grad_norm": grad_norm,
             "tok_s": cfg.tokens_per_step / dt,
+            **(self.utilisation.entries(dt) if self.utilisation is not None else {}),
             "elapsed": self.elapsed(),
         }
 
@@ -609,12 +633,12 @@ class Trainer:
                     print(describe(compile_row), file=sys.stderr, flush=True)
             if self.bar is not None:
                 self.bar.update(1)
-                self.bar.set_postfix_str(f"loss {row['loss']:.3f} {row['tok_s']:,.0f} tok/s")
+                self.bar.set_postfix_str(f"loss {row['loss']:.3f} {row['tok_s']:,.0f} tok/s{_util_text(row)}")
             elif not self.quiet and time.perf_counter() - self.last_progress >= self.progress_seconds:
                 self.last_progress = time.perf_counter()
                 print(
                     f"step {step}/{cfg.total_steps} ({row['tokens']:,} tokens): loss {row['loss']:.4f}, "
-                    f"lr {row['lr']:.3g}, {row['tok_s']:,.0f} tok/s, {row['elapsed']:,.0f} s",
+                    f"lr {row['lr']:.3g}, {row['tok_s']:,.0f} tok/s{_util_text(row)}, {row['elapsed']:,.0f} s",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -769,6 +793,10 @@ class Trainer:
             "train_seconds": self.train_seconds_before + self.train_seconds,
             "world_size": self.info.world_size,
         }
+        steps_now = last_step - self.start_step
+        if self.utilisation is not None and steps_now > 0 and self.train_seconds > 0:  # this session's mean rate
+            summary.update(self.utilisation.entries(self.train_seconds / steps_now))
+            summary["gemm_peak_gflops"] = self.utilisation.peak["gflops"]
         eval_rows = [r for r in self.log.rows if r["kind"] == "eval"]
         if eval_rows:
             summary["last_sampled_val_ce"] = eval_rows[-1]["val_ce"]
@@ -913,3 +941,10 @@ def _stop_on_signals(trainer: Trainer, during: str | None = None):
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def _util_text(row: dict) -> str:
+    """ ", 41.2 GFLOP/s (31% of peak)" for a train row with utilisation entries, else ""."""
+    if "gflops" not in row:
+        return ""
+    return f", {row['gflops']:,.1f} GFLOP/s ({100 * row['util']:.0f}% of peak)"
