@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.geometry.run import run_geometry
     from drmlab.training.config import parse_tokens
 
+    common.refuse_run_output(args.out, "--out")
     tokens = parse_tokens(args.tokens)
     if tokens < 2:
         raise ValueError(f"--tokens must be at least 2, got {args.tokens}")

@@ -9,6 +9,7 @@ from elsewhere, so the file can be mailed or archived alone.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from drmlab.cli import common
 
@@ -34,8 +35,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drmlab.experiments.report.pages import write_report
+    from drmlab.experiments.report.pages import REPORT_FILE, write_report
 
+    common.refuse_run_output(args.out, "--out", Path(args.dir) / REPORT_FILE)
     target = write_report(args.dir, args.out)
     print(f"wrote {target}")
     return 0

@@ -131,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.training.config import parse_tokens
     from drmlab.training.trainer import NonFiniteLossError, TrainingInterrupted
 
+    common.refuse_run_output(args.out, "--out")
     common.apply_threads(args)
     stages = recipe.scale_curriculum(recipe.parse_curriculum(args.curriculum), args.steps_scale)
     # the rates and the base run are checked before the corpus is read

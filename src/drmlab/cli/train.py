@@ -204,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
         saved = resumed.read_config()
     name, preset, data, tokenizer, model_overrides, cfg = resolve_settings(args, saved)
     out = Path(args.out or f"runs/{name}-{preset}-seed{cfg.seed}")
+    common.refuse_run_output(out, "--out")
     if main_process and not args.resume and not args.overwrite and RunDir(out).holds_run():
         raise FileExistsError(
             f"{out} already holds {RunDir(out).describe()}; use --resume to continue it, "

@@ -32,6 +32,8 @@ from .layout import (
     STATE_FILE,
     SUMMARY_FILE,
     TENSORBOARD_DIR,
+    refuse_run_output,
+    run_owning,
 )
 from .loading import load_run_model, non_finite_parameters
 from .lock import RunLock, RunLockedError
@@ -64,6 +66,8 @@ __all__ = [
     "non_finite_parameters",
     "read_json",
     "read_metrics",
+    "refuse_run_output",
+    "run_owning",
     "sha256_file",
     "tied_names",
     "write_json_atomic",
