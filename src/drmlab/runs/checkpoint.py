@@ -11,9 +11,10 @@ Temporary files and folders a killed process left behind are removed by the next
 or a truncated file is refused with one line naming the file, never silently loaded.
 
 **What is stored.** ``model.safetensors``: the state dict, tied tensors once (:func:`tied_names`);
-``optimizer.safetensors``: the optimizer's tensors as ``state.<param index>.<name>`` and the torch RNG
-state(s) as ``rng.*``; ``trainer_state.json``: the trainer's state with the optimizer's hyper-parameters
-and non-tensor state under ``optimizer``.
+``optimizer.safetensors``: the optimizer's tensors and the torch RNG state(s)
+(:mod:`~drmlab.runs.optimizer_state`); ``trainer_state.json``: the trainer's state with the optimizer's
+hyper-parameters and non-tensor state under ``optimizer``, and the length and sha256 of metrics.jsonl
+as it stood at the commit (:mod:`~drmlab.runs.metrics`).
 
 **Sharded models.** A model sharded over processes (FSDP2, :mod:`drmlab.training.distributed`) is saved
 from full tensors gathered on process 0 (``save_checkpoint(..., full_state=...)``) and read back as full
@@ -34,6 +35,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from . import optimizer_state
 from .jsonio import disk_error, fsync_path, is_disk_error, jsonable, make_dir, read_json, write_json_atomic
 from .layout import (
     CHECKPOINTS_DIR,
@@ -73,59 +75,6 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
     return {name: min(names) for names in groups.values() if len(names) > 1 for name in names if name != min(names)}
 
 
-# ---------------------------------------------------------------- optimizer and RNG state as tensors
-
-
-def _flatten_optimizer(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
-    """An optimizer state dict (``optimizer.state_dict()`` form: parameters numbered 0, 1, ... over the
-    groups) as (tensors named ``state.<index>.<name>``, JSON-able groups and non-tensor state)."""
-    tensors, scalars = {}, {}
-    for index, state in sd["state"].items():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"state.{index}.{key}"] = value.detach().cpu().contiguous()
-            else:
-                scalars.setdefault(str(index), {})[key] = value
-    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
-    return tensors, {"param_groups": groups, "scalars": scalars}
-
-
-def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
-    """:func:`_flatten_optimizer`'s inverse: the ``optimizer.state_dict()`` form again."""
-    state: dict[int, dict] = {}
-    for name, value in tensors.items():
-        if not name.startswith("state."):
-            continue
-        _, index, key = name.split(".", 2)
-        state.setdefault(int(index), {})[key] = value
-    for index, values in meta.get("scalars", {}).items():
-        state.setdefault(int(index), {}).update(values)
-    groups = []
-    for group in meta["param_groups"]:
-        group = dict(group)
-        if "betas" in group:
-            group["betas"] = tuple(group["betas"])
-        groups.append(group)
-    return {"state": state, "param_groups": groups}
-
-
-def _rng_tensors() -> dict[str, torch.Tensor]:
-    out = {"rng.torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for i, state in enumerate(torch.cuda.get_rng_state_all()):
-            out[f"rng.cuda.{i}"] = state
-    return out
-
-
-def _restore_rng(tensors: dict[str, torch.Tensor]) -> None:
-    if "rng.torch_cpu" in tensors:
-        torch.set_rng_state(tensors["rng.torch_cpu"])
-    cuda = sorted((k for k in tensors if k.startswith("rng.cuda.")), key=lambda k: int(k.rsplit(".", 1)[1]))
-    if cuda and torch.cuda.is_available():
-        states = [tensors[k] for k in cuda][: torch.cuda.device_count()]
-        torch.cuda.set_rng_state_all(states)
-
-
 # ---------------------------------------------------------------- writing
 
 
@@ -155,8 +104,8 @@ def _write_files(
     names = [MODEL_FILE]
     trainer_state = dict(state, format=CHECKPOINT_FORMAT)
     if optimizer_sd is not None:
-        tensors, opt_meta = _flatten_optimizer(optimizer_sd)
-        tensors.update(_rng_tensors())
+        tensors, opt_meta = optimizer_state.flatten_optimizer(optimizer_sd)
+        tensors.update(optimizer_state.rng_tensors())
         save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata=meta)
         trainer_state["optimizer"] = opt_meta
         names.append(OPTIMIZER_FILE)
@@ -476,8 +425,8 @@ def _read_optimizer(folder: Path, pointer: dict, state: dict, restore_rng: bool)
     except Exception as exc:
         raise CorruptCheckpointError(f"{opt_path} cannot be read ({type(exc).__name__}: {exc})") from None
     if restore_rng:
-        _restore_rng(tensors)
-    return _unflatten_optimizer(tensors, state["optimizer"])
+        optimizer_state.restore_rng(tensors)
+    return optimizer_state.unflatten_optimizer(tensors, state["optimizer"])
 
 
 def read_checkpoint(
