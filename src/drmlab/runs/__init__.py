@@ -8,7 +8,8 @@ Everything that reads or writes a run goes through :class:`RunDir`, a facade ove
 * :mod:`~drmlab.runs.lock` -- the writer's ``flock`` naming its holder;
 * :mod:`~drmlab.runs.metrics` -- metrics.jsonl: appending, reading, truncating on resume;
 * :mod:`~drmlab.runs.checkpoint` -- the atomic commit (temporary folder, sha256 manifest, one rename,
-  the pointer), the checks on load, orphan clean-up;
+  the pointer), the checks on load;
+* :mod:`~drmlab.runs.orphans` -- what a killed writer left, removed by the next one;
 * :mod:`~drmlab.runs.optimizer_state` -- the optimizer and RNG state as named tensors;
 * :mod:`~drmlab.runs.rundir` -- :class:`RunDir` itself;
 * :mod:`~drmlab.runs.loading` -- the run's model (the only module here that imports :mod:`drmlab.models`).
