@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         tune_tokens=args.tune_tokens,
     )
     out = Path(args.out or f"studies/ablate-{args.preset}")
+    common.refuse_run_output(out, "--out")
     results = protocol.run_study(spec, runtime, out, sweep_only=args.sweep_only)
     print(report.markdown(results))
     print(

@@ -21,6 +21,16 @@ def add_out_argument(parser, help: str, *, default=None, required: bool = False,
     parser.add_argument("--out", default=default, required=required, metavar=metavar, help=help)
 
 
+def refuse_run_output(path, flag: str, instead=None, allow=()) -> None:
+    """Refuse an output path (``--out``, ``--output``) that is an existing run's own file or lies inside its
+    checkpoints/ (:func:`drmlab.runs.refuse_run_output`: one line, a place to write ``instead``)."""
+    if path is None:
+        return
+    from drmlab.runs import refuse_run_output as refuse
+
+    refuse(path, flag, instead, allow=allow)
+
+
 def add_set_argument(parser, help: str, *, metavar: str = "KEY=VALUE", dest: str = "assignments") -> None:
     """--set KEY=VALUE, repeatable: settings by name (:func:`parse_assignments` reads them)."""
     parser.add_argument("--set", dest=dest, action="append", default=[], metavar=metavar, help=help)

@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.ablate and not args.mqar:
         raise ValueError("give at least one --ablate DIR or --mqar DIR")
+    common.refuse_run_output(args.out, "--out")
     text, plotted = write_compare(args.ablate, args.mqar, args.out, kv=args.kv, log=common.log_to_stderr)
     print(text, end="")
     print(f"wrote {Path(args.out) / 'compare.md'}" + (", compare.png" if plotted else ""), file=sys.stderr)

@@ -65,9 +65,10 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.runs import RunDir, write_json_atomic
     from drmlab.training.config import parse_tokens
 
+    run = RunDir(args.ckpt)
+    common.refuse_run_output(args.output, "--output", run.eval_path, allow=[run.eval_path])
     common.apply_threads(args)
     common.accept_edited_config(args, args.ckpt)
-    run = RunDir(args.ckpt)
     model, config, state = run.load_model(args.device)
     train_cfg = config["train"]
     data = args.data if args.data is not None else config.get("data_source")

@@ -49,8 +49,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from drmlab.data import get_tokenizer
     from drmlab.generation import generate
+    from drmlab.generation.sampling import check_sampling
     from drmlab.runs import load_run_model
 
+    check_sampling(args.temperature, args.top_k, args.top_p, flags=True)  # before the model is loaded
+    if args.max_tokens < 0:
+        raise ValueError(f"--max-tokens must be >= 0, got {args.max_tokens}")
     common.accept_edited_config(args, args.ckpt)
     model, config, _ = load_run_model(args.ckpt, device=args.device)
     tokenizer = get_tokenizer(config.get("tokenizer") or "bytes")

@@ -36,6 +36,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--ckpt", required=True, metavar="RUN", help="a run directory written by drmlab train")
+    common.add_accept_edited_config_argument(parser)
     parser.add_argument("--tokens", default="512", metavar="N", help="validation tokens to measure on (default 512)")
     parser.add_argument(
         "--geodesic-hvp",
@@ -55,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.geometry.run import run_geometry
     from drmlab.training.config import parse_tokens
 
+    common.refuse_run_output(args.out, "--out")
+    common.accept_edited_config(args, args.ckpt)
     tokens = parse_tokens(args.tokens)
     if tokens < 2:
         raise ValueError(f"--tokens must be at least 2, got {args.tokens}")

@@ -62,6 +62,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     tasks = common.split_list(args.tasks, "tasks")
+    common.refuse_run_output(args.output, "--output")
     try:
         from lm_eval.utils import make_table
 

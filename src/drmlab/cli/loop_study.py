@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         eval_loops=args.eval_loops,
     )
     out = Path(args.out or f"studies/loop-{args.preset}")
+    common.refuse_run_output(out, "--out")
     results, loop_table = run_study(spec, runtime, out, sweep_only=args.sweep_only)
     print(report.markdown(results))
     print(loop_table)

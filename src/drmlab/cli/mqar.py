@@ -263,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
         settings=common.parse_assignments(args.assignments),
         lr_grid=args.lr_grid,
     )
+    common.refuse_run_output(args.out, "--out")
     summary = run_study(spec, runtime, args.out)
     print(report.markdown(summary), end="")
     print(f"wrote {Path(args.out) / 'mqar.md'}, mqar.json, mqar.png")
@@ -318,6 +319,7 @@ def run_distance(args: argparse.Namespace) -> int:
         **{key: value for key, value in given.items() if value is not None},
     )
     out = Path(args.out or DISTANCE_OUT)
+    common.refuse_run_output(out, "--out")
     summary = run_study(spec, runtime, out)
     print(distance_report.markdown(summary), end="")
     print(f"wrote {out / 'results.md'}, results.json, results.png")
@@ -351,6 +353,7 @@ def run_zoology(args: argparse.Namespace) -> int:
         "lr_grid": args.lr_grid,
     }
     out = Path(args.out or ZOOLOGY_OUT)
+    common.refuse_run_output(out, "--out")
     if args.restore:
         restored = zoology.restore_runs(args.restore, out)
         runtime.log(f"restored {len(restored)} finished runs from {args.restore} into {out / 'runs'}")

@@ -9,6 +9,7 @@ from elsewhere, so the file can be mailed or archived alone.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from drmlab.cli import common
 
@@ -29,13 +30,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "dir", metavar="DIR", help="a run directory (config.json) or a study directory (study.json or mqar.json)"
     )
     common.add_out_argument(parser, "where to write the page (default DIR/report.html)", metavar="FILE")
+    common.add_accept_edited_config_argument(parser)
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from drmlab.experiments.report.pages import write_report
+    from drmlab.experiments.report.pages import REPORT_FILE, write_report
 
+    common.refuse_run_output(args.out, "--out", Path(args.dir) / REPORT_FILE)
+    for run_dir in [Path(args.dir), *sorted(Path(args.dir).glob("runs/*"))]:  # a run, or a study's runs
+        common.accept_edited_config(args, run_dir)
     target = write_report(args.dir, args.out)
     print(f"wrote {target}")
     return 0

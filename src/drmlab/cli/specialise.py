@@ -56,6 +56,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="a J_NO_DIRECTION run directory (or an ASM_CM one, to continue specialising it); any run "
         "under --recipe interleaved",
     )
+    common.add_accept_edited_config_argument(parser)
     parser.add_argument(
         "--recipe",
         choices=("distill", "interleaved"),
@@ -131,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.training.config import parse_tokens
     from drmlab.training.trainer import NonFiniteLossError, TrainingInterrupted
 
+    common.refuse_run_output(args.out, "--out")
+    common.accept_edited_config(args, args.base)
     common.apply_threads(args)
     stages = recipe.scale_curriculum(recipe.parse_curriculum(args.curriculum), args.steps_scale)
     # the rates and the base run are checked before the corpus is read

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -216,6 +217,13 @@ def run(args: argparse.Namespace) -> int:
         saved = resumed.read_config()
     name, preset, data, tokenizer, model_overrides, cfg = resolve_settings(args, saved)
     out = Path(args.out or f"runs/{name}-{preset}-seed{cfg.seed}")
+    common.refuse_run_output(out, "--out")
+    foreign = RunDir(out).foreign_reason() if main_process and not args.resume and out.is_dir() else None
+    if foreign is not None:  # neither a plain start nor --overwrite may touch another tool's files
+        raise FileExistsError(
+            f"{out} is not a drmlab run ({foreign}) and drmlab deletes nothing of it, with --overwrite neither; "
+            "give another --out"
+        )
     if main_process and not args.resume and not args.overwrite and RunDir(out).holds_run():
         raise FileExistsError(
             f"{out} already holds {RunDir(out).describe()}; use --resume to continue it, "
@@ -265,6 +273,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _without_rate(argv: list[str]) -> list[str]:
+    """The command ``argv`` without --resume, --overwrite and the learning rate (``--lr X``, ``--set lr=X``): the
+    advice after a stop appends its own ``--overwrite --lr``, which a ``--set lr`` left in would override."""
+
+    def sets_rate(item: str) -> bool:
+        return item.partition("=")[0].strip().replace("-", "_") == "lr"
+
+    kept, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--lr", "--set") and (arg == "--lr" or (i + 1 < len(argv) and sets_rate(argv[i + 1]))):
+            i += 2
+            continue
+        if (
+            arg not in ("--resume", "--overwrite")
+            and not arg.startswith("--lr=")
+            and not (arg.startswith("--set=") and sets_rate(arg[len("--set=") :]))
+        ):
+            kept.append(arg)
+        i += 1
+    return kept
+
+
 def _train_reporting_stops(args, model, corpus, cfg, out: Path, run_info, evaluate) -> tuple[dict | None, int]:
     """(summary, 0), or (None, exit code) after one line saying why training stopped and how to go on."""
     from drmlab.runs import RunDir
@@ -292,7 +323,7 @@ def _train_reporting_stops(args, model, corpus, cfg, out: Path, run_info, evalua
         if RunDir(out).has_checkpoint():
             advice = f"to continue from the kept checkpoint with a fix: drmlab train --resume --out {out} {lower}"
         else:  # nothing to resume: the same command again over the stopped run, at a lower rate
-            again = " ".join(a for a in args.argv if a not in ("--resume", "--overwrite"))
+            again = " ".join(shlex.quote(a) for a in _without_rate(args.argv))
             advice = f"no checkpoint was written; start again with a fix: drmlab {again} --overwrite {lower}"
         print(f"drmlab train: error: {exc}\n  {advice} (or --set warmup_fraction=0.05)", file=sys.stderr)
         return None, 1

@@ -4,6 +4,7 @@ top-k, top-p) and the decode loop on ``model.step``."""
 from __future__ import annotations
 
 import codecs
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,18 @@ def prefill(model, tokens: torch.Tensor) -> tuple[torch.Tensor, object]:
     return out.logits[:, -1], out.state
 
 
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None, flags: bool = False) -> None:
+    """Refuse a temperature that is not a finite number >= 0 (NaN sampled from NaN probabilities), a top_k
+    below 1 and a top_p outside (0, 1]; ``flags``: name them as the command line's ``--temperature`` ..."""
+    name = (lambda key: "--" + key.replace("_", "-")) if flags else (lambda key: key)
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"{name('temperature')} must be a finite number >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"{name('top_k')} must be >= 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:  # NaN fails the comparison: refused too
+        raise ValueError(f"{name('top_p')} must be in (0, 1], got {top_p}")
+
+
 def sample_next(
     logits: torch.Tensor,
     generator: torch.Generator,
@@ -28,12 +41,7 @@ def sample_next(
     top_p: float | None = None,
 ) -> torch.Tensor:
     """Draw one token per row from logits [B, vocab]; temperature 0 is greedy."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    check_sampling(temperature, top_k, top_p)
     logits = logits.double()
     if temperature == 0:
         return logits.argmax(-1)
@@ -87,6 +95,7 @@ def generate(
     """
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    check_sampling(temperature, top_k, top_p)
     ids = tokenizer.encode(prompt)
     if not ids:
         raise ValueError("the prompt encodes to no tokens; give at least one character")

@@ -145,9 +145,10 @@ def export_run(run_dir: str | Path, out: str | Path, *, overwrite: bool = False)
     (model, step, files, tokenizer line). ``out`` must not exist, or be empty, or -- with
     ``overwrite`` -- hold an earlier drmlab export (nothing else is ever deleted)."""
     from drmlab.integrations.hf_models import DrmlabForCausalLM, check_model_type
-    from drmlab.runs import write_json_atomic
+    from drmlab.runs import refuse_run_output, write_json_atomic
 
     run_dir, out = Path(run_dir), Path(out)
+    refuse_run_output(out, "--out")
     run = _check_run(run_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if not overwrite:

@@ -8,7 +8,9 @@ Everything that reads or writes a run goes through :class:`RunDir`, a facade ove
 * :mod:`~drmlab.runs.lock` -- the writer's ``flock`` naming its holder;
 * :mod:`~drmlab.runs.metrics` -- metrics.jsonl: appending, reading, truncating on resume;
 * :mod:`~drmlab.runs.checkpoint` -- the atomic commit (temporary folder, sha256 manifest, one rename,
-  the pointer), the checks on load, optimizer and RNG state, orphan clean-up;
+  the pointer), the checks on load;
+* :mod:`~drmlab.runs.orphans` -- what a killed writer left, removed by the next one;
+* :mod:`~drmlab.runs.optimizer_state` -- the optimizer and RNG state as named tensors;
 * :mod:`~drmlab.runs.rundir` -- :class:`RunDir` itself;
 * :mod:`~drmlab.runs.loading` -- the run's model (the only module here that imports :mod:`drmlab.models`).
 """
@@ -32,6 +34,8 @@ from .layout import (
     STATE_FILE,
     SUMMARY_FILE,
     TENSORBOARD_DIR,
+    refuse_run_output,
+    run_owning,
 )
 from .loading import load_run_model, non_finite_parameters
 from .lock import RunLock, RunLockedError
@@ -64,6 +68,8 @@ __all__ = [
     "non_finite_parameters",
     "read_json",
     "read_metrics",
+    "refuse_run_output",
+    "run_owning",
     "sha256_file",
     "tied_names",
     "write_json_atomic",

@@ -7,13 +7,14 @@ renamed to ``checkpoints/step-N`` in one ``rename``, and committed by atomically
 ``manifest.json``); only then are older checkpoint folders removed. A kill at any system call leaves the
 pointer naming a complete checkpoint: the old one before the pointer's replace, the new one after.
 Temporary files and folders a killed process left behind are removed by the next writer
-(:func:`clean_orphans`). Loading checks every file's size and sha256 against the pointer, so a flipped bit
+(:func:`drmlab.runs.orphans.clean_orphans`). Loading checks every file's size and sha256 against the pointer, so a flipped bit
 or a truncated file is refused with one line naming the file, never silently loaded.
 
 **What is stored.** ``model.safetensors``: the state dict, tied tensors once (:func:`tied_names`);
-``optimizer.safetensors``: the optimizer's tensors as ``state.<param index>.<name>`` and the torch RNG
-state(s) as ``rng.*``; ``trainer_state.json``: the trainer's state with the optimizer's hyper-parameters
-and non-tensor state under ``optimizer``.
+``optimizer.safetensors``: the optimizer's tensors and the torch RNG state(s)
+(:mod:`~drmlab.runs.optimizer_state`); ``trainer_state.json``: the trainer's state with the optimizer's
+hyper-parameters and non-tensor state under ``optimizer``, and the length and sha256 of metrics.jsonl
+as it stood at the commit (:mod:`~drmlab.runs.metrics`).
 
 **Sharded models.** A model sharded over processes (FSDP2, :mod:`drmlab.training.distributed`) is saved
 from full tensors gathered on process 0 (``save_checkpoint(..., full_state=...)``) and read back as full
@@ -34,6 +35,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from . import optimizer_state
 from .jsonio import disk_error, fsync_path, is_disk_error, jsonable, make_dir, read_json, write_json_atomic
 from .layout import (
     CHECKPOINTS_DIR,
@@ -41,10 +43,8 @@ from .layout import (
     MODEL_FILE,
     OPTIMIZER_FILE,
     POINTER_FILE,
-    RUN_FILES,
     STATE_FILE,
     TEMP_CHECKPOINT_PREFIX,
-    TEMP_METRICS_FILE,
     checkpoint_name,
 )
 
@@ -71,59 +71,6 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
     for name, tensor in model.state_dict(keep_vars=True).items():
         groups.setdefault(id(tensor), []).append(name)
     return {name: min(names) for names in groups.values() if len(names) > 1 for name in names if name != min(names)}
-
-
-# ---------------------------------------------------------------- optimizer and RNG state as tensors
-
-
-def _flatten_optimizer(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
-    """An optimizer state dict (``optimizer.state_dict()`` form: parameters numbered 0, 1, ... over the
-    groups) as (tensors named ``state.<index>.<name>``, JSON-able groups and non-tensor state)."""
-    tensors, scalars = {}, {}
-    for index, state in sd["state"].items():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"state.{index}.{key}"] = value.detach().cpu().contiguous()
-            else:
-                scalars.setdefault(str(index), {})[key] = value
-    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
-    return tensors, {"param_groups": groups, "scalars": scalars}
-
-
-def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
-    """:func:`_flatten_optimizer`'s inverse: the ``optimizer.state_dict()`` form again."""
-    state: dict[int, dict] = {}
-    for name, value in tensors.items():
-        if not name.startswith("state."):
-            continue
-        _, index, key = name.split(".", 2)
-        state.setdefault(int(index), {})[key] = value
-    for index, values in meta.get("scalars", {}).items():
-        state.setdefault(int(index), {}).update(values)
-    groups = []
-    for group in meta["param_groups"]:
-        group = dict(group)
-        if "betas" in group:
-            group["betas"] = tuple(group["betas"])
-        groups.append(group)
-    return {"state": state, "param_groups": groups}
-
-
-def _rng_tensors() -> dict[str, torch.Tensor]:
-    out = {"rng.torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for i, state in enumerate(torch.cuda.get_rng_state_all()):
-            out[f"rng.cuda.{i}"] = state
-    return out
-
-
-def _restore_rng(tensors: dict[str, torch.Tensor]) -> None:
-    if "rng.torch_cpu" in tensors:
-        torch.set_rng_state(tensors["rng.torch_cpu"])
-    cuda = sorted((k for k in tensors if k.startswith("rng.cuda.")), key=lambda k: int(k.rsplit(".", 1)[1]))
-    if cuda and torch.cuda.is_available():
-        states = [tensors[k] for k in cuda][: torch.cuda.device_count()]
-        torch.cuda.set_rng_state_all(states)
 
 
 # ---------------------------------------------------------------- writing
@@ -155,8 +102,8 @@ def _write_files(
     names = [MODEL_FILE]
     trainer_state = dict(state, format=CHECKPOINT_FORMAT)
     if optimizer_sd is not None:
-        tensors, opt_meta = _flatten_optimizer(optimizer_sd)
-        tensors.update(_rng_tensors())
+        tensors, opt_meta = optimizer_state.flatten_optimizer(optimizer_sd)
+        tensors.update(optimizer_state.rng_tensors())
         save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata=meta)
         trainer_state["optimizer"] = opt_meta
         names.append(OPTIMIZER_FILE)
@@ -218,57 +165,6 @@ def save_checkpoint(
     return final
 
 
-def clean_orphans(run: Path) -> list[str]:
-    """Remove what a killed writer of this run left, and nothing else; call only while holding the lock.
-
-    Removed: its temporary files and folders (names only this module and :mod:`~drmlab.runs.jsonio`
-    give), and checkpoint folders this run wrote (a :func:`own_manifest`) that the committed checkpoint
-    superseded. That is done only once the committed checkpoint is proven: the pointer verifies, or a
-    lost or damaged pointer was recovered from the newest checkpoint whose manifest verifies (the pointer
-    is then rewritten from it, and ``"recovered ..."`` is among the names returned). When no checkpoint
-    verifies, no checkpoint folder is touched. Returns the names removed."""
-    if not run.is_dir():
-        return []
-    removed = []
-    for entry in run.iterdir():
-        name = entry.name
-        temp_json = name.startswith(".") and any(name.startswith(f".{f}.") for f in RUN_FILES + (MANIFEST_FILE,))
-        if name.startswith(TEMP_CHECKPOINT_PREFIX) or temp_json or name == TEMP_METRICS_FILE:
-            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
-            removed.append(name)
-    folder = run / CHECKPOINTS_DIR
-    if not folder.is_dir():
-        return removed
-    owned = {entry: m for entry in folder.iterdir() if (m := own_manifest(entry)) is not None}
-    if _only_the_committed_folder(run, owned):  # nothing to delete or recover: the loader verifies the files
-        return removed
-    try:
-        keep, manifest, note = resolve_checkpoint(run)
-    except (FileNotFoundError, CorruptCheckpointError):
-        return removed  # nothing proven committed: every checkpoint folder stays for the user to inspect
-    if note is not None:  # the pointer was lost or damaged: commit the checkpoint that verifies
-        write_json_atomic(run / POINTER_FILE, manifest)
-        fsync_path(run)
-        removed.append(f"recovered {POINTER_FILE}: {note}")
-    for entry in owned:
-        if entry != keep:
-            shutil.rmtree(entry, ignore_errors=True)
-            removed.append(f"{CHECKPOINTS_DIR}/{entry.name}")
-    return removed
-
-
-def _only_the_committed_folder(run: Path, owned: dict[Path, dict]) -> bool:
-    """Whether the run's own checkpoint folders are just the one its pointer names, with the pointer an exact
-    copy of that folder's manifest (the state every commit leaves): then clean-up need not hash anything."""
-    try:
-        pointer = read_json(run / POINTER_FILE)
-    except (FileNotFoundError, ValueError):
-        return False
-    if not isinstance(pointer, dict) or not isinstance(pointer.get("dir"), str):
-        return False
-    return list(owned) == [run / pointer["dir"]] and owned[run / pointer["dir"]] == pointer
-
-
 def own_manifest(entry: Path) -> dict | None:
     """The manifest of a checkpoint folder that drmlab wrote for this very place (``manifest.json`` of this
     format naming ``checkpoints/<entry>``), or None: a folder without one is not this run's to delete."""
@@ -328,6 +224,17 @@ def _files_problem(folder: Path, files: dict, only: tuple[str, ...] | None = Non
     return None
 
 
+def _whole(folder: Path, record: dict) -> bool:
+    """Whether every file of ``record`` (a pointer or manifest) verifies in ``folder`` and its step is the trainer
+    state's: of a pointer and a manifest that differ, the one that is whole is intact."""
+    if _files_problem(folder, record["files"]) is not None:
+        return False
+    try:
+        return read_json(folder / STATE_FILE).get("step") == record["step"]
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _newest_verified(run: Path, only: tuple[str, ...] | None = None) -> tuple[Path, dict] | None:
     """The checkpoint folder of the highest step whose own manifest verifies, with that manifest."""
     folder = run / CHECKPOINTS_DIR
@@ -346,7 +253,7 @@ def resolve_checkpoint(run: Path, only: tuple[str, ...] | None = None) -> tuple[
     The pointer ``checkpoint.json`` names it. When the pointer is lost, unreadable or damaged (its files do
     not verify, but the folder's own manifest does, or it names a folder that does not exist), the newest
     checkpoint whose manifest verifies is returned instead, with ``note`` saying so (readers use it as it
-    is; the writer commits it: :func:`clean_orphans`). Raises ``FileNotFoundError`` when the run has no
+    is; the writer commits it: :func:`drmlab.runs.orphans.clean_orphans`). Raises ``FileNotFoundError`` when the run has no
     checkpoint and :class:`CorruptCheckpointError` (one line naming the file) when none verifies. A
     reader racing a writer's commit reads again (:func:`_read_committed`). ``only``: verify just these
     files (a reader of the weights needs no optimizer state); None: every file."""
@@ -409,6 +316,11 @@ def _resolve_once(run: Path, only: tuple[str, ...] | None) -> tuple[Path, dict, 
             raise CorruptCheckpointError(
                 f"{folder / MANIFEST_FILE} is missing or damaged although the files match {path}; the two are "
                 f"the same record: copy {path} over it to use this checkpoint"
+            )
+        if problem is None and manifest is not None and _whole(folder, pointer) and not _whole(folder, manifest):
+            raise CorruptCheckpointError(  # a reader of a few files would otherwise take the manifest's word
+                f"{folder / MANIFEST_FILE} differs from {path}, which verifies (the manifest is damaged); the two "
+                f"are the same record: copy {path} over it to use this checkpoint"
             )
         if manifest is not None and _files_problem(folder, manifest["files"], only) is None:
             return folder, manifest, f"{POINTER_FILE} is damaged; {manifest['dir']}'s manifest verifies"
@@ -476,8 +388,8 @@ def _read_optimizer(folder: Path, pointer: dict, state: dict, restore_rng: bool)
     except Exception as exc:
         raise CorruptCheckpointError(f"{opt_path} cannot be read ({type(exc).__name__}: {exc})") from None
     if restore_rng:
-        _restore_rng(tensors)
-    return _unflatten_optimizer(tensors, state["optimizer"])
+        optimizer_state.restore_rng(tensors)
+    return optimizer_state.unflatten_optimizer(tensors, state["optimizer"])
 
 
 def read_checkpoint(

@@ -22,6 +22,7 @@ These names are the on-disk format: committed studies (``studies/*/runs/*``) are
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 CONFIG_FILE = "config.json"
@@ -52,6 +53,42 @@ def checkpoint_name(step: int) -> str:
 def holds_run(run: Path) -> bool:
     """Whether a run was started in ``run`` (a config, metrics, checkpoint or summary exists)."""
     return any((run / name).exists() for name in RUN_FILES) or (run / CHECKPOINTS_DIR).exists()
+
+
+def _is_run(folder: Path) -> bool:
+    """Whether ``folder`` is a run directory: it holds a run's config or checkpoint pointer."""
+    return (folder / CONFIG_FILE).is_file() or (folder / POINTER_FILE).is_file()
+
+
+OWN_FOLDERS = (CHECKPOINTS_DIR, TENSORBOARD_DIR)  # folders of a run whose every file is the run's
+
+
+def run_owning(path: str | Path) -> tuple[Path, str] | None:
+    """(the run directory, what of it) when ``path`` is one of an existing run's own files (config,
+    metrics, pointer, summary, eval.json, seal, lock) or lies inside its checkpoints/ or tensorboard/
+    folder (or is that folder); None otherwise. Links are followed: the place written is judged."""
+    target = Path(os.path.realpath(path))
+    if target.name in RUN_FILES + (LOCK_FILE,) and _is_run(target.parent):
+        return target.parent, target.name
+    for folder in [target, *target.parents]:
+        if folder.name in OWN_FOLDERS and _is_run(folder.parent):
+            return folder.parent, f"inside {folder.name}/"
+    return None
+
+
+def refuse_run_output(path: str | Path, flag: str, instead: str | Path | None = None, *, allow=()) -> None:
+    """Refuse, in one line naming ``flag`` and ``path``, an output a verb would write over an existing run's
+    own files (:func:`run_owning`); ``instead``: a place to suggest; ``allow``: paths that may be written
+    (a verb's own output in the run, e.g. eval's eval.json)."""
+    owner = run_owning(path)
+    if owner is None or any(os.path.realpath(path) == os.path.realpath(a) for a in allow):
+        return
+    run, what = owner
+    where = f" (e.g. {flag} {instead})" if instead is not None else ""
+    raise FileExistsError(
+        f"{flag} {path} is {what} of the run in {run}: writing there would destroy the run's own files; "
+        f"write it elsewhere{where}"
+    )
 
 
 class RunFile:

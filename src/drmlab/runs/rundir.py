@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, config_seal
+from . import checkpoint, config_seal, orphans
 from .jsonio import jsonable, make_dir, read_json, write_json_atomic
 from .layout import (
     CHECKPOINTS_DIR,
@@ -31,7 +31,7 @@ from .layout import (
     holds_run,
 )
 from .lock import RunLock
-from .metrics import MetricsLog, read_rows, truncate
+from .metrics import MetricsLog, missing_rows, prefix_problem, read_rows, truncate
 
 
 class RunDir:
@@ -119,9 +119,9 @@ class RunDir:
             pass
 
     def clean_orphans(self) -> list[str]:
-        """Remove what a killed writer left (:func:`drmlab.runs.checkpoint.clean_orphans`); only while
+        """Remove what a killed writer left (:func:`drmlab.runs.orphans.clean_orphans`); only while
         holding the lock. Returns the names removed."""
-        return checkpoint.clean_orphans(self.path)
+        return orphans.clean_orphans(self.path)
 
     def clear_outputs(self) -> None:
         """Forget a previous run's metrics, checkpoint and summary before a fresh start."""
@@ -179,10 +179,26 @@ class RunDir:
         """The rows of ``metrics.jsonl`` (a half-written last line is skipped)."""
         return read_rows(self.metrics_path)
 
-    def truncate_metrics(self, step: int) -> str | None:
+    def truncate_metrics(self, step: int, record: dict | None = None) -> str | None:
         """Drop rows logged after ``step`` (work lost with an interrupted run) before resuming; returns what is
-        missing of the rows up to ``step`` (:func:`drmlab.runs.metrics.truncate`), or None."""
-        return truncate(self.metrics_path, step)
+        missing or damaged of the rows up to ``step`` (``record``: the checkpoint's ``metrics`` entry;
+        :func:`drmlab.runs.metrics.truncate`), or None."""
+        return truncate(self.metrics_path, step, record)
+
+    def metrics_problem(self) -> str | None:
+        """What is missing or damaged of metrics.jsonl before the committed checkpoint (its recorded length and
+        sha256; for a run of an older drmlab, a train row per step), or None; None too without a readable
+        checkpoint (a damaged one is said by its own check)."""
+        try:
+            state = self.read_state()
+        except (OSError, ValueError):
+            return None
+        step = state.get("step") if isinstance(state, dict) else None
+        if not isinstance(step, int):
+            return None
+        if isinstance(state.get("metrics"), dict):
+            return prefix_problem(self.metrics_path, state["metrics"], step)
+        return missing_rows(self.metrics_path, step)
 
     def metrics_log(self) -> MetricsLog:
         return MetricsLog(self.metrics_path)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from drmlab.training.config import TrainConfig
+
 # The sampled in-training evaluation uses one fixed set of validation windows for every model,
 # seed and step (seeded with this constant), so the curves of different runs are paired.
 EVAL_SAMPLE_SEED = 100_000
@@ -53,10 +55,19 @@ def train_batch(
 
 
 def eval_sample(stream: np.ndarray, windows: int, seq_len: int) -> torch.Tensor:
-    """The fixed validation windows [n, seq_len + 1] of the sampled evaluation (same for every run)."""
+    """The fixed validation windows [n, seq_len + 1] of the sampled evaluation (same for every run). More
+    windows than the stream holds side by side (or than the default 32, for a stream holding fewer) would only
+    score its tokens again, at any cost: refused, naming the setting and the largest value."""
     length = min(seq_len, len(stream) - 1)
     if windows <= 0 or length <= 0:
         return torch.zeros(0, max(length, 0) + 1, dtype=torch.int64)
+    largest = max((len(stream) - 1) // length, TrainConfig.eval_windows)
+    if windows > largest:
+        raise ValueError(
+            f"eval_windows={windows}: the validation stream ({len(stream):,} tokens) holds {largest:,} windows of "
+            f"{length}; the sampled evaluation takes at most that many: --set eval_windows={largest} (the final "
+            "evaluation scores the whole stream)"
+        )
     starts = np.random.default_rng(EVAL_SAMPLE_SEED).integers(0, len(stream) - length, size=windows, dtype=np.int64)
     return gather_windows(stream, starts, length + 1)
 

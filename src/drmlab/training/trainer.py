@@ -387,7 +387,8 @@ class Trainer:
         if run is not None and main:
             run.create()
             self.lock = run.lock()
-            run.clean_orphans()
+            for note in (n for n in run.clean_orphans() if n.startswith("recovered ")):  # said, not only done
+                print(f"note: {run.path}: {note}", file=sys.stderr)
             if not resume and run.holds_run():
                 if not overwrite:
                     raise FileExistsError(
@@ -423,7 +424,7 @@ class Trainer:
             self.elapsed_before = float(state.get("elapsed", 0.0))
             self.train_seconds_before = float(state.get("train_seconds", 0.0))
             if main:
-                lost_rows = run.truncate_metrics(self.start_step)
+                lost_rows = run.truncate_metrics(self.start_step, state.get("metrics"))
                 if lost_rows:  # resumable (the checkpoint holds the state), but the record has a hole: say so
                     print(f"note: {lost_rows}", file=sys.stderr)
                 run.summary_path.unlink(missing_ok=True)
@@ -752,6 +753,7 @@ class Trainer:
                     "elapsed": self.elapsed(),
                     "train_seconds": self.train_seconds_before + self.train_seconds,
                     "world_size": self.info.world_size,
+                    **({"metrics": self.log.committed()} if self.log is not None and self.log.path else {}),
                 },
                 full_state=full_state,
             )

@@ -147,13 +147,17 @@ def run_page(path: Path) -> str:
     except ValueError as exc:
         damaged.append(str(exc))
     check = _check_checkpoint(run)
+    metrics_damage = run.metrics_problem() if check.verdict != "damaged" else None  # its checksum is the checkpoint's
     result = read_json(path / "result.json") if (path / "result.json").is_file() else None  # an MQAR cell
 
     name = config.get("label") or config.get("model", "?")
     seed = (config.get("train") or {}).get("seed")
     title = f"Run {name} ({config.get('preset', '?')}, seed {seed})"
     body = [
-        h.paragraph(_run_status(summary, check, rows), "note" if check.verdict == "damaged" else None),
+        h.paragraph(
+            _run_status(summary, check, rows, metrics_damage),
+            "note" if check.verdict == "damaged" or metrics_damage else None,
+        ),
         *(h.paragraph(f"Damaged: {reason}.", "note") for reason in damaged),
         h.section(
             "Results",
@@ -222,7 +226,7 @@ def _checkpoint_sentence(check: CheckpointCheck) -> str:
     return "No checkpoint."
 
 
-def _run_status(summary: dict, check: CheckpointCheck, rows: list[dict]) -> str:
+def _run_status(summary: dict, check: CheckpointCheck, rows: list[dict], metrics_damage: str | None = None) -> str:
     steps = [r["step"] for r in rows if r.get("kind") == "train"]
     if summary.get("finished"):
         head = f"Finished: {h.fmt(summary.get('steps'))} steps, {h.fmt(summary.get('tokens'))} tokens."
@@ -232,6 +236,11 @@ def _run_status(summary: dict, check: CheckpointCheck, rows: list[dict]) -> str:
         head = f"Interrupted or still running: {max(steps) if steps else 0} steps logged."
     else:
         return "Started: no checkpoint yet."
+    if metrics_damage:  # the run is not verified as a whole: the curves and tables below are not its whole record
+        sentence = _checkpoint_sentence(check)
+        if check.verdict == "verified":
+            sentence = f"Checkpoint at step {check.pointer.get('step')}: every file matches its sha256."
+        return f"{head} {sentence} Metrics incomplete or damaged: {metrics_damage}."
     return f"{head} {_checkpoint_sentence(check)}"
 
 
