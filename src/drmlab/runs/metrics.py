@@ -140,8 +140,9 @@ class MetricsLog:
             try:
                 line = json.dumps(row) + "\n"
                 self.handle.write(line)
-                self.digest.update(line.encode())
-                self.bytes += len(line.encode())
+                data = line.encode()
+                self.digest.update(data)
+                self.bytes += len(data)
             except OSError as exc:
                 raise disk_error(exc, self.path) from None
         for sink in self.sinks:
