@@ -61,6 +61,9 @@ CACHE_ENV = "DRMLAB_CACHE_DIR"
 CFLAGS = ["-O3", "-std=c99", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math"]
 LDLIBS = ["-lm"]
 COMPILE_TIMEOUT_S = 120
+# a kernel built for this processor (``CKernel(native=True)``): its vector width, its cache key holding the
+# processor's feature flags, so a cache shared between machines never loads it on another processor
+NATIVE_FLAGS = ("-march=native",)
 
 
 class CKernelUnavailable(RuntimeError):
@@ -157,15 +160,16 @@ def _process_cache_dir() -> Path:
 _PROCESS_DIR: Path | None = None
 
 
-def compile_shared_object(cc: str, source: Path, dest: Path) -> None:
+def compile_shared_object(cc: str, source: Path, dest: Path, flags: tuple[str, ...] = ()) -> None:
     """Compile ``source`` into the shared object ``dest`` atomically: to a temporary name in the
-    same directory, then ``os.replace``.  Raises :class:`CompileError` when the compiler fails."""
+    same directory, then ``os.replace``; ``flags`` are added to :data:`CFLAGS`.  Raises
+    :class:`CompileError` when the compiler fails."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=dest.stem + ".", suffix=".tmp.so", dir=dest.parent)
     os.close(fd)
     try:
         proc = subprocess.run(
-            [cc, *CFLAGS, "-o", tmp, str(source), *LDLIBS],
+            [cc, *CFLAGS, *flags, "-o", tmp, str(source), *LDLIBS],
             capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT_S,
@@ -178,7 +182,18 @@ def compile_shared_object(cc: str, source: Path, dest: Path) -> None:
             os.unlink(tmp)
 
 
-def _shared_object_name(name: str, cc: str, source: Path) -> str:
+def cpu_fingerprint() -> str:
+    """What a ``-march=native`` build depends on: the processor's feature flags (Linux), else its name."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _shared_object_name(name: str, cc: str, source: Path, flags: tuple[str, ...] = ()) -> str:
     try:
         version = subprocess.run(
             [cc, "--version"],
@@ -194,8 +209,9 @@ def _shared_object_name(name: str, cc: str, source: Path) -> str:
         source.read_bytes(),
         cc.encode(),
         version.encode(),
-        " ".join(CFLAGS + LDLIBS).encode(),
+        " ".join(CFLAGS + list(flags) + LDLIBS).encode(),
         f"{platform.machine()}|{sys.platform}".encode(),
+        (cpu_fingerprint() if NATIVE_FLAGS[0] in flags else "").encode(),
     ):
         key.update(part)
     return f"drm_{name}_{key.hexdigest()[:20]}.so"
@@ -206,11 +222,12 @@ class CKernel:
 
     ``prepare(lib)`` is the owning operator's step after loading: bind the symbols' argument and
     return types and check the kernel (raising rejects it).  The outcome of the first load is
-    kept for the life of the process.
+    kept for the life of the process.  ``native``: build for this processor (:data:`NATIVE_FLAGS`), or,
+    where the compiler refuses that, as every other kernel is built.
     """
 
-    def __init__(self, name: str, source: Path, prepare: Callable[[ctypes.CDLL], None]):
-        self.name = name
+    def __init__(self, name: str, source: Path, prepare: Callable[[ctypes.CDLL], None], native: bool = False):
+        self.name, self.native = name, native
         self.source = Path(source)
         self.prepare = prepare
         self._lock = threading.Lock()
@@ -264,15 +281,21 @@ class CKernel:
             cc = find_compiler()
             if cc is None:
                 raise RuntimeError("no C compiler found (set CC, or install gcc/clang)")
-            name = _shared_object_name(self.name, cc, self.source)
+            flags = NATIVE_FLAGS if self.native else ()
             errors = []
             lib = None
             for cache_dir in [*cache_dirs(), None]:
                 try:
                     cache_dir = private_cache_dir(cache_dir) if cache_dir is not None else _process_cache_dir()
-                    path = cache_dir / name
+                    path = cache_dir / _shared_object_name(self.name, cc, self.source, flags)
+                    if not path.is_file() and flags:
+                        try:
+                            compile_shared_object(cc, self.source, path, flags)
+                        except CompileError:  # a compiler without -march=native: the portable build
+                            flags = ()
+                            path = cache_dir / _shared_object_name(self.name, cc, self.source, flags)
                     if not path.is_file():
-                        compile_shared_object(cc, self.source, path)
+                        compile_shared_object(cc, self.source, path, flags)
                     why = unsafe_reason(path)
                     if why is not None:
                         raise PermissionError(f"{path} {why}: not loaded")

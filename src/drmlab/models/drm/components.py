@@ -448,18 +448,35 @@ class SelectiveMemory(nn.Module):
         """The columns of W_h that multiply the previous state (its first ``width`` when given)."""
         return self.in_proj.weight[:, : self.d_read if width is None else width]
 
+    def packed_gates(self, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forget, write and candidate layers stacked into one (weight [3 w, H], bias [3 w]), the
+        forget bias folded into the forget rows' bias; w = d_state, or ``width`` (their first rows)."""
+        rows = slice(None) if width is None else slice(0, width)
+        layers = (self.forget, self.write, self.candidate)
+        weight = torch.cat([layer.weight[rows] for layer in layers])
+        bias = torch.cat([self.forget.bias[rows] + self.forget_bias, self.write.bias[rows], self.candidate.bias[rows]])
+        return weight, bias
+
     def gates(
         self,
         prev_read: torch.Tensor,
         token_part: torch.Tensor,
         state_weight: torch.Tensor | None = None,
         width: int | None = None,
+        packed: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(f, u) [B, L, d_state] in float32 or wider, computed with autocast off; ``state_weight``:
         :meth:`state_weight` (of the same ``width``), when the caller holds it for several blocks; with
-        ``width`` the previous states hold their first ``width`` coordinates only and f, u are [B, L, width]."""
+        ``width`` the previous states hold their first ``width`` coordinates only and f, u are [B, L, width].
+        ``packed``: :meth:`packed_gates` (of the same ``width``): the three gate layers as one matrix
+        product (the same function to round-off: the forget bias is added to b_f before, not after)."""
         dtype = torch.promote_types(torch.promote_types(prev_read.dtype, token_part.dtype), torch.float32)
         w_state = state_weight if state_weight is not None else self.state_weight(width)
+        if packed is not None:
+            with torch.autocast(device_type=prev_read.device.type, enabled=False):
+                h = F.silu(F.linear(prev_read.to(dtype), w_state.to(dtype)) + token_part.to(dtype))
+                pre_f, pre_w, pre_c = F.linear(h, packed[0].to(dtype), packed[1].to(dtype)).chunk(3, dim=-1)
+                return torch.sigmoid(pre_f), torch.sigmoid(pre_w) * torch.tanh(pre_c)
 
         def linear(x, layer):
             if width is not None:

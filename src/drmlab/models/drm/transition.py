@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from drmlab.ops.state_bound import state_bound
+
 from . import solvers
 from .components import bound_state, compose_metric_first, metric_first_frame, raw_velocity, toroidal_lift
 from .config import DRMConfig
@@ -35,9 +37,15 @@ class Transition:
         (see DRMStateInitializer), and a frozen model would differ from a trainable one."""
         return toroidal_lift(z, self.config.toroidal_dims).contiguous()
 
-    def bound(self, z: torch.Tensor) -> torch.Tensor:
+    def bound(self, z: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
+        """B(z + x) (B(z) without x; the sum itself where the state is unbounded): the fused
+        :func:`~drmlab.ops.state_bound` where it applies, else :func:`bound_state`."""
         c = self.config
-        return bound_state(z, c.state_clip_norm, c.toroidal_dims) if c.bounded_state else z
+        if not c.bounded_state:
+            return z if x is None else z + x
+        if not c.toroidal_dims:
+            return state_bound(z, c.state_clip_norm, x)
+        return bound_state(z if x is None else z + x, c.state_clip_norm, c.toroidal_dims)
 
     @property
     def metric_first(self) -> bool:

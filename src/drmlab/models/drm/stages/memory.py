@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from drmlab.ops import linear_scan
+from drmlab.ops.fusion import fused_enabled
 
 from . import stepping
 from .base import Block, Stage
@@ -34,10 +35,13 @@ class MemoryStage(Stage):
         f, z = self.transition, block.spread()
         previous = torch.cat([block.anchor, z[:, :-1]], dim=1)
         weight = block.once(f"{self.name}:{block.width}", lambda: self.memory.state_weight(block.width))
-        forget, update = self.memory.gates(f.read(previous), part, weight, block.width)
+        packed = None
+        if fused_enabled():  # the three gate layers as one product, stacked once per pass
+            packed = block.once(f"{self.name}:packed:{block.width}", lambda: self.memory.packed_gates(block.width))
+        forget, update = self.memory.gates(f.read(previous), part, weight, block.width, packed)
         m = linear_scan(forget, update, init=block.start)
         kept = MemoryState(z[:, -1:], m[:, -1]) if keep else None
-        block.z = f.bound(z + block.project(self.memory.scale * m))
+        block.z = f.bound(z, block.project(self.memory.scale * m))
         return kept
 
     def step_token_part(self, e):

@@ -54,7 +54,7 @@ class MixerStage(Stage):
             correction, contexts = self.mixer(h, return_state=True, width=width)
         else:
             correction = self.mixer(h, width=width)
-        block.z = self.transition.bound(z + block.project(correction))
+        block.z = self.transition.bound(z, block.project(correction))
         return MixerState(z[:, -1:], contexts, self._cache(block, contexts)) if keep else None
 
     def _cache(self, block: Block, contexts: list) -> MixerStepCache | None:

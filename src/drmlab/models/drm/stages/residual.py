@@ -19,7 +19,7 @@ class TokenResidualStage(Stage):
         z = block.z
         if part.shape[-1] != z.shape[-1]:  # sliced rank: the pass's widest width, cut to this block's
             part = part[..., : z.shape[-1]]
-        block.z = self.transition.bound(z + block.project(part))
+        block.z = self.transition.bound(z, block.project(part))
 
     def forward(self, block: Block, part, state, keep):
         self._add(block, part)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from drmlab.ops.state_bound import fused_bound_applies, state_bound
+
 from ..components import bound_state
 
 FAST_STEP_DTYPES = (torch.float32, torch.float64)
@@ -44,14 +46,17 @@ def _autocast_on(device_type: str) -> bool:
 
 
 def bound(z: torch.Tensor, config) -> torch.Tensor:
-    """B(z) of :func:`~drmlab.models.drm.components.bound_state` (sections 6 and A.3.8), kernel for
-    kernel: the same norm (``Tensor.norm`` is ``linalg.vector_norm`` of order 2), the same
+    """B(z) as :meth:`~drmlab.models.drm.transition.Transition.bound` computes it: the fused
+    :func:`~drmlab.ops.state_bound` where it applies, else :func:`~drmlab.models.drm.components.bound_state`
+    kernel for kernel: the same norm (``Tensor.norm`` is ``linalg.vector_norm`` of order 2), the same
     reciprocal-times-radius for ``R / norm``, in place on fresh intermediates."""
     if not config.bounded_state:
         return z
     radius = config.state_clip_norm
     if config.toroidal_dims:
         return bound_state(z, radius, config.toroidal_dims)
+    if fused_bound_applies(z):  # the fused bound, as Transition.bound takes it in the reference step
+        return state_bound(z, radius)
     r = scalar(radius, z)
     scale = torch.linalg.vector_norm(z, 2, -1, True).clamp_min_(1e-8).reciprocal_().mul_(r).clamp_(max=1.0)
     return torch.tanh_(z.mul(scale).div_(r)).mul_(r)
