@@ -27,6 +27,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..fusion import fused_enabled
+from . import c
+
 __all__ = [
     "causal_depthwise_conv1d",
     "causal_depthwise_conv1d_partials",
@@ -134,6 +137,56 @@ class _CausalDepthwiseConv(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None
 
 
+class _FusedCausalDepthwiseConv(torch.autograd.Function):
+    """The map by the C kernels of ``depthwise.c`` (:mod:`.c`): forward and backward one pass each; equal
+    to the reference to round-off (the weight gradient accumulates in double). A double backward
+    differentiates the reference instead."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, dilation):
+        ctx.save_for_backward(x, weight, bias)
+        ctx.dilation = dilation
+        taps = _taps(weight, x.shape[2]).contiguous()
+        return c.forward(x, taps, bias, dilation)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, bias = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        if torch.is_grad_enabled():  # create_graph=True
+            inputs = [t for t, need in ((x, need_x), (weight, need_w), (bias, need_b)) if need]
+            with torch.enable_grad():
+                out = causal_depthwise_conv1d_reference(x, weight, bias, ctx.dilation)
+                grads = iter(torch.autograd.grad(out, inputs, grad, create_graph=True))
+            return (
+                next(grads) if need_x else None,
+                next(grads) if need_w else None,
+                next(grads) if need_b else None,
+                None,
+            )
+        taps = _taps(weight, x.shape[2]).contiguous()
+        dx, dtaps, dbias = c.backward(grad, x, taps, ctx.dilation, need_x, need_w, need_b and bias is not None)
+        dweight = dtaps.t().reshape(weight.shape) if need_w else None
+        return dx, dweight, dbias, None
+
+
+@torch.compiler.assume_constant_result
+def _kernel_ready(dtype: torch.dtype) -> bool:
+    return c.unavailable(torch.device("cpu"), dtype) is None
+
+
+def _fused_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    return (
+        fused_enabled()
+        and not torch.compiler.is_compiling()
+        and x.device.type == "cpu"
+        and x.dtype in c.C_DTYPES
+        and weight.dtype == x.dtype
+        and (bias is None or bias.dtype == x.dtype)
+        and _kernel_ready(x.dtype)
+    )
+
+
 def causal_depthwise_conv1d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -142,12 +195,16 @@ def causal_depthwise_conv1d(
 ) -> torch.Tensor:
     """Causal depthwise conv over dim 1 of ``x`` [B, T, C]; weight [C, 1, K] (or [C, K]); bias [C] or None.
 
-    Returns [B, T, C], equal bit for bit (forward and gradients) to
+    Returns [B, T, C]. Where fused kernels are on (:mod:`drmlab.ops.fusion`), on CPU float32 / float64,
+    by the C kernels (:class:`_FusedCausalDepthwiseConv`: within 1e-5 / 1e-12 relative of the reference,
+    gradients included). Otherwise equal bit for bit (forward and gradients) to
     :func:`causal_depthwise_conv1d_reference`; with gradients, in eager mode and one dtype throughout,
     through the Function whose backward skips autograd's zero-filled slices (module docstring).
     """
     _check_input(x, dilation)
     _taps(weight, x.shape[2])  # the shape checks
+    if _fused_applies(x, weight, bias):
+        return _FusedCausalDepthwiseConv.apply(x, weight, bias, dilation)
     same_dtype = weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype)
     tracked = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     if not (tracked and same_dtype) or torch.compiler.is_compiling():
