@@ -40,7 +40,7 @@ import torch
 from ..backends import Backend, BackendTable
 from . import c, log_depth
 from . import triton as triton_scan
-from .op import choose_backend, linear_scan_op
+from .op import EagerLinearScan, choose_backend, linear_scan_op
 from .reference import linear_scan_reference
 
 __all__ = ["linear_scan", "backend_for", "linear_scan_reference", "BACKENDS"]
@@ -118,5 +118,8 @@ def linear_scan(
     if impl.DENSE_INPUTS:
         fc, uc = fc.contiguous(), uc.contiguous()
         ic = None if ic is None else ic.contiguous()
-    out = linear_scan_op(fc, uc, ic, name)
+    if torch.compiler.is_compiling():
+        out = linear_scan_op(fc, uc, ic, name)
+    else:
+        out = EagerLinearScan.apply(fc, uc, ic, name)
     return out if out.dtype == out_dtype else out.to(out_dtype)

@@ -37,7 +37,9 @@ def fused_bound_applies(z: torch.Tensor, x: torch.Tensor | None = None) -> bool:
 def state_bound(z: torch.Tensor, radius: float, x: torch.Tensor | None = None) -> torch.Tensor:
     """B(z + x) (B(z) without x) over the last dimension; x of z's shape (broadcasting sums go in as z)."""
     if fused_bound_applies(z, x):
-        from .op import state_bound_op
+        from .op import EagerStateBound, state_bound_op
 
-        return state_bound_op(z, x, float(radius))[0]
+        if torch.compiler.is_compiling():
+            return state_bound_op(z, x, float(radius))[0]
+        return EagerStateBound.apply(z, x, float(radius))
     return state_bound_reference(z if x is None else z + x, radius)
