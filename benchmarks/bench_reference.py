@@ -1,7 +1,8 @@
 """Training tokens/s of drmlab's DRM variants against the upstream reference implementation, side by side.
 
 Run: python benchmarks/bench_reference.py --reference /path/to/drm-language-emitter \
-         [--presets tiny,small] [--variants J,J_NO_DIRECTION,SSM_CONTROL,J_DIRECT_CONTROL_MATCHED] [--rounds 5]
+         [--presets tiny,small] [--variants J,J_NO_DIRECTION,SSM_CONTROL,J_DIRECT_CONTROL_MATCHED] [--rounds 5] \
+         [--plain] [--fast]
 
 The reference (github.com/gnai-creator/drm-language-emitter, checked at commit 585dc3a) is not a
 dependency: give the path of a checkout (the folder holding ``src/drm_language_emitter`` and
@@ -19,6 +20,11 @@ the machine's noise hits both alike; ``--threads`` (default 1) sets torch's thre
 are printed: tokens per wall second, and tokens per CPU second of the calling thread
 (``time.thread_time``), which a shared machine's other jobs disturb less (at one thread; with more,
 only the calling thread's time is counted).
+
+``--plain`` also times drmlab with its fused kernels off (``drmlab.ops.fusion.plain_reference``: what the
+fusion gains), ``--fast`` drmlab's fast setting (``drmlab train --fast``: bf16 autocast around a
+``torch.compile``d model, fused kernels on; its compiling first steps are not timed). Each is a copy of
+drmlab's model with the same weights, timed in the same rounds; the ratios are to the reference's float32.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ import torch
 import torch.nn.functional as F
 
 from drmlab.models import build_model
+from drmlab.ops.fusion import plain_reference
+from drmlab.training.fast import use_persistent_compile_cache
 
 BATCH = {"micro": 8, "tiny": 8, "small": 4, "125m": 1}
 VARIANTS = "J,J_NO_DIRECTION,SSM_CONTROL,J_DIRECT_CONTROL_MATCHED"
@@ -175,6 +183,22 @@ def ours_step(model, opt, tokens, step: int) -> None:
     opt.step()
 
 
+def fast_step(model, opt, tokens, step: int) -> None:
+    """The fast setting's step (``drmlab train --fast``): bf16 autocast around the compiled forward and the loss."""
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        out = model(tokens[:, :-1], step=step)
+        loss = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
+def plain_step(model, opt, tokens, step: int) -> None:
+    """drmlab's step with every fused kernel off (``drmlab.ops.fusion.plain_reference``)."""
+    with plain_reference():
+        ours_step(model, opt, tokens, step)
+
+
 def reference_step(model, opt, tokens, step: int) -> None:
     out = model(tokens[:, :-1], tokens[:, 1:], global_step=step, collect_diagnostics=False)
     opt.zero_grad(set_to_none=True)
@@ -196,8 +220,15 @@ def main() -> None:
     parser.add_argument(
         "--machine", default="not stated", help="with --json: a line describing the machine and its load"
     )
+    parser.add_argument(
+        "--fast", action="store_true", help="also time drmlab's fast setting (bf16 autocast + torch.compile + fused)"
+    )
+    parser.add_argument("--plain", action="store_true", help="also time drmlab with its fused kernels off")
     args = parser.parse_args()
     root, package = load_reference(args.reference)
+    sides = ["ours", "ref"] + (["plain"] if args.plain else []) + (["fast"] if args.fast else [])
+    if args.fast:
+        use_persistent_compile_cache()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, reference {root}")
     presets = []
@@ -219,30 +250,43 @@ def main() -> None:
                 "ref": (reference, torch.optim.AdamW(reference.parameters(), lr=1e-4), reference_step),
                 "gap": gap,
             }
-        times = {(v, side): [] for v in pairs for side in ("ours", "ref")}
-        for pair in pairs.values():  # warm-up
-            for side in ("ours", "ref"):
+            if args.plain:
+                plain = copy.deepcopy(ours)
+                pairs[variant]["plain"] = (plain, torch.optim.AdamW(plain.parameters(), lr=1e-4), plain_step)
+            if args.fast:
+                fast = copy.deepcopy(ours)
+                compiled = torch.compile(fast, fullgraph=True)
+                pairs[variant]["fast"] = (compiled, torch.optim.AdamW(fast.parameters(), lr=1e-4), fast_step)
+        times = {(v, side): [] for v in pairs for side in sides}
+        for v, pair in pairs.items():  # warm-up (compiles the fast side: its first steps are not timed)
+            for side in sides:
                 model, opt, run = pair[side]
-                run(model, opt, tokens, args.step)
+                seconds = timed(run, model, opt, tokens, args.step)[0]
+                if side == "fast":
+                    print(f"{v} at {preset}: the fast setting's first step (compiling) took {seconds:.0f} s")
+                    run(model, opt, tokens, args.step)
         for _ in range(args.rounds):
             for v, pair in pairs.items():
-                for side in ("ours", "ref"):
+                for side in sides:
                     model, opt, run = pair[side]
                     times[v, side].append(timed(run, model, opt, tokens, args.step))
         count = tokens[:, :-1].numel()
         print(f"\npreset {preset}: batch {tokens.shape[0]} x {tokens.shape[1] - 1} tokens, {args.rounds} rounds")
+        extra = [side for side in sides if side not in ("ours", "ref")]
         print(
             f"{'variant':<26}{'params':>12}{'ours tok/s':>12}{'ref tok/s':>12}{'ours/ref':>10}"
             f"{'ours cpu':>12}{'ref cpu':>12}{'ours/ref':>10}{'f64 gap':>10}"
+            + "".join(f"{side + '/ref':>12}" for side in extra)
         )
         rows = {}
         for v, pair in pairs.items():
-            wall = {side: count / statistics.median(t[0] for t in times[v, side]) for side in ("ours", "ref")}
-            cpu = {side: count / statistics.median(t[1] for t in times[v, side]) for side in ("ours", "ref")}
+            wall = {side: count / statistics.median(t[0] for t in times[v, side]) for side in sides}
+            cpu = {side: count / statistics.median(t[1] for t in times[v, side]) for side in sides}
             params = sum(p.numel() for p in pair["ours"][0].parameters())
             print(
                 f"{v:<26}{params:>12,}{wall['ours']:>12,.0f}{wall['ref']:>12,.0f}{wall['ours'] / wall['ref']:>10.2f}"
                 f"{cpu['ours']:>12,.0f}{cpu['ref']:>12,.0f}{cpu['ours'] / cpu['ref']:>10.2f}{pair['gap']:>10.1e}"
+                + "".join(f"{wall[side] / wall['ref']:>12.2f}" for side in extra)
             )
             rows[v] = {"params": params, "wall_tokens_per_s": wall, "cpu_tokens_per_s": cpu, "f64_gap": pair["gap"]}
         presets.append({"preset": preset, "batch": tokens.shape[0], "seq_len": tokens.shape[1] - 1, "variants": rows})
@@ -258,16 +302,21 @@ def write_record(args, root: Path, presets: list[dict]) -> None:
     from drmlab.experiments.results import provenance, write
 
     head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=root, capture_output=True, text=True)
-    command = "python benchmarks/bench_reference.py --reference REFERENCE " + " ".join(
-        f"--{k} {getattr(args, k)}" for k in ("presets", "variants", "rounds", "threads", "step")
+    command = (
+        "python benchmarks/bench_reference.py --reference REFERENCE "
+        + " ".join(f"--{k} {getattr(args, k)}" for k in ("presets", "variants", "rounds", "threads", "step"))
+        + "".join(f" --{k}" for k in ("plain", "fast") if getattr(args, k))
     )
-    settings = {k: getattr(args, k) for k in ("presets", "variants", "rounds", "threads", "step")}
+    settings = {k: getattr(args, k) for k in ("presets", "variants", "rounds", "threads", "step", "plain", "fast")}
     settings["reference"] = "gnai-creator/drm-language-emitter at " + (head.stdout.strip() or "an unknown commit")
     record = {
         "title": "Training tokens/s of drmlab's DRM variants against the upstream reference implementation, "
-        "paired (its variant table at our widths, its weights in ours), forward + loss + backward + AdamW, float32",
+        "paired (its variant table at our widths, its weights in ours), forward + loss + backward + AdamW, float32 "
+        "(drmlab's fast setting, where timed: bf16 autocast + torch.compile)",
         "provenance": {**provenance(settings, command=command), "machine": args.machine},
-        "units": "tokens per second: wall (median step) and CPU time of the calling thread (median step), "
+        "units": "tokens per second: wall (median step) and CPU time of the calling thread (median step), by side "
+        "(ours: drmlab's default float32 path; ref: the reference; plain: drmlab with fused kernels off; fast: "
+        "drmlab's fast setting), "
         "rounds interleaving every model; f64_gap the largest logit or loss difference of the pair in float64",
         "presets": presets,
     }

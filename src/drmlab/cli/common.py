@@ -70,13 +70,40 @@ def add_study_train_arguments(parser, *, lr_grid: bool = True) -> None:
 
 def add_bf16_argument(parser, help: str = "bf16 autocast for training") -> None:
     parser.add_argument("--bf16", action="store_true", default=None, help=help)
+    parser.add_argument(
+        "--fast",
+        action="store_true",
+        default=None,
+        help="the fast setting: bf16 autocast where this device multiplies bf16 natively (else float32, said in "
+        "one line), torch.compile with a persistent cache, and the fused kernels (docs/architecture.md)",
+    )
+
+
+def apply_fast(args: argparse.Namespace) -> None:
+    """Under --fast: --bf16 (where the device has bf16 matrix units; one line where it has not) and --compile,
+    each unless given; Inductor's cache moves to drmlab's cache folder. Nothing without --fast."""
+    if not getattr(args, "fast", None):
+        return
+    from drmlab.devices import resolve_device
+    from drmlab.training.fast import fast_settings, use_persistent_compile_cache
+
+    settings, note = fast_settings(resolve_device(getattr(args, "device", None)))
+    if note is not None:
+        print(f"drmlab: {note}", file=sys.stderr)
+    if args.bf16 is None:
+        args.bf16 = settings["bf16"]
+    if getattr(args, "compile", None) is None:
+        args.compile = settings["compile"]
+    use_persistent_compile_cache()
 
 
 def train_settings(args: argparse.Namespace, assignments: dict) -> dict:
-    """A study's train settings from the flags (--lr, --bf16, --eval-tokens), then ``--set KEY=VALUE``."""
+    """A study's train settings from the flags (--lr, --bf16 or --fast, --eval-tokens), then ``--set KEY=VALUE``."""
+    apply_fast(args)
     flags = {
         "lr": args.lr,
         "bf16": args.bf16,
+        "compile": getattr(args, "compile", None),
         "eval_tokens": None if args.eval_tokens in (None, "all") else args.eval_tokens,
     }
     return {**{k: v for k, v in flags.items() if v is not None}, **assignments}

@@ -182,6 +182,14 @@ def resolve_settings(args: argparse.Namespace, saved: dict | None):
     return name, preset, data, tokenizer, model_overrides, resolve_train_config(preset, **values)
 
 
+def fast_suggestion(name: str, device: str | None, steps: int) -> str | None:
+    """The first-lines hint of a long default run whose model trains much faster with --fast here."""
+    from drmlab.devices import resolve_device
+    from drmlab.training.fast import suggestion
+
+    return suggestion(name, resolve_device(device), steps)
+
+
 def _recorded_threads(args: argparse.Namespace) -> int | None:
     """The thread count the run in ``--out`` was trained with (its config.json), which a resume keeps unless
     --threads says otherwise; None where there is none to read (the resume's own checks then say why)."""
@@ -203,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--resume and --overwrite exclude each other")
     common.check_tensorboard(args)
     common.apply_threads(args, recorded=_recorded_threads(args) if args.resume else None)
+    common.apply_fast(args)
     main_process = os.environ.get("RANK", "0") == "0"  # under torchrun only process 0 reports
     if not main_process:
         args.quiet = True
@@ -250,6 +259,9 @@ def run(args: argparse.Namespace) -> int:
             f"seed {cfg.seed}, writing to {out}",
             file=sys.stderr,
         )
+    hint = None if cfg.bf16 or cfg.compile or args.quiet else fast_suggestion(name, args.device, cfg.total_steps)
+    if hint is not None:
+        print(f"drmlab train: {hint}", file=sys.stderr)
     summary, code = _train_reporting_stops(args, model, corpus, cfg, out, run_info, evaluate)
     if summary is None or not main_process:
         return code
