@@ -232,7 +232,32 @@ def run_cases(device: str = "cpu") -> dict:
         "selective_scan": selective_scan_backend(probe),
         "interpreting": scan_triton.interpreting(),
     }
+    cases["self_check"] = _self_check_case(f, u, device)
     return cases
+
+
+def _self_check_case(f, u, device: str) -> dict:
+    """The first-use self-check (drmlab.ops.self_check) of the Triton backends in this run: every
+    (operator, dtype) checked, with its verdict; then a Triton scan made wrong on purpose (its output
+    off by 1e-3), asked for by name with no verdict kept, must be refused in one line."""
+    from drmlab.ops import self_check
+    from drmlab.ops.backends import BackendCheckFailed
+    from drmlab.ops.linear_scan import triton as scan_triton
+
+    checked = sorted(
+        [r["operator"], r["dtype"], r["passed"]] for r in self_check.backend_checks() if r["backend"] == "triton"
+    )
+    forward, records = scan_triton.forward, self_check._RECORDS
+    scan_triton.forward = lambda *a: forward(*a) * 1.001
+    self_check._RECORDS = {}
+    try:
+        linear_scan(f.to(device), u.to(device), backend="triton")
+        planted = "not caught"
+    except BackendCheckFailed as exc:
+        planted = str(exc)
+    finally:
+        scan_triton.forward, self_check._RECORDS = forward, records
+    return {"checked": checked, "planted": planted}
 
 
 def _check_case(case: dict, tol: float, *, dtypes=None) -> None:
@@ -308,19 +333,33 @@ def test_interpreted_run_facts(interpreted):
     assert interpreted["scan_empty"] == {"shape": [2, 0, 5]}
     assert interpreted["sscan_auto_segments"]["saved_shape"] == [1, 3, 3, 2]  # segments 4, 4, 2
     # every case of the run is held to a tolerance above
-    assert set(interpreted) - {"auto", "scan_empty"} == set(SCAN_CASES)
+    assert set(interpreted) - {"auto", "scan_empty", "self_check"} == set(SCAN_CASES)
+    _check_self_check(interpreted["self_check"], "cpu")
+
+
+def _check_self_check(report: dict, device: str) -> None:
+    """Every Triton backend the run used passed its first-use check; the planted wrong one was caught."""
+    assert report["checked"] == [
+        ["linear_scan", dtype, True] for dtype in ("complex128", "complex64", "float32", "float64")
+    ] + [["selective_scan", dtype, True] for dtype in ("float32", "float64")]
+    assert report["planted"].startswith(
+        f"linear_scan: backend 'triton' failed its first-use check on {device} float64 (max error 1.0e-03 > 1e-12)"
+    )
 
 
 # --------------------------------------------------------------------------- in this process
 
 
-def test_triton_sits_in_both_tables_and_auto_takes_it_on_cuda_only():
+def test_triton_sits_in_both_tables_and_auto_takes_it_on_cuda_only(monkeypatch):
     for table in (SCAN_BACKENDS, SSCAN_BACKENDS):
         assert table.names == ("c", "triton", "torch")
         assert table.backends["triton"].auto_devices == ("cuda",)
+        assert table.backends["triton"].self_check and table.backends["c"].self_check
         cpu_pick = table.choose(None, torch.device("cpu"), torch.float32).name
         assert cpu_pick in ("c", "torch")
-        # the choice on CUDA is made from the table alone: no GPU is needed to check it
+        # the choice on CUDA is made from the table alone: no GPU is needed to check it (the first-use
+        # check, which runs the kernels on the device, is switched off for it: test_self_check.py)
+        monkeypatch.setenv("DRMLAB_NO_BACKEND_CHECK", "1")
         cuda_pick = table.choose(None, torch.device("cuda"), torch.float32).name
         assert cuda_pick == ("triton" if TRITON_INSTALLED else "torch")
 
@@ -414,6 +453,7 @@ def test_cases_on_cuda(monkeypatch):
         entry.pop("saved_shape", None)
         _check_case(entry, tol, dtypes=dtypes)
     assert report["auto"]["linear_scan"] == "triton" and report["auto"]["selective_scan"] == "triton"
+    _check_self_check(report["self_check"], "cuda")
 
 
 if __name__ == "__main__":

@@ -83,3 +83,27 @@ def test_runs_sharing_the_machine_keep_the_quoted_fractions_of_solo():
     assert all(p["fraction_of_solo"] >= 0.40 for p in results["default"]["pair"])
     solo = {name: f"{results[name]['solo']['tokens_per_s']:,.0f}" for name in ("default", "before")}
     assert solo == {"default": "25,415", "before": "32,273"}
+
+
+def test_the_backend_self_check_costs_under_a_hundredth_of_a_training_step():
+    """docs/architecture.md "First-use self-check": what the check costs a process, once (issue 36 item 5)."""
+    s = load("bench-self-check")
+    checks = s["checks"]
+    assert all(c["max_error"] <= c["tolerance"] for c in checks.values())  # every kernel here passed
+    cold = sorted(c["cold_ms"]["cpu"] for c in checks.values())
+    warm = sorted(c["warm_ms"]["cpu"] for c in checks.values())
+    assert (fmt(cold[0], 1), fmt(cold[-1], 1)) == ("2.1", "4.3") and (fmt(warm[0], 1), fmt(warm[-1], 1)) == (
+        "0.7",
+        "2.3",
+    )
+    t = s["training"]
+    assert t["J"]["checks"] == ["linear_scan/c/float32"] and t["MAMBA"]["checks"] == ["selective_scan/c/float32"]
+    assert [fmt(t[m]["check_ms"]["cpu"], 1) for m in ("J", "MAMBA")] == ["2.8", "4.4"]
+    assert [f"{t[m]['step_ms']['cpu']:,.0f}" for m in ("J", "MAMBA")] == ["370", "1,527"]
+    ratio = [t[m]["check_ms"]["cpu"] / t[m]["step_ms"]["cpu"] for m in ("J", "MAMBA")]
+    assert [fmt(r, 4) for r in ratio] == ["0.0075", "0.0029"] and max(ratio) < 0.01
+    d = s["decode"]
+    assert (
+        fmt(d["check_ms_cold"]["cpu"], 1) == "1.5"
+        and fmt(d["check_ms_cold"]["cpu"] / d["fused_step_ms"]["cpu"], 1) == "5.2"
+    )

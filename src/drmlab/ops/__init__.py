@@ -23,6 +23,10 @@ reference beside its fast paths and one dispatcher (the layout of flash-linear-a
   section A.4.5, "The fused step"; the model side is ``drmlab.models.drm.fused_step``).
 * ``c_kernel_available`` / ``c_kernel_status``: whether the C kernels are built and loaded, and
   why not (``drmlab.ops.ckernels``, which compiles, caches and loads them).
+* ``self_check``: the first-use check of every C and Triton backend against its operator's
+  reference (forward and gradient, the exactness tests' tolerance), once per (operator, backend,
+  device type, dtype) in a process; a backend that fails is replaced by the next one, said in one line
+  (``drmlab.ops.self_check``; ``DRMLAB_NO_BACKEND_CHECK=1`` switches it off).
 
 Note: ``drmlab.ops.linear_scan``, ``drmlab.ops.selective_scan`` and ``drmlab.ops.delta_rule`` name
 both a subpackage and, as attributes of this package, its dispatcher function; reach a

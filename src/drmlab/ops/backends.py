@@ -5,6 +5,11 @@ log-depth and Triton forms) lists them in a :class:`BackendTable`, in the order 
 them.  Each :class:`Backend` says, for a device and a compute dtype, why it cannot run there (or
 None when it can); asking for a backend that cannot run raises an error that names the backends
 that can.
+
+The C and Triton backends (``self_check=True``) are checked against the operator's reference on
+their first use in a process (:mod:`drmlab.ops.self_check`, issue 36 item 5): under ``"auto"`` one
+that fails is skipped for the next backend, said in one line; asked for by name, it raises
+:class:`~drmlab.ops.self_check.BackendCheckFailed`.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Backend", "BackendTable", "BackendUnavailable"]
+__all__ = ["Backend", "BackendTable", "BackendUnavailable", "BackendCheckFailed"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -31,12 +36,16 @@ class Backend:
     runs on tensors of that device and compute dtype, else the reason it does not.
     ``auto_devices``: the device types on which ``"auto"`` may choose it (None: every device);
     elsewhere it runs only when asked for by name (Triton on the CPU, under its interpreter).
+    ``self_check``: checked against the operator's reference on first use
+    (:mod:`drmlab.ops.self_check`); the torch backends, made of the reference's own operations and
+    the last fallback, are not.
     """
 
     name: str
     impl: Any
     unavailable: Callable[[torch.device, torch.dtype], str | None]
     auto_devices: tuple[str, ...] | None = None
+    self_check: bool = False
 
 
 class BackendTable:
@@ -56,19 +65,41 @@ class BackendTable:
         """The backends that can run on ``device`` with compute dtype ``dtype``, in order."""
         return [name for name, b in self.backends.items() if b.unavailable(device, dtype) is None]
 
-    def choose(self, name: str | None, device: torch.device, dtype: torch.dtype) -> Backend:
-        """The backend ``name`` (None or ``"auto"``: the first one that can run here).
+    def _verdict(self, backend: Backend, device: torch.device, dtype: torch.dtype):
+        """The backend's first-use check (run now when it has not run), or None when unchecked."""
+        if not backend.self_check:
+            return None
+        from . import self_check
 
-        Raises ValueError for an unknown name and :class:`BackendUnavailable` when the named
-        backend cannot run on this device and dtype.
+        return self_check.verify(self.operator, backend.name, device, dtype)
+
+    def choose(self, name: str | None, device: torch.device, dtype: torch.dtype) -> Backend:
+        """The backend ``name`` (None or ``"auto"``: the first one that can run here and passes its
+        first-use check).
+
+        Raises ValueError for an unknown name, :class:`BackendUnavailable` when the named backend
+        cannot run on this device and dtype, and its subclass
+        :class:`~drmlab.ops.self_check.BackendCheckFailed` when it failed its first-use check.
         """
         if name in (None, "auto"):
+            failed = []
             for backend in self.backends.values():
                 if backend.auto_devices is not None and device.type not in backend.auto_devices:
                     continue
-                if backend.unavailable(device, dtype) is None:
-                    return backend
-            raise BackendUnavailable(f"{self.operator}: no backend runs on {device.type} {dtype}")
+                if backend.unavailable(device, dtype) is not None:
+                    continue
+                verdict = self._verdict(backend, device, dtype)
+                if verdict is not None and not verdict.passed:
+                    failed.append(verdict)
+                    continue
+                if failed:
+                    from . import self_check
+
+                    for verdict in failed:
+                        self_check.announce(verdict, backend.name)
+                return backend
+            checks = "".join(f"; {v.backend!r} failed its first-use check ({v.error})" for v in failed)
+            raise BackendUnavailable(f"{self.operator}: no backend runs on {device.type} {dtype}{checks}")
         if name not in self.backends:
             raise ValueError(
                 f"{self.operator}: unknown backend {name!r}; use 'auto' or one of {', '.join(map(repr, self.names))}"
@@ -81,4 +112,15 @@ class BackendTable:
                 f"{self.operator}: backend {name!r} is not available on {device.type} {dtype} "
                 f"({reason}); available here: {others}"
             )
+        verdict = self._verdict(backend, device, dtype)
+        if verdict is not None and not verdict.passed:
+            from . import self_check
+
+            others = ", ".join(repr(n) for n in self.runnable(device, dtype) if n != name) or "none"
+            raise BackendCheckFailed(self_check.failure_message(verdict, others))
         return backend
+
+
+class BackendCheckFailed(BackendUnavailable):
+    """A backend asked for by name failed its first-use check (:mod:`drmlab.ops.self_check`) on
+    this device and dtype."""

@@ -67,6 +67,7 @@ import torch
 import torch.nn.functional as F
 
 from drmlab.models.parameters import count_parameters
+from drmlab.ops.self_check import backend_checks
 from drmlab.runs import MetricsLog, RunDir, jsonable, non_finite_parameters
 from drmlab.training import distributed as dist_utils
 from drmlab.training.batches import BatchSource, LMWindows, eval_sample
@@ -432,6 +433,7 @@ class Trainer:
             torch.manual_seed(self.cfg.seed)
         self.utilisation = self._measure_utilisation()
         if run is not None and main:
+            self.config["runtime"]["backend_checks"] = backend_checks()  # issue 36 item 5: the checks so far
             run.write_config(self.config)
         dist_utils.barrier(self.info)
         if resume and self.pieces.hooks and run.metrics_path.is_file():  # which hook rows the kept metrics hold

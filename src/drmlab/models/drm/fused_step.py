@@ -10,14 +10,18 @@ causal mixer, token residual and selective memory, each optional, in that order;
 (:func:`unsupported` says why) and every token it cannot take (:func:`token_unsupported`: a block's
 first token, where the constants are made, autograd, autocast, another dtype or device) is stepped by
 the fast step. The new state is the fast step's, except that the mixer's cache is left to be remade
-(``MixerState.cache`` is derived; the fused step reads the convolution windows).
+(``MixerState.cache`` is derived; the fused step reads the convolution windows). The kernel's first token in
+a process is checked against the fast step (:func:`first_use_check`, :mod:`drmlab.ops.self_check`): where it
+fails, the fast step takes every token, said in one line.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from drmlab.ops import decode_step
+from drmlab.ops import decode_step, self_check
 
 from .stages import MemoryStage, MixerStage, PrefixStage, TokenResidualStage, stepping
 from .stages.geometry import PrefixState
@@ -32,6 +36,7 @@ _REAL = {name: i for i, name in enumerate(decode_step.REAL_SLOTS)}
 # thread, bench_decode.py: at batch 8 the kernel is 1.5x the fast step for J, 0.86x for SSM_CONTROL with
 # its wide memory; at batch 64 0.57x and 0.33x)
 MAX_BATCH = 8
+_CPU = torch.device("cpu")
 
 
 def unsupported(model) -> str | None:
@@ -208,6 +213,9 @@ def step(model, tokens_t: torch.Tensor, state, strength: float):
     dtype = state.z_start.dtype
     if token_unsupported(model, state) is not None or decode_step.unavailable(dtype) is not None:
         return None
+    verdict = self_check.recorded("decode_step", "c", _CPU, dtype)
+    if verdict is not None and not verdict.passed:  # failed its first-use check: the fast step runs
+        return None
     prefix = mixer_state = memory_state = None
     for stage, s in zip(model.stages, state.stages):
         kind = type(stage)
@@ -228,6 +236,49 @@ def step(model, tokens_t: torch.Tensor, state, strength: float):
         return None
     decode_step.run(dtype, call.pointers, call.integers, call.reals)
     return logits, model._after(state.z_start, state.position + 1, kept, z)
+
+
+def _tensors(state) -> list[torch.Tensor]:
+    """The tensors a DecodeState carries (z_start, then each stage's fields but its derived caches)."""
+    found = [state.z_start]
+
+    def walk(x):
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+        elif isinstance(x, (list, tuple)):
+            for item in x:
+                walk(item)
+
+    for s in state.stages:
+        if s is not None:
+            walk([getattr(s, name) for name in s._fields if name not in getattr(s, "CACHE_FIELDS", ())])
+    return found
+
+
+def first_use_check(out, dtype: torch.dtype, reference):
+    """The fused step's first-use self-check (:mod:`drmlab.ops.self_check`, issue 36 item 5): on the first
+    token the kernel takes in this process (per dtype), ``reference()`` -- the fast step of the same token
+    and state, :meth:`DRMModel.step_reference`'s logits bit for bit -- runs too, and the kernel's logits
+    and new state are held to it with the tolerance of ``tests/models/test_fused_step.py``. Passed: ``out``
+    (and the kernel is not checked again); failed: one line on stderr, the fast step's result, and every
+    later token is stepped by the fast step (:func:`step` returns None)."""
+    if self_check.recorded("decode_step", "c", _CPU, dtype) is not None:
+        return out
+    kept = []
+
+    def compare() -> float:
+        kept.append(reference())
+        (logits, new), (ref_logits, ref_new) = out, kept[0]
+        got, want = [logits, *_tensors(new)], [ref_logits, *_tensors(ref_new)]
+        if len(got) != len(want):
+            return math.inf
+        return max(self_check.relative_error(a, b) for a, b in zip(got, want))
+
+    record = self_check.verify("decode_step", "c", _CPU, dtype, run=compare, isolate=False)
+    if record is None or record.passed:
+        return out
+    self_check.announce(record, "fast step")
+    return kept[0] if kept else reference()
 
 
 def _check_shape(name: str, x: torch.Tensor, shape: tuple) -> None:

@@ -48,8 +48,8 @@ __all__ = ["linear_scan", "backend_for", "linear_scan_reference", "BACKENDS"]
 BACKENDS = BackendTable(
     "linear_scan",
     [
-        Backend("c", c, c.unavailable),
-        Backend("triton", triton_scan, triton_scan.unavailable, auto_devices=triton_scan.AUTO_DEVICES),
+        Backend("c", c, c.unavailable, self_check=True),
+        Backend("triton", triton_scan, triton_scan.unavailable, auto_devices=triton_scan.AUTO_DEVICES, self_check=True),
         Backend("torch", log_depth, log_depth.unavailable),
     ],
 )

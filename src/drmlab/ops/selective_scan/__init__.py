@@ -43,8 +43,8 @@ __all__ = ["selective_scan", "selective_scan_reference", "selective_scan_backend
 BACKENDS = BackendTable(
     "selective_scan",
     [
-        Backend("c", c, c.unavailable),
-        Backend("triton", triton_scan, triton_scan.unavailable, auto_devices=triton_scan.AUTO_DEVICES),
+        Backend("c", c, c.unavailable, self_check=True),
+        Backend("triton", triton_scan, triton_scan.unavailable, auto_devices=triton_scan.AUTO_DEVICES, self_check=True),
         Backend("torch", chunked, chunked.unavailable),
     ],
 )
