@@ -320,3 +320,58 @@ def test_the_run_records_the_checks_in_its_config(tmp_path, monkeypatch, capsys)
     ]
     assert "max error 1.0e-03 > 2e-05" in checks[0]["error"]
     assert "drmlab: linear_scan backend 'c' failed its first-use check on cpu float32" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the fused kernels (issue 33)
+
+
+def test_a_wrong_fused_state_bound_is_caught_and_the_plain_bound_runs(monkeypatch, capsys):
+    from drmlab.ops.state_bound import c as bound_c
+    from drmlab.ops.state_bound import state_bound, state_bound_reference
+
+    right = bound_c.forward
+
+    def wrong(z, x, radius, keep_input):
+        out, y, norms = right(z, x, radius, keep_input)
+        return out * 1.001, y, norms
+
+    monkeypatch.setattr(bound_c, "forward", wrong)
+    z = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    got = state_bound(z, 1.0)
+    assert torch.equal(got, state_bound_reference(z, 1.0))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "state_bound backend 'c' failed its first-use check on cpu float32" in err
+    record = _record("state_bound")
+    assert not record["passed"] and record["fallback"] == "torch"
+    state_bound(z, 1.0)
+    assert capsys.readouterr().err == ""  # said once
+
+
+def test_a_wrong_fused_depthwise_conv_gradient_is_caught(monkeypatch, capsys):
+    from drmlab.ops.conv import c as conv_c
+    from drmlab.ops.conv import causal_depthwise_conv1d, causal_depthwise_conv1d_reference
+
+    right = conv_c.backward
+
+    def wrong(*args):
+        dx, dtaps, dbias = right(*args)
+        return dx, dtaps, dbias * 1.001
+
+    monkeypatch.setattr(conv_c, "backward", wrong)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 9, 4, generator=gen, requires_grad=True)
+    w, b = torch.randn(4, 1, 3, generator=gen), torch.randn(4, generator=gen, requires_grad=True)
+    y = causal_depthwise_conv1d(x, w, b)
+    assert y.grad_fn.name() != "_FusedCausalDepthwiseConvBackward"
+    assert torch.equal(y, causal_depthwise_conv1d_reference(x, w, b))
+    assert "causal_depthwise_conv1d backend 'c' failed its first-use check" in capsys.readouterr().err
+
+
+def test_the_right_fused_kernels_pass_their_checks():
+    from drmlab.ops.conv import causal_depthwise_conv1d
+    from drmlab.ops.state_bound import state_bound
+
+    state_bound(torch.randn(3, 5), 1.0)
+    x = torch.randn(1, 6, 3, requires_grad=True)
+    causal_depthwise_conv1d(x, torch.randn(3, 1, 2))
+    assert _record("state_bound")["passed"] and _record("causal_depthwise_conv1d")["passed"]

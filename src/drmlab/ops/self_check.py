@@ -63,6 +63,7 @@ __all__ = [
     "announce",
     "recorded",
     "failure_message",
+    "fused_kernel_passes",
     "tolerance",
     "judge",
     "disabled_by_env",
@@ -78,6 +79,9 @@ TOLERANCES: dict[str, dict[torch.dtype, float]] = {
     "linear_scan": {torch.float64: 1e-12, torch.complex128: 1e-12, torch.float32: 2e-5, torch.complex64: 2e-5},
     "selective_scan": {torch.float64: 1e-10, torch.float32: 1e-4},
     "decode_step": {torch.float64: 1e-12, torch.float32: 2e-5},
+    # tests/ops/test_ops_state_bound.py, test_ops_conv.py (the fused kernels against their references)
+    "state_bound": {torch.float64: 1e-12, torch.float32: 1e-5},
+    "causal_depthwise_conv1d": {torch.float64: 1e-12, torch.float32: 1e-5},
 }
 
 
@@ -210,11 +214,56 @@ def _selective_scan_probe(backend: str, device: torch.device, dtype: torch.dtype
     return max(relative_error(a, b) for a, b in zip((y, h, *grads), (y_ref, h_ref, *ref_grads)))
 
 
+def _state_bound_probe(backend: str, device: torch.device, dtype: torch.dtype) -> float:
+    from .state_bound.op import EagerStateBound
+    from .state_bound.reference import state_bound_reference
+
+    gen = _generator()
+    y = torch.randn(6, 9, generator=gen, dtype=torch.float64)
+    y = y * torch.tensor([0.0, 0.1, 0.5, 1.5, 3.0, 9.0], dtype=torch.float64)[:, None]
+    x = 0.01 * torch.randn(6, 9, generator=gen, dtype=torch.float64)
+    g = torch.randn(6, 9, generator=gen, dtype=torch.float64)
+    leaves, refs = _leaves((y, x), dtype, device)
+    out = EagerStateBound.apply(leaves[0], leaves[1], 2.0)
+    grads = torch.autograd.grad(out, leaves, g.to(dtype).to(device))
+    ref = state_bound_reference(refs[0] + refs[1], 2.0)
+    ref_grads = torch.autograd.grad(ref, refs, g.to(dtype).double())
+    return max(relative_error(a, b) for a, b in zip((out, *grads), (ref, *ref_grads)))
+
+
+def _depthwise_conv_probe(backend: str, device: torch.device, dtype: torch.dtype) -> float:
+    from .conv.causal_depthwise import _FusedCausalDepthwiseConv, causal_depthwise_conv1d_reference
+
+    gen = _generator()
+    x = torch.randn(2, 11, 5, generator=gen, dtype=torch.float64)
+    w = torch.randn(5, 1, 4, generator=gen, dtype=torch.float64)
+    bias = torch.randn(5, generator=gen, dtype=torch.float64)
+    g = torch.randn(2, 11, 5, generator=gen, dtype=torch.float64)
+    leaves, refs = _leaves((x, w, bias), dtype, device)
+    out = _FusedCausalDepthwiseConv.apply(*leaves, 2)
+    grads = torch.autograd.grad(out, leaves, g.to(dtype).to(device))
+    ref = causal_depthwise_conv1d_reference(*refs, dilation=2)
+    ref_grads = torch.autograd.grad(ref, refs, g.to(dtype).double())
+    return max(relative_error(a, b) for a, b in zip((out, *grads), (ref, *ref_grads)))
+
+
 # operator -> probe; an operator without one is never checked
 PROBES: dict[str, Callable[[str, torch.device, torch.dtype], float]] = {
     "linear_scan": _linear_scan_probe,
     "selective_scan": _selective_scan_probe,
+    "state_bound": _state_bound_probe,
+    "causal_depthwise_conv1d": _depthwise_conv_probe,
 }
+
+
+def fused_kernel_passes(operator: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """For a fused kernel with no backend table (the state bound, the depthwise convolution): its first-use
+    verdict; a failure says in one line that the plain path runs instead, and is recorded."""
+    record = verify(operator, "c", device, dtype)
+    if record is None or record.passed:
+        return True
+    announce(record, "torch")
+    return False
 
 
 def tolerance(operator: str, dtype: torch.dtype) -> float:

@@ -69,7 +69,10 @@ def fast_settings(device: torch.device) -> tuple[dict, str | None]:
     why = bf16_unavailable(device)
     if why is None:
         return {"bf16": True, "compile": True}, None
-    return {"bf16": False, "compile": True}, f"--fast: {why}: training in float32 with torch.compile and the fused kernels"
+    return {
+        "bf16": False,
+        "compile": True,
+    }, f"--fast: {why}: training in float32 with torch.compile and the fused kernels"
 
 
 def use_persistent_compile_cache() -> Path | None:

@@ -32,7 +32,8 @@ def prepare(lib: ctypes.CDLL) -> None:
     lib.drm_dwconv_abi_version.restype, lib.drm_dwconv_abi_version.argtypes = ctypes.c_int, []
     if lib.drm_dwconv_abi_version() != ABI_VERSION:
         raise RuntimeError(f"depthwise.c ABI version {lib.drm_dwconv_abi_version()}, expected {ABI_VERSION}")
-    _self_test(lib)
+    with torch.enable_grad(), torch.autocast("cpu", enabled=False):  # first use may come under no_grad
+        _self_test(lib)
 
 
 def _self_test(lib: ctypes.CDLL) -> None:

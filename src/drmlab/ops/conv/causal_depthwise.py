@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..fusion import fused_enabled
 from . import c
@@ -172,13 +173,18 @@ class _FusedCausalDepthwiseConv(torch.autograd.Function):
 
 @torch.compiler.assume_constant_result
 def _kernel_ready(dtype: torch.dtype) -> bool:
-    return c.unavailable(torch.device("cpu"), dtype) is None
+    """Built here, and past its first-use check (:mod:`drmlab.ops.self_check`)."""
+    from ..self_check import fused_kernel_passes
+
+    cpu = torch.device("cpu")
+    return c.unavailable(cpu, dtype) is None and fused_kernel_passes("causal_depthwise_conv1d", cpu, dtype)
 
 
 def _fused_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     return (
         fused_enabled()
         and not torch.compiler.is_compiling()
+        and _get_current_dispatch_mode() is None  # no fake tensors into the C kernel
         and x.device.type == "cpu"
         and x.dtype in c.C_DTYPES
         and weight.dtype == x.dtype

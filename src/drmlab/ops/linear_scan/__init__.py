@@ -36,6 +36,7 @@ to).  Backends:
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..backends import Backend, BackendTable
 from . import c, log_depth
@@ -118,7 +119,7 @@ def linear_scan(
     if impl.DENSE_INPUTS:
         fc, uc = fc.contiguous(), uc.contiguous()
         ic = None if ic is None else ic.contiguous()
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:  # traced, fake or counted
         out = linear_scan_op(fc, uc, ic, name)
     else:
         out = EagerLinearScan.apply(fc, uc, ic, name)

@@ -12,6 +12,7 @@ The two agree to round-off: 1e-5 relative in float32 (a rational tanh), 1e-12 in
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..fusion import fused_enabled
 from . import c
@@ -22,7 +23,10 @@ __all__ = ["state_bound", "state_bound_reference", "fused_bound_applies"]
 
 @torch.compiler.assume_constant_result
 def _kernel_ready(device: torch.device, dtype: torch.dtype) -> bool:
-    return c.unavailable(device, dtype) is None
+    """Built here, and past its first-use check (:mod:`drmlab.ops.self_check`)."""
+    from ..self_check import fused_kernel_passes
+
+    return c.unavailable(device, dtype) is None and fused_kernel_passes("state_bound", device, dtype)
 
 
 def fused_bound_applies(z: torch.Tensor, x: torch.Tensor | None = None) -> bool:
@@ -39,7 +43,7 @@ def state_bound(z: torch.Tensor, radius: float, x: torch.Tensor | None = None) -
     if fused_bound_applies(z, x):
         from .op import EagerStateBound, state_bound_op
 
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:  # traced, fake or counted
             return state_bound_op(z, x, float(radius))[0]
         return EagerStateBound.apply(z, x, float(radius))
     return state_bound_reference(z if x is None else z + x, radius)
