@@ -34,7 +34,11 @@ from pathlib import Path
 
 from drmlab.experiments.report.kinds import NotAReportDirectory, directory_kind  # noqa: F401 (re-exported)
 from drmlab.experiments.report.run_curves import DIAGNOSTIC_PANELS  # noqa: F401 (re-exported)
-from drmlab.experiments.report.run_page import EVAL_TABLE_DIAGNOSTICS, CheckpointCheck, run_page  # noqa: F401 (re-exported)
+from drmlab.experiments.report.run_page import (  # noqa: F401 (re-exported)
+    EVAL_TABLE_DIAGNOSTICS,
+    CheckpointCheck,
+    run_page,
+)
 from drmlab.experiments.report.study_pages import (  # noqa: F401 (re-exported)
     FIGURE_CAPTIONS,
     _gate_verdicts,
