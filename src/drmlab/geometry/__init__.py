@@ -13,6 +13,7 @@ One module per instrument, each validated on a case with a closed-form answer
 * :mod:`.geodesics`: the discrete boundary-value solver of the action;
 * :mod:`.topology`: persistent homology of trajectories (the optional ``geometry`` extra);
 * :mod:`.model_adapter`: what a built model exposes to the instruments (read-only);
+* :mod:`.measures`: each instrument on a model (``measure_*``);
 * :mod:`.run`: every instrument on a run directory (``drmlab geometry``).
 
 Submodules are imported on use; importing this package imports no torch.
