@@ -26,6 +26,10 @@ Python: ``run_study(spec, runtime, out)`` plans, trains and reports a
 :func:`collect_results` turns the finished runs into the numbers (per-model mean +- population std, per-seed values, the promotion
 gate of :mod:`drmlab.experiments.stats` for every ordered pair); :mod:`drmlab.experiments.ablate.report`
 writes them as results.json / .md / .csv and the plots.
+
+Its parts, one job each: the study record and its folders (:mod:`~drmlab.experiments.ablate.study`),
+planning (:mod:`~drmlab.experiments.ablate.plan`) and the numbers (:mod:`~drmlab.experiments.ablate.results`);
+this module runs the study. Every name they define is importable from here too.
 """
 
 from __future__ import annotations
@@ -35,44 +39,26 @@ import time
 from pathlib import Path
 
 from drmlab.experiments import lr_sweep
-from drmlab.experiments.ablate import report as ablate_report
+from drmlab.experiments.ablate.plan import (  # noqa: F401 (re-exported)
+    CHECK_VOCAB,
+    DEFAULT_TOKENS,
+    RESCORING_KEYS,
+    check_seeds,
+    distinct_names,
+    plan_study,
+    record_study,
+    study_record,
+)
+from drmlab.experiments.ablate.results import (  # noqa: F401 (re-exported)
+    collect_results,
+    collect_runs,
+    summarize,
+    sweep_results,
+    write_results,
+)
+from drmlab.experiments.ablate.study import STUDY_FILE, Study, run_dir, tuning_dir  # noqa: F401 (re-exported)
 from drmlab.experiments.spec import DEFAULT_MODELS, DEFAULT_SEEDS, Log, Runtime, StudySpec  # noqa: F401 (re-exported)
-from drmlab.experiments.stats import GATE_RULE, gate, mean_std
-from drmlab.naming import suggest
-from drmlab.training.config import TRAIN_DEFAULTS, TRAIN_KEYS, parse_tokens, resolve_train_config, split_overrides
 from drmlab.training.run_info import DataInfo, RunInfo
-
-DEFAULT_TOKENS = 5_005_312  # the reference: 611 steps of 8,192 tokens
-STUDY_FILE = "study.json"
-# Train settings that only change the final rescoring: a rerun may change them.
-RESCORING_KEYS = ("eval_tokens", "eval_batch_size")
-# Model settings are checked on a byte-vocabulary build: no setting name depends on the vocabulary.
-CHECK_VOCAB = 256
-
-
-@dataclasses.dataclass(frozen=True)
-class Study:
-    """A planned study (:func:`plan_study`): every label trains once per seed under one train config;
-    what ``study.json`` records."""
-
-    models: list[str]  # labels, in report order
-    seeds: list[int]
-    preset: str
-    train: dict  # TrainConfig fields except the seed
-    model_overrides: dict[str, dict]  # label -> model settings (only labels that have some)
-    data_source: str | None
-    tokenizer: str
-    # label -> registered name where they differ (NAME:ARM specs, the loop study's arms)
-    registry_names: dict[str, str] = dataclasses.field(default_factory=dict)
-    lr_grid: list[float] | None = None  # sweep these rates per model first (None: train["lr"] for all)
-    tune_tokens: int | None = None  # budget of each sweep run (None: the study's budget)
-
-    def registry_name(self, label: str) -> str:
-        return self.registry_names.get(label, label)
-
-    @property
-    def tune_seed(self) -> int:
-        return self.seeds[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,173 +93,6 @@ class Split:
     train: object
     scored: object
     count_bytes: object
-
-
-def tuning_dir(out: str | Path, label: str, lr: float) -> Path:
-    """Where the sweep run of ``label`` at rate ``lr`` lives."""
-    from drmlab.models.registry import spec_path_name
-
-    return Path(out) / "tuning" / f"{spec_path_name(label)}-lr{lr_sweep.lr_label(lr)}"
-
-
-def run_dir(out: str | Path, label: str, seed: int) -> Path:
-    """Where the run of ``label`` at ``seed`` lives."""
-    from drmlab.models.registry import spec_path_name
-
-    return Path(out) / "runs" / f"{spec_path_name(label)}-seed{seed}"
-
-
-# ---------------------------------------------------------------- planning
-
-
-def distinct_names(names, what: str) -> list[str]:
-    """``names`` as a list; an empty list or a repeated name is an error naming ``what``."""
-    names = [str(n).strip() for n in names]
-    if not names or not all(names):
-        raise ValueError(f"{what}: give at least one name, and no empty ones")
-    if len(set(names)) != len(names):
-        raise ValueError(f"{what} lists a name twice: {', '.join(names)}")
-    return names
-
-
-def check_seeds(seeds) -> list[int]:
-    """``seeds`` as a list of distinct non-negative integers."""
-    seeds = list(seeds)
-    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
-        raise ValueError(f"seeds must be non-negative integers, got {seeds!r}")
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds lists a seed twice: {seeds!r}")
-    return seeds
-
-
-def plan_study(spec: StudySpec) -> Study:
-    """Check every name and setting of ``spec`` (meta-device builds: no data, no training) and plan it:
-    the budget (default :data:`DEFAULT_TOKENS`), the resolved train config, each label's model settings."""
-    from drmlab.models.registry import config_fields, parse_model_spec
-
-    models = distinct_names(spec.models, "models")
-    seeds = check_seeds(spec.seeds)
-    preset = spec.preset
-    registry_names = dict(spec.registry_names)
-    entries = {
-        label: (registry_names[label], {}) if label in registry_names else parse_model_spec(label) for label in models
-    }
-    overrides = {label: dict(kw) for label, (_, kw) in entries.items()}
-    for label, settings in spec.model_settings.items():
-        if label not in entries:
-            raise ValueError(
-                f"model settings for {label!r}, which is not one of the study's models"
-                f"{suggest(label, models)}; models: {', '.join(models)}"
-            )
-        for key in settings:
-            if key in TRAIN_KEYS:
-                raise ValueError(f"{label}.{key}: {key!r} is a train setting, the same for every model")
-        _, model_kw = split_overrides(settings, config_fields(entries[label][0], preset, CHECK_VOCAB))
-        overrides[label].update(model_kw)
-    train = dict(spec.train)
-    if "seed" in train:
-        raise ValueError("the seed of each run is one of the study's seeds, not a train setting")
-    train_kw, _ = split_overrides(train, ())  # an unknown key names the nearest train setting
-    budget = DEFAULT_TOKENS if spec.tokens is None else parse_tokens(spec.tokens)
-    cfg = resolve_train_config(preset, **{"tokens": budget, **train_kw})
-    lr_grid, tune_tokens = spec.lr_grid, spec.tune_tokens
-    if lr_grid is not None:
-        lr_grid = lr_sweep.parse_lr_grid(lr_grid)
-        if "lr" in train_kw:
-            raise ValueError("give one learning rate (lr) or a grid to sweep (lr_grid), not both")
-        tune_tokens = budget if tune_tokens is None else parse_tokens(tune_tokens)
-        resolve_train_config(
-            preset,
-            **{
-                **train_kw,
-                "tokens": tune_tokens,
-                "lr": lr_grid[0],  # a budget too small fails now
-                "milestones": None,
-            },
-        )
-    elif tune_tokens is not None:
-        raise ValueError("tune_tokens is the budget of the lr sweep: give lr_grid too")
-    for label in models:  # a bad arm or setting fails now, not after the first runs
-        fields = config_fields(entries[label][0], preset, CHECK_VOCAB, **overrides[label])
-        limit = fields.get("n_positions")
-        if isinstance(limit, int) and cfg.seq_len > limit:
-            raise ValueError(
-                f"seq_len {cfg.seq_len} exceeds {label}'s n_positions={limit}; "
-                f"raise the model setting {label}.n_positions to {cfg.seq_len}"
-            )
-    return Study(
-        models=models,
-        seeds=seeds,
-        preset=preset,
-        train={k: v for k, v in dataclasses.asdict(cfg).items() if k != "seed"},
-        model_overrides={label: kw for label, kw in overrides.items() if kw},
-        data_source=spec.data,
-        tokenizer=spec.tokenizer or "bytes",
-        registry_names={label: name for label, (name, _) in entries.items() if name != label},
-        lr_grid=lr_grid,
-        tune_tokens=tune_tokens if lr_grid is not None else None,
-    )
-
-
-def study_record(study: Study, data_meta: dict) -> dict:
-    """What ``study.json`` records of ``study`` besides its models, seeds and model settings."""
-    return {
-        "preset": study.preset,
-        "train": study.train,
-        "data_source": study.data_source,
-        "tokenizer": study.tokenizer,
-        "content_sha256": data_meta.get("content_sha256"),
-        "lr_grid": study.lr_grid,
-        "tune_tokens": study.tune_tokens,
-        "tune_seed": study.tune_seed if study.lr_grid else None,
-    }
-
-
-def record_study(out: Path, study: Study, data_meta: dict) -> None:
-    """Write ``out/study.json``; a study already there must have the same settings (it may gain
-    models and seeds, and its lr grid may change until the first paired run starts)."""
-    from drmlab.runs import read_json, write_json_atomic
-
-    path = out / STUDY_FILE
-    record = study_record(study, data_meta)
-    if path.is_file():
-        saved = read_json(path)
-        # The grid may still change (gain or lose rates) while no paired run has started: the choice
-        # is made only when a model's paired runs begin, and finished sweep runs are kept.
-        regrid = (
-            saved.get("lr_grid") is not None
-            and study.lr_grid is not None
-            and not any((p / "config.json").is_file() for p in (out / "runs").glob("*"))
-        )
-        problems = [
-            f"{k}: {saved.get(k)!r} in the study, {v!r} now"
-            for k, v in record.items()
-            if k != "train"
-            and saved.get(k) != v  # a study from before sweeps has no lr_grid: None
-            and not (regrid and k == "lr_grid")
-        ]
-        if study.lr_grid is not None and saved.get("lr_grid") not in (None, study.lr_grid) and not regrid:
-            problems.append("(the lr grid can change only before the first paired run starts)")
-        saved_train = saved.get("train", {})
-        for k, v in record["train"].items():
-            before = saved_train.get(k, TRAIN_DEFAULTS.get(k))  # a setting added later had its default
-            if k not in RESCORING_KEYS and before != v:
-                problems.append(f"{k}: {before!r} in the study, {v!r} now")
-        for model, overrides in study.model_overrides.items():
-            before = saved.get("model_overrides", {}).get(model)
-            if before is not None and before != overrides:
-                problems.append(f"{model} settings: {before!r} in the study, {overrides!r} now")
-        if problems:
-            raise ValueError(
-                f"{out} holds a study with other settings (give it another output folder): " + "; ".join(problems)
-            )
-        models = list(dict.fromkeys(saved.get("models", []) + study.models))
-        seeds = sorted(set(saved.get("seeds", [])) | set(study.seeds))
-        overrides = {**saved.get("model_overrides", {}), **study.model_overrides}
-    else:
-        models, seeds, overrides = study.models, study.seeds, study.model_overrides
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, dict(record, models=models, seeds=seeds, model_overrides=overrides))
 
 
 # ---------------------------------------------------------------- running
@@ -446,158 +265,3 @@ def _train_one(
         f"{time.perf_counter() - t0:.0f} s"
     )
     return "done"
-
-
-def sweep_results(out: str | Path, study: Study | dict) -> dict[str, dict]:
-    """Each model's sweep so far: ``{model: {"scores": {rate label: tuning CE or None}, "complete":
-    every rate finished or diverged, "lr": the chosen rate (None until complete), "edge", "edge_side",
-    "diverged"}}``; {} for a study without a grid."""
-    from drmlab.runs import RunDir
-
-    grid = study.lr_grid if isinstance(study, Study) else study.get("lr_grid")
-    models = study.models if isinstance(study, Study) else study["models"]
-    if not grid:
-        return {}
-    sweeps = {}
-    for model in models:
-        scores, finished = {}, 0
-        for lr in grid:
-            run = RunDir(tuning_dir(out, model, lr))
-            summary = run.read_summary() or {}
-            done = summary.get("finished") and summary.get("val_ce") is not None
-            stopped = summary.get("stopped") in ("non-finite", "diverged")
-            scores[lr] = summary["val_ce"] if done else None
-            finished += bool(done or stopped)
-        complete = finished == len(grid)
-        choice = lr_sweep.choose(scores) if complete else {"lr": None, "edge": False, "edge_side": None, "diverged": []}
-        sweeps[model] = {
-            "scores": {lr_sweep.lr_label(lr): v for lr, v in scores.items()},
-            "complete": complete,
-            **choice,
-        }
-    return sweeps
-
-
-# ---------------------------------------------------------------- results
-
-
-def collect_runs(out: str | Path, study: dict) -> list[dict]:
-    """Every finished run of the recorded ``study`` under ``out/runs``, with its curves (training loss and
-    sampled validation CE, downsampled: :func:`drmlab.experiments.results.curves`)."""
-    from drmlab.experiments.results import curves
-    from drmlab.runs import RunDir
-
-    runs = []
-    for model in study["models"]:
-        for seed in study["seeds"]:
-            run = RunDir(run_dir(out, model, seed))
-            summary = run.finished_summary()
-            if summary is None:
-                continue
-            rows = run.read_metrics()
-            milestones = [(r["tokens"], r["val_ce"], r["val_bpb"]) for r in rows if r.get("kind") == "milestone"]
-            runs.append(
-                {
-                    "model": model,
-                    "seed": seed,
-                    "params": summary["params"],
-                    "val_ce": summary["val_ce"],
-                    "val_bpb": summary["val_bpb"],
-                    "tokens": summary["tokens"],
-                    "tokens_per_s": summary["tokens_per_s"],
-                    "train_seconds": summary["train_seconds"],
-                    "curves": curves(rows),
-                    "milestones": milestones,
-                }
-            )
-    return runs
-
-
-def _milestone_means(rows: list[dict]) -> list[dict]:
-    """Mean +- std over seeds of the rescored CE and bits/byte at each milestone every run reached."""
-    marks = sorted({t for r in rows for t, _, _ in r.get("milestones", [])})
-    out = []
-    for tokens in marks:
-        values = [(ce, bpb) for r in rows for t, ce, bpb in r.get("milestones", []) if t == tokens]
-        if len(values) == len(rows):
-            ce, ce_std = mean_std([v[0] for v in values])
-            bpb, bpb_std = mean_std([v[1] for v in values])
-            out.append(
-                {
-                    "tokens": tokens,
-                    "ce_mean": ce,
-                    "ce_std": ce_std,
-                    "bpb_mean": bpb,
-                    "bpb_std": bpb_std,
-                    "n_seeds": len(values),
-                }
-            )
-    return out
-
-
-def summarize(runs: list[dict], models: list[str]) -> tuple[dict, list[dict]]:
-    """(per-model statistics, the gate for every ordered pair of models with runs)."""
-    per_model = {}
-    for model in models:
-        rows = [r for r in runs if r["model"] == model]
-        if not rows:
-            continue
-        ce_mean, ce_std = mean_std([r["val_ce"] for r in rows])
-        bpb_mean, bpb_std = mean_std([r["val_bpb"] for r in rows])
-        speeds = [r["tokens_per_s"] for r in rows if r["tokens_per_s"]]
-        per_model[model] = {
-            "params": rows[0]["params"],
-            "n_seeds": len(rows),
-            "ce_mean": ce_mean,
-            "ce_std": ce_std,
-            "ce_min": min(r["val_ce"] for r in rows),
-            "ce_max": max(r["val_ce"] for r in rows),
-            "bpb_mean": bpb_mean,
-            "bpb_std": bpb_std,
-            "tokens_per_s": sum(speeds) / len(speeds) if speeds else None,
-            "per_seed": {r["seed"]: r["val_ce"] for r in rows},
-            "milestones": _milestone_means(rows),
-        }
-    gates = []
-    for cand in per_model:
-        for base in per_model:
-            if cand != base:
-                gates.append(
-                    dict(
-                        candidate=cand, baseline=base, **gate(per_model[cand]["per_seed"], per_model[base]["per_seed"])
-                    )
-                )
-    return per_model, gates
-
-
-def collect_results(out: str | Path) -> dict:
-    """The study under ``out`` as numbers: its record, per-model statistics, runs, gates, completeness, and
-    the provenance of this collection (:func:`drmlab.experiments.results.provenance`)."""
-    from drmlab.experiments.results import provenance
-    from drmlab.runs import read_json
-
-    study = read_json(Path(out) / STUDY_FILE)
-    runs = collect_runs(out, study)
-    per_model, gates = summarize(runs, study["models"])
-    sweeps = sweep_results(out, study)
-    for model, stats in per_model.items():
-        stats["lr"] = sweeps[model]["lr"] if sweeps else study["train"]["lr"]
-    results = {
-        "provenance": provenance(study),
-        "study": study,
-        "models": per_model,
-        "runs": runs,
-        "gate": gates,
-        "gate_rule": dict(GATE_RULE),
-        "complete": len(runs) == len(study["models"]) * len(study["seeds"]),
-    }
-    if sweeps:
-        results["lr_sweep"] = sweeps
-    return results
-
-
-def write_results(out: str | Path, log: Log | None = None) -> dict:
-    """(Re)write the report of the finished runs under ``out``; return the results."""
-    results = collect_results(out)
-    ablate_report.write_report(results, out, log=log)
-    return results

@@ -7,7 +7,7 @@ curriculum with a plain language step after every 4th MQAR batch.
 A curriculum, a loss and its stage evaluations on top of :func:`drmlab.training.train`:
 ``curriculum`` (stages, settings), ``batches`` (the mixed language / MQAR source, three random
 streams keyed by the step), ``losses`` (distillation KL, language and MQAR losses, the loss piece)
-and ``recipe`` (student and teacher, the two learning-rate groups, the hooks, verdicts, the run).
+``student`` (student and teacher, the learning-rate groups) and ``recipe`` (the hooks, verdicts, the run).
 """
 
 from drmlab.experiments.specialise.batches import MixedBatches, language_batch, mqar_batch, uses_language

@@ -1,0 +1,208 @@
+"""Reading the distance MQAR task (docs/mqar.md section 8): scoring a model at one length.
+
+A sequence of at most ``chunk`` input tokens is one parallel forward (:func:`read_scored`). A longer
+one runs its first ``chunk`` tokens through ``model(tokens, return_state=True)`` (the prefill of
+:mod:`drmlab.generation`) and then steps the rest one token at a time with ``model.step``, carrying
+the decoding state and keeping only the logits of the scored positions, so memory does not grow with
+L for a model whose state does not. A model with a learned position table, or whose decoding state
+grows with every token (a key/value cache), is read only up to its context: longer lengths are
+reported "n/a (context N)" (:func:`context_limit`). :func:`read_length` scores ``n_eval`` evaluation
+examples of one length, plainly or under a recall control (:mod:`drmlab.experiments.mqar.controls`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+import torch.nn as nn
+
+from drmlab.experiments.mqar.distance_gates import wilson_interval
+from drmlab.experiments.mqar.distance_task import (
+    MARKER,
+    PAIRS,
+    check_length,
+    evaluation_tokens,
+    scored_positions,
+    split_tokens,
+)
+
+DEFAULT_EVAL_BATCH = 128
+DEFAULT_EVAL_SEED = 0
+DEFAULT_CHUNK = 512
+
+
+def state_nbytes(state) -> int:
+    """Bytes of every tensor in a decoding state (dataclasses, tuples, lists and dicts walked), without the
+    fields a state type lists in ``CACHE_FIELDS`` (caches recomputable from the rest, such as the DRM
+    fast step's block constants): the state a sequence must carry."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    derived = getattr(type(state), "CACHE_FIELDS", ())
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        return sum(state_nbytes(getattr(state, f.name)) for f in dataclasses.fields(state) if f.name not in derived)
+    if derived and hasattr(state, "_fields"):  # a NamedTuple
+        return sum(state_nbytes(getattr(state, name)) for name in state._fields if name not in derived)
+    if isinstance(state, (tuple, list)):
+        return sum(state_nbytes(s) for s in state)
+    if isinstance(state, dict):
+        return sum(state_nbytes(s) for s in state.values())
+    return 0
+
+
+@torch.no_grad()
+def decode_state_grows(model: nn.Module, probe: int = 8) -> bool:
+    """Whether the decoding state gets larger with every token (a key/value cache): steps ``probe``
+    tokens at batch 1 and checks the state's bytes rise at each step after the first."""
+    device = next(model.parameters()).device
+    state = model.init_state(1)
+    sizes = []
+    for _ in range(probe):
+        _, state = model.step(torch.full((1,), MARKER, dtype=torch.long, device=device), state)
+        sizes.append(state_nbytes(state))
+    return all(b > a for a, b in zip(sizes[1:], sizes[2:]))
+
+
+def context_limit(model: nn.Module) -> int | None:
+    """The most input tokens the model can read, or None for no limit: the rows of a learned position
+    table (``has_position_limit``: n_positions or max_seq_len), or the training window max_seq_len of a
+    model whose decoding state grows with every token; None for a constant-size state."""
+    config = getattr(model, "config", None)
+    if getattr(model, "has_position_limit", False):
+        return int(getattr(config, "n_positions", None) or config.max_seq_len)
+    was_training = model.training
+    model.eval()
+    try:
+        grows = decode_state_grows(model)
+    finally:
+        model.train(was_training)
+    if grows:
+        window = getattr(config, "max_seq_len", None) or getattr(config, "n_positions", None)
+        if not isinstance(window, int):
+            raise ValueError(
+                f"{getattr(model, 'model_name', type(model).__name__)}'s decoding state grows with "
+                "every token and its config names no window (max_seq_len)"
+            )
+        return window
+    return None
+
+
+@torch.no_grad()
+def read_scored(model: nn.Module, inputs: torch.Tensor, positions, chunk: int) -> tuple[torch.Tensor, object]:
+    """(logits [B, len(positions), vocab] at the input ``positions``, the decoding state after the last
+    input): one forward with ``return_state=True`` when the inputs have at most ``chunk`` tokens;
+    otherwise the first ``chunk`` so, then ``model.step`` over the rest."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be a positive number of tokens, got {chunk}")
+    positions = [int(p) for p in positions]
+    length = inputs.shape[1]
+    out = model(inputs[:, :chunk].long(), return_state=True)
+    if length <= chunk:
+        return out.logits[:, positions], out.state
+    kept = {p: out.logits[:, p] for p in positions if p < chunk}
+    state, wanted = out.state, set(positions)
+    del out
+    for t in range(chunk, length):
+        logits, state = model.step(inputs[:, t].long(), state)
+        if t in wanted:
+            kept[t] = logits
+    return torch.stack([kept[p] for p in positions], dim=1), state
+
+
+@torch.no_grad()
+def read_length(
+    model: nn.Module,
+    length: int,
+    n_eval: int,
+    *,
+    eval_seed: int = DEFAULT_EVAL_SEED,
+    eval_batch: int = DEFAULT_EVAL_BATCH,
+    chunk: int = DEFAULT_CHUNK,
+    context: int | None = None,
+    control: str | None = None,
+) -> dict:
+    """Score ``n_eval`` evaluation examples of ``length``: correct, total, accuracy, its Wilson 95%
+    interval, the same for the first query of each sequence (``first_*``), per-query accuracy, the
+    decoding state's bytes per sequence, tokens/s, seconds (and peak CUDA memory). A length whose
+    inputs exceed ``context`` is not read: ``status`` "n/a". ``control``: one of the recall controls
+    of :mod:`drmlab.experiments.mqar.controls` (section 8.1) read instead of the plain examples; with
+    ``keys_shuffled`` also the hits on the values the queried keys are now bound to (``bound_*``) and
+    ``binder_level``, the share of targets equal to that bound value (a perfect binder's accuracy)."""
+    from drmlab.experiments.mqar import controls
+
+    check_length(length)
+    record = {"length": length, "n_eval": n_eval, "eval_seed": eval_seed}
+    if control is not None:
+        record["control"] = controls.parse_controls([control])[0]
+    if context is not None and length - 1 > context:
+        return dict(record, status="n/a", context=context)
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    positions = scored_positions(length)
+    by_query = torch.zeros(PAIRS, dtype=torch.long)
+    bound_hits = binder_hits = 0
+    state_bytes = 0
+    t0 = time.perf_counter()
+    try:
+        with controls.memory_switched(model, control):
+            for start in range(0, n_eval, eval_batch):
+                rows = range(start, min(start + eval_batch, n_eval))
+                tokens, bound = evaluation_tokens(eval_seed, length, rows), None
+                if control is not None:
+                    tokens, bound = controls.control_tokens(control, tokens, eval_seed, rows)
+                inputs, targets = split_tokens(tokens)
+                if control == "pairs_unwritten":
+                    logits, state = controls.read_pairs_unwritten(model, inputs.to(device), positions)
+                else:
+                    logits, state = read_scored(model, inputs.to(device), positions, chunk)
+                pred = logits.argmax(dim=-1).cpu()
+                by_query += (pred == targets[:, positions]).sum(0)
+                if bound is not None:
+                    bound_hits += int((pred == bound).sum())
+                    binder_hits += int((bound == targets[:, positions]).sum())
+                state_bytes = max(state_bytes, state_nbytes(state) // len(rows))
+    finally:
+        model.train(was_training)
+    if cuda:
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - t0
+    correct, total = int(by_query.sum()), n_eval * PAIRS
+    first = int(by_query[0])
+    record.update(
+        status="read",
+        correct=correct,
+        total=total,
+        acc=correct / total,
+        ci95=list(wilson_interval(correct, total)),
+        first_correct=first,
+        first_total=n_eval,
+        first_acc=first / n_eval,
+        first_ci95=list(wilson_interval(first, n_eval)),
+        by_query=(by_query.double() / n_eval).tolist(),
+        state_bytes=state_bytes,
+        mode=(
+            "prefill 16 + steps"
+            if control == "pairs_unwritten"
+            else "parallel"
+            if length - 1 <= chunk
+            else f"prefill {chunk} + steps"
+        ),
+        chunk=chunk,
+        seconds=seconds,
+        tokens_per_s=n_eval * (length - 1) / seconds if seconds > 0 else None,
+    )
+    if control == "keys_shuffled":
+        record.update(
+            bound_correct=bound_hits,
+            bound_acc=bound_hits / total,
+            bound_ci95=list(wilson_interval(bound_hits, total)),
+            binder_level=binder_hits / total,
+        )
+    if cuda:
+        record["peak_cuda_bytes"] = int(torch.cuda.max_memory_allocated(device))
+    return record
