@@ -7,8 +7,7 @@ import argparse
 import pytest
 import torch
 
-from drmlab.cli import build_parser
-from drmlab.cli import common
+from drmlab.cli import build_parser, common
 from drmlab.training import fast
 
 
