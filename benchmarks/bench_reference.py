@@ -305,9 +305,11 @@ def write_record(args, root: Path, presets: list[dict]) -> None:
     command = (
         "python benchmarks/bench_reference.py --reference REFERENCE "
         + " ".join(f"--{k} {getattr(args, k)}" for k in ("presets", "variants", "rounds", "threads", "step"))
-        + "".join(f" --{k}" for k in ("plain", "fast") if getattr(args, k))
+        + "".join(f" --{k}" for k in ("plain", "fast") if getattr(args, k, False))
     )
-    settings = {k: getattr(args, k) for k in ("presets", "variants", "rounds", "threads", "step", "plain", "fast")}
+    settings = {
+        k: getattr(args, k, False) for k in ("presets", "variants", "rounds", "threads", "step", "plain", "fast")
+    }
     settings["reference"] = "gnai-creator/drm-language-emitter at " + (head.stdout.strip() or "an unknown commit")
     record = {
         "title": "Training tokens/s of drmlab's DRM variants against the upstream reference implementation, "

@@ -13,8 +13,10 @@ examples:
   drmlab generate --ckpt runs/J-tiny-seed0 --prompt "import " --temperature 0.7 --top-k 40 --seed 3
 
 The prompt runs through the model's parallel forward (prefill); the continuation is decoded one
-token at a time through the model's exact step function. The same seed gives the same text.
---fused-step decodes a DRM model by its fused C step instead (docs/drm.md section A.4.5).
+token at a time, by a DRM model's fused C step where it applies (equal to the exact step to round-off,
+docs/drm.md section A.4.5), else by the model's exact step. The same seed gives the same text.
+--no-fused-step decodes by the exact step always; --fused-step insists on the fused one (an error where
+it cannot apply, with the reason).
 """
 
 
@@ -38,9 +40,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     common.add_device_argument(parser, "cpu", "cpu (default), cuda, auto")
     parser.add_argument(
         "--fused-step",
-        action="store_true",
-        help="DRM models: decode by the fused C step (equal to the exact step to round-off, not bit for bit; "
-        "the exact step where it does not apply, with the reason)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="DRM models: decode by the fused C step (equal to the exact step to round-off, not bit for bit). "
+        "Default: where it applies; --fused-step: an error where it cannot, with the reason; --no-fused-step: "
+        "the exact step always",
     )
     parser.set_defaults(func=run)
     return parser

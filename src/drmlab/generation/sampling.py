@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from drmlab.ops.fusion import fused_enabled
+
 
 @torch.no_grad()
 def prefill(model, tokens: torch.Tensor) -> tuple[torch.Tensor, object]:
@@ -83,15 +85,17 @@ def generate(
     on_text: Callable[[str], None] | None = None,
     use_prefill: bool = True,
     keep_logits: bool = False,
-    fused_step: bool = False,
+    fused_step: bool | None = None,
 ) -> GenerationResult:
     """Continue ``prompt`` by ``max_new_tokens`` tokens sampled from ``model``.
 
     ``on_text`` receives decoded text as tokens arrive (incomplete UTF-8 is held back).
     The same seed gives the same text. ``use_prefill=False`` steps through the prompt
-    instead of the parallel forward; both give the same tokens. ``fused_step=True`` decodes by the
-    model's ``step_fused`` (DRM models: one C call per token inside a block, equal to ``step`` to
-    round-off, not bit for bit; ``docs/drm.md`` section A.4.5) instead of ``step``.
+    instead of the parallel forward; both give the same tokens. Decoding is by the model's
+    ``step_fused`` (DRM models: one C call per token inside a block, equal to ``step`` to round-off,
+    not bit for bit; ``docs/drm.md`` section A.4.5) where it applies and fused kernels are on
+    (``fused_step=None``, the default), always (``True``: an error for a model without one) or never
+    (``False``: ``step``).
     """
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -146,8 +150,12 @@ def generate(
     )
 
 
-def _step_function(model, fused_step: bool):
-    """``model.step``, or ``model.step_fused`` with ``fused_step`` (a ValueError where the model has none)."""
+def _step_function(model, fused_step: bool | None):
+    """``model.step``, or ``model.step_fused`` with ``fused_step`` (a ValueError where the model has none);
+    with None, ``step_fused`` where the model has one that applies and fused kernels are on."""
+    if fused_step is None:
+        unsupported = getattr(model, "fused_step_unsupported", None)
+        fused_step = fused_enabled() and unsupported is not None and unsupported() is None
     if not fused_step:
         return model.step
     fused = getattr(model, "step_fused", None)
