@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_runs import train_argv
+from cli_runs import CORPUS, one_line, train_argv
 
 from drmlab.cli import VERBS, build_parser, main
 from drmlab.runs import RunDir
@@ -90,3 +90,48 @@ def test_a_checkpoint_json_full_of_garbage_is_recovered_and_said_in_one_line(fin
         shutil.copyfile(RunDir(run).checkpoint_dir() / "manifest.json", run / "checkpoint.json")
         assert main(_readers(run, corpus, tmp_path / "again")[verb]) == 0
         assert "checkpoint.json" not in capsys.readouterr().err
+
+
+def _steps_argv(out: Path, corpus: Path, *flags: str) -> list[str]:
+    argv = train_argv(out, corpus, *flags)
+    at = argv.index("--tokens")
+    return argv[:at] + argv[at + 2 :]  # no --tokens: the budget comes from the flags
+
+
+def test_a_budget_in_optimizer_steps_is_recorded_and_resumed(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS)
+    run = tmp_path / "run"
+    assert main(_steps_argv(run, corpus, "--steps", "3")) == 0
+    train = RunDir(run).read_config()["train"]
+    per_step = train["batch_size"] * train["grad_accum"] * train["seq_len"]
+    assert (train["steps"], train["tokens"]) == (3, 3 * per_step)
+    assert RunDir(run).read_summary()["tokens"] == 3 * per_step
+    # resumed with a higher budget in steps: it goes on to step 5 and records the new budget
+    assert main(_steps_argv(run, corpus, "--resume", "--steps", "5")) == 0
+    train = RunDir(run).read_config()["train"]
+    assert (train["steps"], train["tokens"]) == (5, 5 * per_step)
+    assert max(r["step"] for r in RunDir(run).read_metrics() if r["kind"] == "train") == 5
+    (resume,) = [r for r in RunDir(run).read_metrics() if r["kind"] == "resume" and "steps" in r.get("changed", {})]
+    assert resume["changed"]["steps"] == [3, 5]
+    # and then in tokens: the budget in steps gives way
+    assert main(_steps_argv(run, corpus, "--resume", "--tokens", str(6 * per_step))) == 0
+    train = RunDir(run).read_config()["train"]
+    assert (train["steps"], train["tokens"]) == (None, 6 * per_step)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--steps", "3", "--tokens", "2k"], "--tokens and --steps exclude each other"),
+        (["--steps", "3", "--set", "tokens=2k"], "--tokens and --steps exclude each other"),
+        (["--steps", "0"], "--steps must be a positive whole number of optimizer steps"),
+        (["--steps", "two"], "--steps must be a positive whole number of optimizer steps"),
+    ],
+)
+def test_steps_and_tokens_exclude_each_other(tmp_path, capsys, flags, message):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS)
+    assert main(_steps_argv(tmp_path / "run", corpus, *flags)) == 2
+    assert message in one_line(capsys.readouterr().err)
+    assert not (tmp_path / "run").exists()

@@ -84,10 +84,11 @@ from drmlab.training.utilisation import Utilisation, count_step_flops, gemm_peak
 IGNORE_INDEX = BatchSource.IGNORE_INDEX  # a target that is not scored
 
 # Train settings that may differ when resuming: they change neither the batches nor the updates
-# (``tokens`` only under the constant schedule, where it does not shape the learning rate;
-# ``compile`` only the order of rounding, as another device or thread count does).
+# (``tokens`` -- or ``steps``, which sets it -- only under the constant schedule, where it does not shape the
+# learning rate; ``compile`` only the order of rounding, as another device or thread count does).
 RESUMABLE_CHANGES = (
     "tokens",
+    "steps",
     "eval_every",
     "eval_windows",
     "eval_tokens",
