@@ -135,3 +135,28 @@ def test_steps_and_tokens_exclude_each_other(tmp_path, capsys, flags, message):
     assert main(_steps_argv(tmp_path / "run", corpus, *flags)) == 2
     assert message in one_line(capsys.readouterr().err)
     assert not (tmp_path / "run").exists()
+
+
+def test_an_unknown_setting_names_the_nearest_first_in_one_short_line(tmp_path, capsys):
+    """It printed all ~120 train and model settings on one line."""
+    missing = str(tmp_path / "no-such-corpus")
+    assert main(["train", "--set", "lrr=1e-3", "--data", missing, "--out", str(tmp_path / "out")]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "unknown setting 'lrr' (did you mean 'lr'?); nearest: lr, " in line and "(of 1" in line
+    assert len(line) < 300 and "drmlab inspect --settings" in line
+    assert main(["train", "--model", "J", "--set", "d_stat=3", "--data", missing, "--out", str(tmp_path / "out")]) == 2
+    assert "nearest: d_state, " in one_line(capsys.readouterr().err)
+    # where every name is listed, with its value at the preset
+    assert main(["inspect", "--settings", "--model", "J", "--preset", "micro", "--set", "d_state=12"]) == 0
+    listed = capsys.readouterr().out
+    assert "\n  lr = 0.003\n" in listed and "\n  d_state = 12\n" in listed and "\n  steps = null\n" in listed
+
+
+def test_a_short_list_of_names_is_printed_whole():
+    from drmlab.naming import known_names, unknown
+
+    assert known_names("tni", ["micro", "tiny"]) == "known: micro, tiny"
+    many = [f"name_{i}" for i in range(40)] + ["d_state"]
+    listed = known_names("d_stat", many)
+    assert listed.startswith("nearest: d_state, name_") and listed.endswith(" (of 41)") and listed.count(",") == 4
+    assert str(unknown("setting", "d_stat", many)).startswith("unknown setting 'd_stat' (did you mean 'd_state'?)")

@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from drmlab.naming import suggest
+from drmlab.naming import known_names, suggest
 from drmlab.presets import PRESET_DEFAULTS
 
 SCHEDULES = ("constant", "cosine")
@@ -194,8 +194,8 @@ def split_overrides(assignments: dict, model_keys) -> tuple[dict, dict]:
         else:
             known = set(TRAIN_KEYS) | model_keys
             raise ValueError(
-                f"unknown setting {key!r}{suggest(key, known)}; train settings: {', '.join(TRAIN_KEYS)}; "
-                f"model settings: {', '.join(sorted(model_keys))}"
+                f"unknown setting {key!r}{suggest(key, known)}; {known_names(key, known)}: "
+                "`drmlab inspect --settings --model NAME` lists them all"
             )
     if "tokens" in train:
         train["tokens"] = parse_tokens(train["tokens"])
