@@ -6,7 +6,9 @@ reader, and the folders the documentation's examples write are ignored by git.""
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -160,3 +162,18 @@ def test_a_short_list_of_names_is_printed_whole():
     listed = known_names("d_stat", many)
     assert listed.startswith("nearest: d_state, name_") and listed.endswith(" (of 41)") and listed.count(",") == 4
     assert str(unknown("setting", "d_stat", many)).startswith("unknown setting 'd_stat' (did you mean 'd_state'?)")
+
+
+def test_the_folders_the_docs_examples_write_are_ignored_by_git():
+    """`drmlab export ... --out hf/J-tiny` (docs/integrations.md) left an export that `git status` offered to commit."""
+    listed = subprocess.run(["git", "ls-files", "README.md", "docs"], cwd=ROOT, capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    outputs = set()
+    for name in listed.stdout.split():
+        if name.endswith(".md"):
+            outputs |= set(re.findall(r"--out[= ]([a-z][\w.-]*/[\w./-]*)", (ROOT / name).read_text()))
+    assert "hf/J-tiny" in outputs
+    for out in sorted(outputs):
+        ignored = subprocess.run(["git", "check-ignore", "-q", f"{out}/config.json"], cwd=ROOT)
+        assert ignored.returncode == 0, f"{out} (an example's output folder) is not ignored by git"
