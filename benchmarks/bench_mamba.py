@@ -4,7 +4,7 @@ Run: python benchmarks/bench_mamba.py [--steps 4] [--hf-steps 1] [--hf-paths loo
 
 Both models have the same configuration and start from the same weights (ours loads the HF
 state dict): d_model 384, 6 layers, d_state 16, expand 2, d_conv 4, dt_rank 24, vocabulary 65,
-tied embeddings = 5,810,688 parameters (the 5.81M-parameter Mamba of the README's benchmark figures).
+tied embeddings = 5,810,688 parameters (the 5.81M-parameter Mamba of docs/results-in-full.md's benchmark figures).
 A training step is forward + next-token cross-entropy + backward + AdamW on a batch of
 8 x 256 tokens; tokens/s = 2048 / the median step time.
 

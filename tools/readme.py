@@ -1,22 +1,25 @@
-"""Repository tooling: the README's generated tables and its figure, rendered from the committed results.
+"""Repository tooling: the generated tables of the README and the results pages, and the figure, rendered
+from the committed results.
 
 Run from anywhere: ``python tools/readme.py --check`` (the default; exit 1 naming every stale table or
 figure and every committed record without its provenance) or ``python tools/readme.py --write``
 (rewrite them). Not part of the installed package; it imports drmlab as a library.
 
-Every study or benchmark figure in the README comes from ``docs/studies/NAME/results.json``
-(docs/studies/README.md describes the files). This module computes what the README's tables print
-from those values -- means and population standard deviations from per-seed values, bits per byte
-from nats (divided by ln 2), ratios of two measurements -- and renders:
+Every study or benchmark figure in the README's headline table, on ``docs/results.md`` (each study a
+table and two sentences) and on ``docs/results-in-full.md`` (each study in full) comes from
+``docs/studies/NAME/results.json`` (docs/studies/README.md describes the files). This module computes
+what the tables print from those values -- means and population standard deviations from per-seed
+values, bits per byte from nats (divided by ln 2), ratios of two measurements -- and renders:
 
 * the tables, each between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``
-  (:func:`render_blocks`; :func:`replace_blocks` writes them into the README text);
+  (:func:`render_blocks`; :func:`replace_blocks` writes them into a page's text); :data:`PAGES` says
+  which page holds which tables;
 * ``docs/figures/compare-tiny.png``, MQAR accuracy against bits per byte, drawn by
   :func:`drmlab.experiments.probes.compare.plot` with the SHA-256 of the values it was drawn from in
   its PNG metadata (``drmlab-source``), so a check needs no particular matplotlib version.
 
-The claims the README's prose makes about these results are tests over the same files
-(``tests/studies/``), not phrases matched here: the wording is free.
+The claims the pages' prose makes about these results are tests over the same files
+(``tests/studies/``), which also find each number they check in the study's sections of the pages.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STUDIES_DIR = Path("docs") / "studies"
 FIGURE_PATH = Path("docs") / "figures" / "compare-tiny.png"
 README_PATH = Path("README.md")
+RESULTS_PATH = Path("docs") / "results.md"
+DETAILS_PATH = Path("docs") / "results-in-full.md"
 REQUIRED_PROVENANCE = ("command", "commit", "date")
 BLOCK = re.compile(r"<!-- generated: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- end generated -->", re.DOTALL)
 FIGURE_KEY = "drmlab-source"
@@ -84,7 +89,7 @@ def _two_places_below_ten(x: float) -> str:
 
 
 def _sci(x: float) -> str:
-    """A learning rate as the README writes it: 4e-3, 2.5e-4."""
+    """A learning rate as the pages write it: 4e-3, 2.5e-4."""
     mantissa, exponent = f"{x:e}".split("e")
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
@@ -620,7 +625,24 @@ def _full_budget_paired_table(studies: dict[str, dict]) -> str:
     return _table(["model", "lr", "bits/byte", "seeds 1 / 2 / 3"], ["---", "---:", "---", "---"], rows)
 
 
+def _headline_table(studies: dict[str, dict]) -> str:
+    """The README's one results table: the protocol at tiny (each model at its swept rate, 5M tokens), bits per
+    byte over its seeds and training tokens/s, best first."""
+    study = studies["protocol-tiny"]
+    rows = []
+    for model, m in sorted(study["models"].items(), key=lambda kv: mean_std(_seed_values(kv[1]["per_seed"]))[0]):
+        speed = mean_std([r["tokens_per_s"] for r in study["runs"] if r["model"] == model])[0]
+        rows.append([model, f"{m['params']:,}", _sci(m["lr"]), _bpb_cells(m)[0], f"{speed:,.0f}"])
+    n = len(study["study"]["seeds"])
+    return _table(
+        ["model", "params", "lr (swept)", f"val bits/byte, {n} seeds", "train tok/s (1 thread)"],
+        ["---", "---:", "---:", "---", "---:"],
+        rows,
+    )
+
+
 BLOCK_RENDERERS = {
+    "headline": _headline_table,
     "protocol-tiny": _protocol_table,
     "protocol-tiny-sweep": _protocol_sweep_table,
     "protocol-tiny-fullbudget": _full_budget_sweep_table,
@@ -640,27 +662,49 @@ BLOCK_RENDERERS = {
 }
 
 
+# Which page holds which tables: the README its one headline table, docs/results.md one table per study (the
+# first table of each), docs/results-in-full.md every study table in its place. A page holds exactly these.
+PAGES: dict[Path, tuple[str, ...]] = {
+    README_PATH: ("headline",),
+    RESULTS_PATH: (
+        "ablate-tiny-drm",
+        "loop-study-tiny",
+        "compare-tiny",
+        "protocol-tiny",
+        "distance-tiny",
+        "zoology-cpu",
+        "pmcs-tiny",
+        "asm-cm-controls",
+        "geometry-tiny",
+        "bench-models",
+        "bench-reference",
+        "bench-decode",
+    ),
+    DETAILS_PATH: tuple(name for name in BLOCK_RENDERERS if name != "headline"),
+}
+
+
 def render_blocks(studies: dict[str, dict]) -> dict[str, str]:
-    """Every generated README block by name, as the text between its two markers."""
+    """Every generated block by name, as the text between its two markers."""
     return {name: "\n" + render(studies) + "\n" for name, render in BLOCK_RENDERERS.items()}
 
 
-def find_blocks(readme: str) -> dict[str, str]:
-    """The README's generated blocks by name (the text between the markers)."""
+def find_blocks(text: str) -> dict[str, str]:
+    """A page's generated blocks by name (the text between the markers)."""
     found: dict[str, str] = {}
-    for match in BLOCK.finditer(readme):
+    for match in BLOCK.finditer(text):
         if match["name"] in found:
-            raise ValueError(f"README has two generated blocks named {match['name']!r}")
+            raise ValueError(f"a page has two generated blocks named {match['name']!r}")
         found[match["name"]] = match["body"]
     return found
 
 
-def replace_blocks(readme: str, blocks: dict[str, str]) -> str:
-    """``readme`` with each generated block's text replaced by ``blocks[name]``."""
-    unknown = set(find_blocks(readme)) - set(blocks)
+def replace_blocks(text: str, blocks: dict[str, str]) -> str:
+    """``text`` with each generated block's text replaced by ``blocks[name]``."""
+    unknown = set(find_blocks(text)) - set(blocks)
     if unknown:
-        raise ValueError(f"README has generated blocks this generator does not know: {', '.join(sorted(unknown))}")
-    return BLOCK.sub(lambda m: f"<!-- generated: {m['name']} -->\n{blocks[m['name']]}<!-- end generated -->", readme)
+        raise ValueError(f"a page has generated blocks this generator does not know: {', '.join(sorted(unknown))}")
+    return BLOCK.sub(lambda m: f"<!-- generated: {m['name']} -->\n{blocks[m['name']]}<!-- end generated -->", text)
 
 
 # ------------------------------------------------------------------------------- the figure
@@ -725,29 +769,35 @@ def figure_is_current(studies: dict[str, dict], path: str | Path) -> bool:
 # ------------------------------------------------------------------------------- check and write
 
 
+def _page_problems(page: Path, present: dict[str, str], blocks: dict[str, str]) -> list[str]:
+    problems = []
+    for name in PAGES[page]:
+        if name not in present:
+            problems.append(f"{page} block {name}: no '<!-- generated: {name} -->' ... '<!-- end generated -->'")
+        elif present[name] != blocks[name]:
+            diff = difflib.unified_diff(present[name].splitlines(), blocks[name].splitlines(), lineterm="", n=0)
+            changes = [line for line in diff if line[:1] in "+-" and line[:3] not in ("---", "+++")]
+            problems.append(
+                f"{page} block {name}: differs from docs/studies (run `python tools/readme.py --write`):\n  "
+                + "\n  ".join(changes)
+            )
+    problems += [f"{page} block {name}: not a table of this page" for name in present if name not in PAGES[page]]
+    return problems
+
+
 def check(root: str | Path = ROOT) -> list[str]:
-    """What in the README (and its figure) does not match the committed studies, one line each;
-    empty when everything matches."""
+    """What in the pages (and the figure) does not match the committed studies, one line each; empty when
+    everything matches."""
     root = Path(root)
     studies = load_studies(root)
-    readme = (root / README_PATH).read_text()
     problems = [
         f"docs/studies/{name}/results.json: missing {', '.join(fields)}"
         for name, study in studies.items()
         if (fields := missing_fields(study))
     ]
-    present = find_blocks(readme)
-    for name, text in render_blocks(studies).items():
-        if name not in present:
-            problems.append(f"block {name}: no '<!-- generated: {name} -->' ... '<!-- end generated -->' in README.md")
-        elif present[name] != text:
-            diff = difflib.unified_diff(present[name].splitlines(), text.splitlines(), lineterm="", n=0)
-            changes = [line for line in diff if line[:1] in "+-" and line[:3] not in ("---", "+++")]
-            problems.append(
-                f"block {name}: differs from docs/studies (run `python tools/readme.py --write`):\n  "
-                + "\n  ".join(changes)
-            )
-    problems += [f"block {name}: unknown to the generator" for name in present if name not in BLOCK_RENDERERS]
+    blocks = render_blocks(studies)
+    for page in PAGES:
+        problems += _page_problems(page, find_blocks((root / page).read_text()), blocks)
     if not figure_is_current(studies, root / FIGURE_PATH):
         problems.append(
             f"figure {FIGURE_PATH}: not drawn from docs/studies as they are (run `python tools/readme.py --write`)"
@@ -756,23 +806,28 @@ def check(root: str | Path = ROOT) -> list[str]:
 
 
 def write(root: str | Path = ROOT) -> list[str]:
-    """Rewrite the README's generated blocks and the figure from the committed studies; the names
-    of what changed."""
+    """Rewrite the pages' generated blocks and the figure from the committed studies; what changed
+    (``PAGE: NAME`` per block, the figure's path)."""
     root = Path(root)
     studies = load_studies(root)
-    readme_path = root / README_PATH
-    readme = readme_path.read_text()
     blocks = render_blocks(studies)
-    present = find_blocks(readme)
-    missing = [name for name in blocks if name not in present]
-    if missing:
-        raise ValueError(
-            f"README.md has no markers for block(s) {', '.join(missing)}: add "
-            f"'<!-- generated: NAME -->' and '<!-- end generated -->' lines where each table goes"
-        )
-    changed = [name for name in blocks if present[name] != blocks[name]]
-    if changed:
-        readme_path.write_text(replace_blocks(readme, blocks))
+    changed = []
+    for page, names in PAGES.items():
+        text = (root / page).read_text()
+        present = find_blocks(text)
+        missing = [name for name in names if name not in present]
+        extra = [name for name in present if name not in names]
+        if missing or extra:
+            raise ValueError(
+                f"{page} must hold the tables {', '.join(names)}"
+                + (f"; it has no markers for {', '.join(missing)}" if missing else "")
+                + (f"; it holds {', '.join(extra)}, which belong elsewhere" if extra else "")
+                + ": add '<!-- generated: NAME -->' and '<!-- end generated -->' lines where each table goes"
+            )
+        stale = [name for name in names if present[name] != blocks[name]]
+        if stale:
+            (root / page).write_text(replace_blocks(text, blocks))
+            changed += [f"{page}: {name}" for name in stale]
     if not figure_is_current(studies, root / FIGURE_PATH):
         (root / FIGURE_PATH).parent.mkdir(parents=True, exist_ok=True)
         (root / FIGURE_PATH).write_bytes(render_figure(studies))
@@ -782,8 +837,8 @@ def write(root: str | Path = ROOT) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description="Render (--write) or check (--check, the default) the README's "
-        "generated tables and figure from docs/studies."
+        description="Render (--write) or check (--check, the default) the generated tables of README.md, "
+        "docs/results.md and docs/results-in-full.md, and the figure, from docs/studies."
     )
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--check", action="store_true", help="compare only; exit 1 if anything differs (default)")
@@ -792,7 +847,7 @@ def main(argv: list[str] | None = None) -> int:
         "--root",
         default=str(ROOT),
         metavar="DIR",
-        help="the repository root holding README.md and docs/studies (default: this checkout)",
+        help="the repository root holding README.md and docs/ (default: this checkout)",
     )
     args = parser.parse_args(argv)
     if args.write:
@@ -802,7 +857,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in problems:
         print(line, file=sys.stderr)
     if not problems:
-        print("README.md's tables and figure match docs/studies")
+        print("the tables of README.md, docs/results.md and docs/results-in-full.md and the figure match docs/studies")
     return 1 if problems else 0
 
 

@@ -16,6 +16,7 @@ from drmlab.integrations.hf_config import (
     DrmlabLoopedConfig,
     DrmlabMambaConfig,
     DrmlabResolventConfig,
+    config_class,
     config_for,
 )
 from drmlab.integrations.hf_export import bytes_tokenizer_fast, export_run
@@ -33,6 +34,7 @@ from drmlab.integrations.hf_models import (
     ForeignModelError,
     load_pretrained,
     map_batch_rows,
+    model_class,
     register,
 )
 
@@ -57,9 +59,11 @@ __all__ = [
     "DrmlabResolventForCausalLM",
     "ForeignModelError",
     "bytes_tokenizer_fast",
+    "config_class",
     "config_for",
     "export_run",
     "load_pretrained",
     "map_batch_rows",
+    "model_class",
     "register",
 ]

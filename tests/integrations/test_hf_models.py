@@ -182,13 +182,40 @@ def test_export_equals_the_run_and_writes_the_bytes_tokenizer(tmp_path, capsys):
         record = json.loads((out / "drmlab_run.json").read_text())
         assert record["step"] == 7 and record["model"] == name
     tokenizer = AutoTokenizer.from_pretrained(out)
-    text = "".join(map(chr, range(1, 600))) + "\U0001f600 ünï\n\tx"
+    text = "".join(map(chr, range(600))) + "\U0001f600 ünï\n\tx"  # "\x00" and "Ā" (U+0100) among them
     assert tokenizer.encode(text) == list(text.encode("utf-8")) and tokenizer.decode(tokenizer.encode(text)) == text
     assert tokenizer.convert_ids_to_tokens(list(range(256))) == _byte_chars()
     # a second export into the same folder needs --overwrite, and then replaces it
     assert main(["export", "--ckpt", str(tmp_path / "run-GPT2"), "--out", str(out)]) == 2
     assert "pass --overwrite" in capsys.readouterr().err
     assert main(["export", "--ckpt", str(tmp_path / "run-GPT2"), "--out", str(out), "--overwrite"]) == 0
+
+
+def test_the_exported_tokenizer_pads_and_a_padded_batch_generates_or_is_refused_in_one_line(tmp_path, capsys):
+    """The exported tokenizer had no pad or eos token: ``tok(texts, padding=True)`` failed until one guessed
+    that the byte pad is spelled "Ā"."""
+    model = _make_run(tmp_path / "run", "J")
+    out = tmp_path / "hf"
+    assert main(["export", "--ckpt", str(tmp_path / "run"), "--out", str(out)]) == 0
+    assert "pad and eos: byte 0" in capsys.readouterr().out
+    tok = AutoTokenizer.from_pretrained(out)
+    assert (tok.pad_token_id, tok.eos_token_id, len(tok)) == (0, 0, 256)
+    batch = tok(["ab", "abcd"], padding=True, return_tensors="pt")
+    assert batch["input_ids"].tolist() == [[97, 98, 0, 0], [97, 98, 99, 100]]
+    assert tok.decode([104, 0, 105]) == "h\x00i" and tok.decode([104, 0, 105], skip_special_tokens=True) == "hi"
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    # prompts of one length: a padded batch with every mask 1 generates each row's drmlab generate tokens
+    prompts = ["def f(x)", "import o"]
+    batch = tok(prompts, padding=True, return_tensors="pt")
+    got = loaded.generate(**batch, max_new_tokens=6, do_sample=False)
+    for row, prompt in zip(got, prompts):
+        want = generate(model, get_tokenizer("bytes"), prompt, max_new_tokens=6, temperature=0).new_tokens
+        assert row[len(prompt) :].tolist() == want
+    # prompts of different lengths: the pad cannot be skipped by a recurrent state; refused in one line
+    batch = tok(["def f(x", "import"], padding=True, return_tensors="pt")
+    with pytest.raises(ValueError, match="cannot skip padding") as refused:
+        loaded.generate(**batch, max_new_tokens=2, do_sample=False)
+    assert "\n" not in str(refused.value) and "one length" in str(refused.value)
 
 
 @pytest.mark.parametrize("damage", ["a flipped sum", "not json"])

@@ -1,8 +1,9 @@
 """Generation equals the training forward: for every registered model, stepping a sequence
 token by token through ``step`` reproduces ``model(tokens)`` at every position, across
-block boundaries and past the training length (the generation issue, item 2).
+block boundaries and past the training length (the generation issue, item 2); and the forward is
+causal: changing the tokens after position t leaves the logits through t as they were.
 
-The test iterates ``list_models()``, so a model added later is covered automatically.
+The tests iterate ``list_models()``, so a model added later is covered automatically.
 """
 
 import pytest
@@ -36,6 +37,24 @@ def test_step_equals_parallel_forward(name, dtype, tol):
         parallel = model(tokens).logits
         stepped = _stepped_logits(model, tokens)
     assert (parallel - stepped).abs().max() <= tol * max(1.0, parallel.abs().max().item())
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_the_forward_is_causal(name):
+    """float64, at preset micro: for a few cut points t, new tokens after t move no logit through t (to 1e-12:
+    a block-parallel forward may sum the same terms in another order) and do move a later one."""
+    model = build_model(name, preset="micro", seed=2).double().eval()
+    length = min(20, _length(model))
+    gen = torch.Generator().manual_seed(4)
+    tokens = torch.randint(0, 256, (2, length), generator=gen)
+    with torch.no_grad():
+        base = model(tokens).logits
+        for t in (0, length // 2, length - 2):
+            changed = tokens.clone()
+            changed[:, t + 1 :] = torch.randint(0, 256, changed[:, t + 1 :].shape, generator=gen)
+            out = model(changed).logits
+            assert (out[:, : t + 1] - base[:, : t + 1]).abs().max() <= 1e-12 * max(1.0, base.abs().max().item())
+            assert (out[:, t + 1 :] - base[:, t + 1 :]).abs().max() > 0  # the future does matter
 
 
 @pytest.mark.parametrize("name", ["J", "B", "G", "SSM_CONTROL"])

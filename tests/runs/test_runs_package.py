@@ -1,5 +1,5 @@
 """drmlab.runs as a package: one job per module, one module that knows the models, one public surface,
-and the on-disk format its modules share (README, "Runs that never lose work")."""
+and the on-disk format its modules share (docs/runs.md, "What a run directory promises")."""
 
 from __future__ import annotations
 

@@ -1,21 +1,52 @@
 """Shared helpers of the tests over the committed study results (docs/studies/NAME/results.json).
 
-Each test module states, as plain assertions over those files, what the README's prose claims about
-a study; a claim that stops being true of the committed values fails its test. Numbers the prose
-quotes are compared at the precision it prints them (``fmt(x, 4) == "0.0248"``).
+Each test module states, as plain assertions over those files, what the text claims about a study: the
+study's sections of docs/results.md, docs/results-in-full.md and the README (each section opens with
+``<!-- study: NAME ... -->`` and runs to the next such marker, an ``<!-- end study -->`` or the end of the
+page). Numbers the text quotes are compared at the precision it prints them, and found in that text:
+``fmt(x, 4) == said("0.0248")`` fails when the committed value says otherwise and when the text does.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from drmlab.experiments.stats import gate, mean_std
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = ROOT / "docs" / "studies"
+PAGES = (ROOT / "README.md", ROOT / "docs" / "results.md", ROOT / "docs" / "results-in-full.md")
 LN2 = math.log(2)
+MARKER = re.compile(r"<!-- study: ([\w .-]+?) -->|<!-- end study -->")
+
+
+def study_text(*names: str, pages=PAGES) -> str:
+    """The text of every section of the ``pages`` about one of the studies ``names``, whitespace collapsed."""
+    parts = []
+    for page in pages:
+        text = page.read_text()
+        marks = list(MARKER.finditer(text))
+        for mark, after in zip(marks, marks[1:] + [None]):
+            if mark[1] and set(mark[1].split()) & set(names):
+                parts.append(text[mark.end() : after.start() if after else len(text)])
+    assert parts, f"no section of {', '.join(p.name for p in pages)} is marked '<!-- study: {names[0]} -->'"
+    return " ".join(" ".join(parts).split())
+
+
+def stated(*names: str):
+    """``said(value) -> value`` for the studies ``names``: asserts their text quotes ``value`` (a number as a
+    whole: "0.91" is not found in "10.91" or "0.915")."""
+    text = study_text(*names)
+
+    def said(value: str) -> str:
+        pattern = r"(?<![\d.])" + re.escape(value) + (r"(?!\d)" if value[-1:].isdigit() else "")
+        assert re.search(pattern, text), f"the text of {', '.join(names)} does not say {value!r}"
+        return value
+
+    return said
 
 
 def load(name: str) -> dict:

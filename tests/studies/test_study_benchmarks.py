@@ -1,46 +1,70 @@
-"""The README's benchmark figures and the first training run (docs/studies/bench-*, first-train-run):
-each ratio the prose quotes, computed from the committed measurements."""
+"""The benchmark figures of docs/results.md and docs/results-in-full.md and the README's first training run
+(docs/studies/bench-*, first-train-run): each figure the text quotes, computed from the committed measurements
+and found in the text."""
 
-from study_results import fmt, load
+from study_results import fmt, load, stated
+
+said = stated(
+    "bench-linear-scan",
+    "bench-models",
+    "bench-reference",
+    "bench-decode",
+    "bench-resolvent",
+    "bench-solvers",
+    "bench-fast-weight",
+    "bench-mamba",
+    "bench-selective-scan",
+    "bench-sharing",
+)
 
 
 def test_the_first_run_takes_about_a_minute():
-    run = load("first-train-run")
-    assert f"{round(run['wall_seconds'], -1):.0f}" == "70"
-    assert (f"{run['train_seconds']:.0f}", f"{run['eval_seconds']:.0f}") == ("36", "27")
-    assert run["val_targets"] == 1_027_413 and run["python"] == "3.11.7"
+    run, said_first = load("first-train-run"), stated("first-train-run")
+    assert f"{round(run['wall_seconds'], -1):.0f}" == said_first("70")
+    assert (f"{run['train_seconds']:.0f}", f"{run['eval_seconds']:.0f}") == (said_first("36"), said_first("27"))
+    assert f"{run['val_targets']:,}" == said_first("1,027,413") and run["python"] == said_first("3.11.7")
 
 
 def test_linear_scan_ratios():
     scan = load("bench-linear-scan")
     ms, ops = scan["fwd_bwd_ms"], scan["ops_fwd_bwd"]
     x = {k: v / ms["addcmul"] for k, v in ms.items()}
-    assert [fmt(x[k], 2) for k in ("c_kernel", "torch_log_depth", "time_loop_old")] == ["0.91", "1.74", "1.98"]
-    assert f"{x['naive_autograd_loop']:.0f}" == "364"
-    assert fmt(ms["c_kernel"] / scan["fwd_bwd_floor_ms"], 2) == "2.34" and scan["copy_bandwidth_GBs"] == 10.5
+    assert [fmt(x[k], 2) for k in ("c_kernel", "torch_log_depth", "time_loop_old")] == [
+        said("0.91"),
+        said("1.74"),
+        said("1.98"),
+    ]
+    assert f"{x['naive_autograd_loop']:.0f}" == said("364")
+    assert fmt(ms["c_kernel"] / scan["fwd_bwd_floor_ms"], 2) == said("2.34") and scan["copy_bandwidth_GBs"] == float(
+        said("10.5")
+    )
     growth = {k: v["T4096"] / v["T256"] for k, v in ops.items()}
-    assert (fmt(growth["torch_log_depth"], 2), fmt(growth["time_loop_old"], 1)) == ("1.47", "15.5")
+    assert (fmt(growth["torch_log_depth"], 2), fmt(growth["time_loop_old"], 1)) == (said("1.47"), said("15.5"))
 
 
 def test_resolvent_operator_ratios():
     res = load("bench-resolvent")
     assert res["operator_ratio_to_sdpa"] == {
-        "softmax_corner": "1.00",
-        "phase_free_blockwise": "1.2-1.6",
-        "phased": "2.0",
-        "path_product_scan": "0.19",
-        "dense": "15.8",
+        "softmax_corner": said("1.00"),
+        "phase_free_blockwise": said("1.2-1.6"),
+        "phased": said("2.0"),
+        "path_product_scan": said("0.19"),
+        "dense": said("15.8"),
     }
-    assert res["peak_memory"] == {"phase_free_blockwise": "135 MB", "dense": "1.1 GB"}
-    assert res["lm_tokens_per_s_ratio_to_softmax_twin"] == "0.84"
+    assert res["peak_memory"] == {"phase_free_blockwise": said("135 MB"), "dense": said("1.1 GB")}
+    assert res["lm_tokens_per_s_ratio_to_softmax_twin"] == said("0.84")
 
 
 def test_mamba_fused_kernel_and_the_ceiling():
     mamba = load("bench-mamba")
     tps, early = mamba["tokens_per_s"], mamba["earlier_run"]
-    assert (tps["fused_kernel"], tps["chunked_linear_scan"], tps["zero_cost_scan"]) == (600, 381, 848)
-    assert fmt(tps["fused_kernel"] / tps["chunked_linear_scan"], 2) == "1.57"
-    assert (early["x_hf_default"], early["x_hf_pscan"]) == (73, [4, 5])
+    assert (tps["fused_kernel"], tps["chunked_linear_scan"], tps["zero_cost_scan"]) == (
+        int(said("600")),
+        int(said("381")),
+        int(said("848")),
+    )
+    assert fmt(tps["fused_kernel"] / tps["chunked_linear_scan"], 2) == said("1.57")
+    assert (early["x_hf_default"], early["x_hf_pscan"]) == (int(said("73")), [4, 5]) and said("4-5x")
     # the ceiling: even a free scan would not reach the target over pscan
     ceiling = tps["zero_cost_scan"] / tps["chunked_linear_scan"] * max(early["x_hf_pscan"])
     assert ceiling < mamba["target_over_pscan"] == 20
@@ -48,8 +72,8 @@ def test_mamba_fused_kernel_and_the_ceiling():
 
 def test_the_selective_scan_kernel():
     sel = load("bench-selective-scan")
-    assert sel["time_ratio"] == {"forward": "0.26", "forward_backward": "0.22"}
-    assert sel["saved_for_backward"] == {"fused_kernel": "32 MB", "chunked_linear_scan": "659 MB"}
+    assert sel["time_ratio"] == {"forward": said("0.26"), "forward_backward": said("0.22")}
+    assert sel["saved_for_backward"] == {"fused_kernel": said("32 MB"), "chunked_linear_scan": said("659 MB")}
 
 
 def test_the_fast_weight_memory_is_within_its_cost_target():
@@ -57,8 +81,8 @@ def test_the_fast_weight_memory_is_within_its_cost_target():
     step, op = s["step_ms"], s["delta_rule_ms"]
     cpu = step["ASM_CM"]["cpu"] / step["J_NO_DIRECTION"]["cpu"]
     wall = step["ASM_CM"]["wall"] / step["J_NO_DIRECTION"]["wall"]
-    assert cpu <= 1.5 and (fmt(cpu, 2), fmt(wall, 2)) == ("1.31", "1.34")
-    assert fmt(op["sequential"] / op["chunked"], 1) == "10.1"
+    assert cpu <= 1.5 and (fmt(cpu, 2), fmt(wall, 2)) == (said("1.31"), said("1.34"))
+    assert fmt(op["sequential"] / op["chunked"], 1) == said("10.1")
 
 
 def test_against_the_reference_only_the_drm_variants_are_clearly_faster():
@@ -70,19 +94,19 @@ def test_against_the_reference_only_the_drm_variants_are_clearly_faster():
             assert v["f64_gap"] <= 1e-9  # both computed the same function before they were timed
     drm = [ratio[p, m] for p in ("tiny", "small") for m in ("J", "J_NO_DIRECTION")]
     controls = [ratio[p, m] for p in ("tiny", "small") for m in ("SSM_CONTROL", "J_DIRECT_CONTROL_MATCHED")]
-    assert (fmt(min(drm), 2), fmt(max(drm), 2)) == ("1.28", "1.56")
-    assert (fmt(min(controls), 2), fmt(max(controls), 2)) == ("1.04", "1.14")
+    assert (fmt(min(drm), 2), fmt(max(drm), 2)) == (said("1.28"), said("1.56"))
+    assert (fmt(min(controls), 2), fmt(max(controls), 2)) == (said("1.04"), said("1.14"))
     assert max(ratio[p, "SSM_CONTROL"] for p in ("tiny", "small")) < 1.5  # issue 24's target, not met
 
 
 def test_runs_sharing_the_machine_keep_the_quoted_fractions_of_solo():
-    """README "Threads on a busy CPU": two default runs each keep >= 0.40 of solo (issue 33's target)."""
+    """Threads on a busy CPU: two default runs each keep >= 0.40 of solo (issue 33's target)."""
     results = load("bench-sharing")["results"]
     pair = lambda name: [f"{p['fraction_of_solo']:.2f}" for p in results[name]["pair"]]
-    assert pair("default") == ["0.82", "0.85"] and pair("before") == ["0.23", "0.14"]
+    assert pair("default") == [said("0.82"), said("0.85")] and pair("before") == [said("0.23"), said("0.14")]
     assert all(p["fraction_of_solo"] >= 0.40 for p in results["default"]["pair"])
     solo = {name: f"{results[name]['solo']['tokens_per_s']:,.0f}" for name in ("default", "before")}
-    assert solo == {"default": "25,415", "before": "32,273"}
+    assert solo == {"default": said("25,415"), "before": said("32,273")}
 
 
 def test_the_backend_self_check_costs_under_a_hundredth_of_a_training_step():

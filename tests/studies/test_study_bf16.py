@@ -1,18 +1,21 @@
-"""The README's claims about bf16 autocast at preset tiny (docs/studies/bf16-tiny): the CE difference
-against float32 on paired seeds is inside the seed spread for every model, and bf16 steps faster."""
+"""The claims docs/results.md and docs/results-in-full.md make about bf16 autocast at preset tiny
+(docs/studies/bf16-tiny): the CE difference against float32 on paired seeds is inside the seed spread for every model,
+and bf16 steps faster."""
 
 from __future__ import annotations
 
-from study_results import load
+from study_results import fmt, load, stated
 
 from drmlab.experiments.stats import mean_std
 
 MODELS = ("J", "J_NO_DIRECTION", "SSM_CONTROL", "MAMBA")
+said = stated("bf16-tiny")
 
 
 def test_bf16_is_inside_the_seed_spread_for_every_model():
     results = load("bf16-tiny")["models"]
     assert set(results) == set(MODELS)
+    worst = []
     for name in MODELS:
         record = results[name]
         diffs = [record["bf16"]["per_seed"][s] - record["float32"]["per_seed"][s] for s in ("1", "2", "3")]
@@ -23,6 +26,11 @@ def test_bf16_is_inside_the_seed_spread_for_every_model():
         )
         assert abs(mean_diff) < spread, (name, mean_diff, spread)
         assert abs(mean_diff) < 0.005 and max(abs(d) for d in diffs) < 0.011, (name, diffs)
+        for run in ("float32", "bf16"):  # the table's mean +- std
+            mean, std = mean_std(list(record[run]["per_seed"].values()))
+            said(f"{fmt(mean, 4)} +- {fmt(std, 4)}")
+        worst.append(abs(mean_diff))
+    assert fmt(max(worst), 4) == said("0.0044")
 
 
 def test_bf16_steps_faster_for_every_model_and_most_for_the_drm_variants():
@@ -30,3 +38,5 @@ def test_bf16_steps_faster_for_every_model_and_most_for_the_drm_variants():
     assert all(speed[m]["bf16"] < speed[m]["float32"] for m in MODELS)
     assert speed["J"]["speedup"] >= 1.5 and speed["J_NO_DIRECTION"]["speedup"] >= 1.5
     assert speed["SSM_CONTROL"]["speedup"] < 1.2  # its scan stays float32
+    for m in MODELS:
+        said(f"{speed[m]['float32']:,.0f} / {speed[m]['bf16']:,.0f} ({speed[m]['speedup']:.2f}x)")

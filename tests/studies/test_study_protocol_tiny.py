@@ -1,7 +1,7 @@
-"""The README's protocol at the seed's budget (each model at its swept rate) and its check at the full
+"""The protocol at the seed's budget (each model at its swept rate) and its check at the full
 budget (docs/studies/protocol-tiny, protocol-tiny-fullbudget): the promotion-gate verdicts."""
 
-from study_results import fmt, gate_of, load, per_seed
+from study_results import fmt, gate_of, load, per_seed, stated
 
 from drmlab.experiments.stats import mean_std
 
@@ -9,6 +9,7 @@ PROTOCOL = load("protocol-tiny")
 MODELS = PROTOCOL["models"]
 CHECK = load("protocol-tiny-fullbudget")
 SWEEPS = {m: sw for part in CHECK["parts"].values() for m, sw in (part.get("lr_sweep") or {}).items()}
+said = stated("protocol-tiny", "protocol-tiny-fullbudget")
 PAIRED = {m: rec for part in CHECK["parts"].values() for m, rec in part["models"].items()}
 
 
@@ -19,18 +20,18 @@ def test_the_study_is_complete_at_the_seed_s_budget():
 
 def test_tuned_j_no_direction_beats_j_on_3_of_3_seeds_promoted():
     g = gate_of(MODELS["J_NO_DIRECTION"], MODELS["J"])
-    assert g["promoted"] and (g["wins"], g["n"]) == (3, 3) and fmt(g["gain"], 4) == "0.0248"
+    assert g["promoted"] and (g["wins"], g["n"]) == (3, 3) and fmt(g["gain"], 4) == said("0.0248")
 
 
 def test_tuned_j_beats_ssm_control_on_2_of_3_seeds_promoted():
     g = gate_of(MODELS["J"], MODELS["SSM_CONTROL"])
-    assert g["promoted"] and (g["wins"], g["n"]) == (2, 3) and fmt(g["gain"], 4) == "0.0083"
+    assert g["promoted"] and (g["wins"], g["n"]) == (2, 3) and fmt(g["gain"], 4) == said("0.0083")
 
 
 def test_the_direct_control_ties_j_no_direction():
     g = gate_of(MODELS["J_DIRECT_CONTROL_MATCHED"], MODELS["J_NO_DIRECTION"])
     assert not g["promoted"] and not gate_of(MODELS["J_NO_DIRECTION"], MODELS["J_DIRECT_CONTROL_MATCHED"])["promoted"]
-    assert fmt(-g["gain"], 4) == "0.0003" and g["n"] - g["wins"] == 1
+    assert fmt(-g["gain"], 4) == said("0.0003") and g["n"] - g["wins"] == 1
 
 
 def test_the_direct_control_led_at_the_1m_and_2m_milestones():
@@ -50,13 +51,13 @@ def test_the_direct_control_led_at_the_1m_and_2m_milestones():
 
 def test_mamba_stays_far_ahead_on_every_seed_and_gpt2_last():
     g = gate_of(MODELS["MAMBA"], MODELS["J_NO_DIRECTION"])
-    assert g["wins"] == g["n"] == 3 and fmt(g["gain"], 4) == "0.2681"
+    assert g["wins"] == g["n"] == 3 and fmt(g["gain"], 4) == said("0.2681")
     assert max(MODELS, key=lambda m: MODELS[m]["ce_mean"]) == "GPT2" and MODELS["GPT2"]["lr"] == 1e-3
 
 
 def test_resolvent_ties_j_and_beats_ssm_control_at_the_edge_of_the_grid():
     g = gate_of(MODELS["RESOLVENT"], MODELS["J"])
-    assert not g["promoted"] and g["wins"] == 2 and fmt(g["gain"], 4) == "0.0007"
+    assert not g["promoted"] and g["wins"] == 2 and fmt(g["gain"], 4) == said("0.0007")
     assert MODELS["RESOLVENT"]["ce_mean"] < MODELS["SSM_CONTROL"]["ce_mean"]
     sweep = PROTOCOL["lr_sweep"]["RESOLVENT"]
     assert sweep["lr"] == 5e-4 and sweep["edge"] and sweep["edge_side"] == "low"
@@ -84,21 +85,21 @@ def test_resolvent_s_edge_is_closed():
 def test_the_verdicts_do_not_depend_on_the_rate_choice():
     j_full, j_protocol = PAIRED["J"], MODELS["J"]
     behind = gate_of(j_protocol, j_full)  # gain > 0: the full-budget rate ends behind
-    assert behind["gain"] > 0 and fmt(behind["gain"], 4) == "0.0020" and behind["n"] - behind["wins"] == 2
+    assert behind["gain"] > 0 and fmt(behind["gain"], 4) == said("0.0020") and behind["n"] - behind["wins"] == 2
     stds = [mean_std(list(per_seed(r).values()))[1] for r in (j_full, j_protocol)]
-    assert [fmt(s, 4) for s in stds] == ["0.0049", "0.0151"]
+    assert [fmt(s, 4) for s in stds] == [said("0.0049"), said("0.0151")]
     js = gate_of(j_full, MODELS["SSM_CONTROL"])
-    assert js["promoted"] and js["wins"] == 2 and fmt(js["gain"], 4) == "0.0063"
+    assert js["promoted"] and js["wins"] == 2 and fmt(js["gain"], 4) == said("0.0063")
     nd = gate_of(MODELS["J_NO_DIRECTION"], j_full)
-    assert nd["promoted"] and nd["wins"] == 3 and fmt(nd["gain"], 4) == "0.0269"
+    assert nd["promoted"] and nd["wins"] == 3 and fmt(nd["gain"], 4) == said("0.0269")
 
 
 def test_the_direct_control_at_its_full_budget_rate_still_ties_j_no_direction():
     full, at_protocol = PAIRED["J_DIRECT_CONTROL_MATCHED"], MODELS["J_DIRECT_CONTROL_MATCHED"]
     behind, tie = gate_of(at_protocol, full), gate_of(full, MODELS["J_NO_DIRECTION"])
-    assert behind["gain"] > 0 and fmt(behind["gain"], 4) == "0.0004"
+    assert behind["gain"] > 0 and fmt(behind["gain"], 4) == said("0.0004")
     assert not tie["promoted"] and not gate_of(MODELS["J_NO_DIRECTION"], full)["promoted"]
-    assert f"{tie['gain']:+.4f}" == "-0.0006"
+    assert f"{tie['gain']:+.4f}" == said("-0.0006")
 
 
 def test_the_runs_carry_curves_short_enough_to_commit():

@@ -1,8 +1,10 @@
-"""The README's generated tables and figure are the committed results in docs/studies, rendered by
-the repository's own tool (tools/readme.py, not part of the installed package); the committed
-records name their command, commit and date and nothing of the machine or of who ran them.
+"""The generated tables of the README (its headline), docs/results.md (a table per study) and
+docs/results-in-full.md (every study table), and the figure, are the committed results in docs/studies,
+rendered by the repository's own tool (tools/readme.py, not part of the installed package), each page
+holding exactly its tables; the committed records name their command, commit and date and nothing of the
+machine or of who ran them.
 
-The claims the README's prose makes about the studies are tested in tests/studies/.
+The claims the pages' prose makes about the studies are tested in tests/studies/.
 """
 
 from __future__ import annotations
@@ -36,13 +38,14 @@ def studies() -> dict[str, dict]:
 
 
 def _copy_repo_files(tmp_path: Path) -> Path:
-    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
     shutil.copytree(ROOT / "docs" / "studies", tmp_path / "docs" / "studies")
+    for page in rt.PAGES:
+        shutil.copy(ROOT / page, tmp_path / page)
     shutil.copytree(ROOT / "docs" / "figures", tmp_path / "docs" / "figures")
     return tmp_path
 
 
-def test_the_readme_s_tables_and_figure_are_current():
+def test_the_pages_tables_and_figure_are_current():
     assert rt.check(ROOT) == []
 
 
@@ -58,9 +61,11 @@ def test_the_tool_runs_from_any_folder(tmp_path):
     assert "match docs/studies" in done.stdout
 
 
-def test_every_generated_block_has_its_markers(studies):
-    readme = (ROOT / "README.md").read_text()
-    assert sorted(rt.find_blocks(readme)) == sorted(rt.render_blocks(studies))
+def test_every_page_holds_exactly_its_tables_and_every_table_has_a_page(studies):
+    for page, names in rt.PAGES.items():
+        assert sorted(rt.find_blocks((ROOT / page).read_text())) == sorted(names), page
+    assert {name for names in rt.PAGES.values() for name in names} == set(rt.render_blocks(studies))
+    assert rt.PAGES[rt.README_PATH] == ("headline",)  # the README: one results table
 
 
 def test_derived_numbers_come_from_the_raw_values(studies):
@@ -94,15 +99,24 @@ def test_the_figure_was_drawn_from_the_committed_values_and_redraws_identically(
 
 def test_check_names_a_hand_edited_table_number_and_write_restores_it(tmp_path):
     root = _copy_repo_files(tmp_path)
-    readme = (root / "README.md").read_text()
-    edited = readme.replace("| 35 | - | 23 | 1.52 |", "| 35 | - | 23 | 1.58 |")
-    assert edited != readme
-    (root / "README.md").write_text(edited)
+    results = (root / rt.RESULTS_PATH).read_text()
+    edited = results.replace("| 35 | - | 23 | 1.52 |", "| 35 | - | 23 | 1.58 |")
+    assert edited != results
+    (root / rt.RESULTS_PATH).write_text(edited)
     problems = rt.check(root)
-    assert len(problems) == 1 and problems[0].startswith("block bench-models:")
-    assert rt.write(root) == ["bench-models"]
-    assert (root / "README.md").read_text() == readme
+    assert len(problems) == 1 and problems[0].startswith("docs/results.md block bench-models:")
+    assert rt.write(root) == ["docs/results.md: bench-models"]
+    assert (root / rt.RESULTS_PATH).read_text() == results
     assert rt.check(root) == []
+
+
+def test_a_table_on_the_wrong_page_is_named_and_not_written(tmp_path):
+    root = _copy_repo_files(tmp_path)
+    readme = (root / "README.md").read_text()
+    (root / "README.md").write_text(readme + "\n<!-- generated: bench-decode -->\n<!-- end generated -->\n")
+    assert rt.check(root) == ["README.md block bench-decode: not a table of this page"]
+    with pytest.raises(ValueError, match="README.md must hold the tables headline; it holds bench-decode"):
+        rt.write(root)
 
 
 def test_a_changed_study_value_flows_into_table_and_figure(tmp_path):
@@ -112,11 +126,14 @@ def test_a_changed_study_value_flows_into_table_and_figure(tmp_path):
     study["models"]["GPT2"]["acc_mean"] = 26.5
     path.write_text(json.dumps(study))
     problems = rt.check(root)
-    assert any(p.startswith("block compare-tiny:") for p in problems)
+    assert any(p.startswith("docs/results.md block compare-tiny:") for p in problems)
+    assert any(p.startswith("docs/results-in-full.md block compare-tiny:") for p in problems)
     assert any(p.startswith("figure ") for p in problems)
-    assert sorted(rt.write(root)) == sorted(["compare-tiny", str(rt.FIGURE_PATH)])
+    assert sorted(rt.write(root)) == sorted(
+        ["docs/results.md: compare-tiny", "docs/results-in-full.md: compare-tiny", str(rt.FIGURE_PATH)]
+    )
     assert rt.check(root) == []
-    assert "| 26.5% +- 0.3 |" in (root / "README.md").read_text()
+    assert "| 26.5% +- 0.3 |" in (root / rt.RESULTS_PATH).read_text()
 
 
 def test_a_changed_per_seed_value_flows_into_the_protocol_table(tmp_path):
@@ -125,7 +142,11 @@ def test_a_changed_per_seed_value_flows_into_the_protocol_table(tmp_path):
     study = json.loads(path.read_text())
     study["models"]["GPT2"]["per_seed"]["1"] += 0.01
     path.write_text(json.dumps(study))
-    assert [p.split(":")[0] for p in rt.check(root)] == ["block protocol-tiny"]
+    assert [p.split(":")[0] for p in rt.check(root)] == [
+        "README.md block headline",
+        "docs/results.md block protocol-tiny",
+        "docs/results-in-full.md block protocol-tiny",
+    ]
 
 
 def test_check_reports_a_record_without_provenance(tmp_path):

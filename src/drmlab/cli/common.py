@@ -109,21 +109,23 @@ def train_settings(args: argparse.Namespace, assignments: dict) -> dict:
     return {**{k: v for k, v in flags.items() if v is not None}, **assignments}
 
 
-def add_data_arguments(parser: argparse.ArgumentParser) -> None:
-    """--data / --tokenizer / --cache-dir: which text and how it becomes token ids."""
-    parser.add_argument(
-        "--data",
-        metavar="SRC",
-        default=None,
-        help="training text: a file, a folder, a glob, or hf:NAME (default: the embedded corpus, "
-        "the Python standard library's source, which depends on the Python version)",
-    )
-    parser.add_argument(
-        "--tokenizer",
-        choices=("bytes", "gpt2"),
-        default=None,
-        help="bytes (256 ids, the default) or gpt2 (50,257 BPE ids; needs the hf extra)",
-    )
+def add_data_arguments(parser: argparse.ArgumentParser, run: str | None = None) -> None:
+    """--data / --tokenizer / --cache-dir: which text and how it becomes token ids. ``run`` names the run a
+    verb reads (``"the run's"``, ``"the base run's"``): its data and tokenizer are then the defaults."""
+    if run is None:
+        data_help = (
+            "training text: a file, a folder, a glob, or hf:NAME (default: the embedded corpus, "
+            "the Python standard library's source, which depends on the Python version)"
+        )
+        tokenizer_help = "bytes (256 ids, the default) or gpt2 (50,257 BPE ids; needs the hf extra)"
+    else:
+        data_help = (
+            f"other text instead of {run} own: a file, a folder, a glob, or hf:NAME (default: the data "
+            f"{run} config.json records, split as it was in training)"
+        )
+        tokenizer_help = f"bytes or gpt2 (default: {run} own; another one is refused)"
+    parser.add_argument("--data", metavar="SRC", default=None, help=data_help)
+    parser.add_argument("--tokenizer", choices=("bytes", "gpt2"), default=None, help=tokenizer_help)
     parser.add_argument("--cache-dir", metavar="DIR", default=None, help="where tokenized corpora are cached")
 
 
@@ -138,9 +140,19 @@ def add_runtime_arguments(
     """--device / --threads (and --quiet): where and how fast, never what is computed."""
     add_device_argument(parser, device_default, device_help)
     if threads:
-        parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+        add_threads_argument(parser)
     if quiet:
         add_quiet_argument(parser)
+
+
+def add_threads_argument(parser) -> None:
+    """--threads N: torch's CPU threads (:func:`apply_threads` applies it), on every verb that computes."""
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for torch (default: torch's choice, fewer when other tasks keep cores busy)",
+    )
 
 
 def add_device_argument(parser, default: str = "auto", help: str | None = None) -> None:
@@ -403,6 +415,26 @@ def accept_edited_config(args: argparse.Namespace, run_dir) -> None:
             log_to_stderr(
                 f"accepted the edited {run.config_path} ({'; '.join(changed)}); recorded in its metrics.jsonl"
             )
+
+
+def say_recovered_checkpoint(run_dir) -> None:
+    """One line when the run's ``checkpoint.json`` is lost or damaged and the checkpoint is read from the newest
+    folder whose own manifest verifies instead (recovering is right; doing it unsaid is not). Readers do not
+    rewrite the pointer: the run's next writer does (``drmlab train --resume``). Nothing for a folder that is not
+    a run (an export), nor where no checkpoint verifies: the loader says that in its own line."""
+    if run_dir is None:
+        return
+    from drmlab.runs import STATE_FILE, RunDir
+
+    run = RunDir(run_dir)
+    if not run.has_config():
+        return
+    try:
+        _, _, note = run.resolve_checkpoint(only=(STATE_FILE,))
+    except (ValueError, OSError):
+        return
+    if note is not None:
+        log_to_stderr(f"note: {run.path}: {note}: read from there (drmlab train --resume rewrites the pointer)")
 
 
 TRAINING_BYTES_PER_PARAMETER = 16  # float32 weight, gradient and AdamW's two moments

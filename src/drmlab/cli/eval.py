@@ -38,7 +38,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument("--ckpt", required=True, metavar="DIR", help="a run directory written by drmlab train")
     common.add_accept_edited_config_argument(parser)
-    common.add_data_arguments(parser)
+    common.add_data_arguments(parser, run="the run's")
     parser.add_argument("--split", choices=("val", "train"), default="val", help="which split to score (default val)")
     parser.add_argument("--seq-len", type=int, default=None, help="window length (default: the run's seq_len)")
     parser.add_argument(
@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     common.refuse_run_output(args.output, "--output", run.eval_path, allow=[run.eval_path])
     common.apply_threads(args)
     common.accept_edited_config(args, args.ckpt)
+    common.say_recovered_checkpoint(args.ckpt)
     model, config, state = run.load_model(args.device)
     train_cfg = config["train"]
     data = args.data if args.data is not None else config.get("data_source")

@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()  # one summary line instead of transformers' shard-writing bars
 
     common.accept_edited_config(args, args.ckpt)
+    common.say_recovered_checkpoint(args.ckpt)
     summary = export_run(args.ckpt, args.out, overwrite=args.overwrite)
     print(
         f"{summary['model']} {summary['preset']} (step {summary['step']}) exported as {summary['model_type']} "

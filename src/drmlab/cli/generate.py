@@ -37,7 +37,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling: the smallest set with mass p")
     common.add_seed_argument(parser, "sampling seed (default 0)", default=0)
-    common.add_device_argument(parser, "cpu", "cpu (default), cuda, auto")
+    common.add_runtime_arguments(parser, device_default="cpu", device_help="cpu (default), cuda, auto", quiet=False)
     parser.add_argument(
         "--fused-step",
         action=argparse.BooleanOptionalAction,
@@ -59,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, flags=True)  # before the model is loaded
     if args.max_tokens < 0:
         raise ValueError(f"--max-tokens must be >= 0, got {args.max_tokens}")
+    common.apply_threads(args)
     common.accept_edited_config(args, args.ckpt)
+    common.say_recovered_checkpoint(args.ckpt)
     model, config, _ = load_run_model(args.ckpt, device=args.device)
     tokenizer = get_tokenizer(config.get("tokenizer") or "bytes")
     if args.fused_step:

@@ -46,7 +46,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="Hessian-vector products the geodesic solve may spend (default 400; docs/geometry.md section 5)",
     )
     common.add_out_argument(parser, "output folder (default RUN/geometry)")
-    add_data_arguments(parser)
+    add_data_arguments(parser, run="the run's")
     add_runtime_arguments(parser, device_default="cpu")
     parser.set_defaults(func=run)
     return parser
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     common.refuse_run_output(args.out, "--out")
     common.accept_edited_config(args, args.ckpt)
+    common.say_recovered_checkpoint(args.ckpt)
     tokens = parse_tokens(args.tokens)
     if tokens < 2:
         raise ValueError(f"--tokens must be at least 2, got {args.tokens}")

@@ -43,6 +43,12 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--json", default=None, help="also write the report as JSON to this path")
     p.add_argument("--list", action="store_true", help="list every registered model name and exit")
+    p.add_argument(
+        "--settings",
+        action="store_true",
+        help="list every setting --set takes for --model at --preset (train settings, then the model's) with its "
+        "value there, and exit",
+    )
     common.add_runtime_arguments(p, device_default="cpu", quiet=False)
     p.set_defaults(func=run)
 
@@ -60,6 +66,25 @@ def print_report(report: dict, indent: str = "") -> None:
             print(f"{indent}{key}: {value}")
 
 
+def print_settings(name: str, preset: str, assignments: list[str]) -> None:
+    """Every name ``--set`` takes for model ``name`` at ``preset``, one a line with its value there: the train
+    settings (:class:`drmlab.training.config.TrainConfig`), then the model's config fields."""
+    from drmlab.models.registry import config_fields
+    from drmlab.training.config import TRAIN_KEYS, resolve_train_config, split_overrides
+
+    common.check_model_names([name])
+    fields = config_fields(name, preset)
+    train_set, model_set = split_overrides(common.parse_assignments(assignments), fields)
+    train = resolve_train_config(preset, **train_set)
+    fields = config_fields(name, preset, **model_set)
+    print(f"train settings at preset {preset} ({len(TRAIN_KEYS)}):")
+    for key in TRAIN_KEYS:
+        print(f"  {key} = {json.dumps(getattr(train, key))}")
+    print(f"model settings of {name} at preset {preset} ({len(fields)}):")
+    for key, value in fields.items():
+        print(f"  {key} = {json.dumps(value, default=str)}")
+
+
 def run(args: argparse.Namespace) -> int:
     from drmlab.experiments.probes.inspect import inspect_registered, inspect_run
 
@@ -67,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         from drmlab.models import list_models
 
         print("\n".join(list_models()))
+        return 0
+    if args.settings:
+        print_settings(args.model or DEFAULT_MODEL, args.preset or DEFAULT_PRESET, args.assignments)
         return 0
     common.apply_threads(args)
     if args.ckpt is not None:
@@ -82,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         ]
         if given:
             raise ValueError(f"--ckpt inspects the run's own model; drop {', '.join(given)}")
+        common.say_recovered_checkpoint(args.ckpt)
         report = inspect_run(args.ckpt, length=args.length, device=args.device)
     else:
         name = args.model or DEFAULT_MODEL

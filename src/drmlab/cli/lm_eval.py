@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from drmlab.devices import resolve_device
 
     device = str(resolve_device(args.device))  # an unavailable --device is refused here, in one line
+    common.say_recovered_checkpoint(args.ckpt)
     results = evaluate(
         args.ckpt,
         tasks,

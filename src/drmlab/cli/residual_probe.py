@@ -25,6 +25,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--length", type=int, default=None, help="tokens per sequence (default: the model's limit, <= 256)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON")
+    common.add_threads_argument(p)
     p.set_defaults(func=run)
 
 
@@ -35,6 +36,7 @@ def _fmt(value, spec: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from drmlab.experiments.probes.residual import probe_model
 
+    common.apply_threads(args)
     report = probe_model(
         args.model,
         args.preset,

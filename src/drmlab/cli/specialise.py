@@ -121,7 +121,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help="delete the run already in --out (config, metrics, checkpoints, summary, specialise.json) and start again",
     )
-    common.add_data_arguments(parser)
+    common.add_data_arguments(parser, run="the base run's")
     common.add_runtime_arguments(parser)
     parser.set_defaults(func=run)
     return parser
@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
     common.refuse_run_output(args.out, "--out")
     common.accept_edited_config(args, args.base)
+    common.say_recovered_checkpoint(args.base)
     common.apply_threads(args)
     stages = recipe.scale_curriculum(recipe.parse_curriculum(args.curriculum), args.steps_scale)
     # the rates and the base run are checked before the corpus is read

@@ -4,7 +4,7 @@ Resolution order for every setting: the preset's defaults, then the explicit fla
 ``--set key=value`` (train settings such as ``warmup_fraction`` or model settings such as
 ``d_state``; unknown keys are an error naming the nearest one). With ``--resume`` the run's own
 ``config.json`` supplies the model, preset, overrides, data and train settings, so
-``drmlab train --resume --out DIR`` is enough (``--tokens`` may raise the budget).
+``drmlab train --resume --out DIR`` is enough (``--tokens`` or ``--steps`` may raise the budget).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ examples:
   drmlab train                                   # model J, preset tiny, embedded corpus (about 70 s on 2 cores)
   drmlab train --model GPT2 --preset tiny --tokens 5M --out runs/gpt2-tiny --seed 1
   drmlab train --model J --set d_state=64 --set lr=5e-4 --tokens 500k
+  drmlab train --data notes.txt --steps 300 --out runs/notes   # your own text, a budget of 300 optimizer steps
   drmlab train --resume --out runs/gpt2-tiny     # continue an interrupted run exactly
   drmlab train --out runs/gpt2-tiny --overwrite  # delete that run and start it again
   drmlab train --model MAMBA --compile           # torch.compile the training forward as one graph
@@ -39,7 +40,7 @@ resuming: --resume continues bit-exactly (on the same device and --threads: anot
 count is accepted, with a note, but rounds differently) and refuses other data, tokenizer, model settings or
 schedule-defining train settings. It accepts other --device/--threads/--quiet/--compile/--tensorboard,
 evaluation and checkpoint cadence (--eval-every, --eval-tokens, --set checkpoint_every=...), a higher --tokens
-under the constant schedule, and -- after a stop for non-finite values or divergence -- the advised
+or --steps under the constant schedule, and -- after a stop for non-finite values or divergence -- the advised
 fixes --lr, --set warmup_fraction=... and --set grad_clip=...; each change is recorded in a
 "resume" row of metrics.jsonl. Ctrl-C or SIGTERM finishes the current step, commits a checkpoint and
 exits 130 / 143; a second Ctrl-C stops at once.
@@ -86,6 +87,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     common.add_tokens_argument(
         parser, "token budget, e.g. 5M, 500k, 5_005_312 (rounded up to whole steps; default: the preset's)"
+    )
+    parser.add_argument(
+        "--steps",
+        default=None,
+        metavar="N",
+        help="the budget in optimizer steps instead of --tokens (tokens = N x batch x accum x seq_len); "
+        "recorded in config.json beside the tokens it makes",
     )
     common.add_out_argument(parser, "run directory (default runs/MODEL-PRESET-seedS)")
     common.add_data_arguments(parser)
@@ -160,8 +168,15 @@ def resolve_settings(args: argparse.Namespace, saved: dict | None):
     model_keys = [] if all(k in TRAIN_KEYS for k in assignments) else model_setting_names(name, preset, 256)
     train_set, model_overrides = split_overrides(assignments, model_keys)
     model_overrides = {**saved.get("overrides", {}), **model_overrides}
+    in_tokens, in_steps = (
+        args.tokens is not None or "tokens" in train_set,
+        args.steps is not None or "steps" in train_set,
+    )
+    if in_tokens and in_steps:
+        raise ValueError("--tokens and --steps exclude each other: give the budget in tokens or in optimizer steps")
     explicit = {
         "tokens": parse_tokens(args.tokens) if args.tokens is not None else None,
+        "steps": _parse_steps(args.steps) if args.steps is not None else None,
         "seed": args.seed,
         "batch_size": args.batch_size,
         "grad_accum": args.grad_accum,
@@ -176,6 +191,8 @@ def resolve_settings(args: argparse.Namespace, saved: dict | None):
         "compile": args.compile,
     }
     base = {k: v for k, v in saved.get("train", {}).items() if k in TRAIN_KEYS}
+    if in_tokens:  # a resumed run's budget in steps gives way to the one now given in tokens
+        base.pop("steps", None)
     values = {**base, **{k: v for k, v in explicit.items() if v is not None}, **train_set}
     if str(args.eval_tokens).lower() == "all":
         values.pop("eval_tokens", None)  # the whole stream, whatever the run had
@@ -188,6 +205,14 @@ def fast_suggestion(name: str, device: str | None, steps: int) -> str | None:
     from drmlab.training.fast import suggestion
 
     return suggestion(name, resolve_device(device), steps)
+
+
+def _parse_steps(text: str) -> int:
+    """``--steps N`` (``300``, ``2k``): a positive whole number of optimizer steps."""
+    try:
+        return parse_tokens(text)
+    except ValueError:
+        raise ValueError(f"--steps must be a positive whole number of optimizer steps, got {text!r}") from None
 
 
 def _recorded_threads(args: argparse.Namespace) -> int | None:

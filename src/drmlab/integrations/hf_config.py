@@ -8,19 +8,20 @@ and, as a check, the built model's dataclass config (``model_fields``). The mode
 (:mod:`drmlab.integrations.hf_models`) rebuilds from the first and refuses to load when the second
 differs (the export was made by a drmlab whose presets or defaults have changed since).
 ``tokenizer_name`` records the drmlab tokenizer the weights were trained with (``bytes`` or
-``gpt2``). docs/integrations.md describes the files.
+``gpt2``). docs/integrations.md describes the files. A family added from outside drmlab
+(:func:`drmlab.models.families.add_family`) gets a config class made for it, ``model_type``
+``drmlab-FAMILY`` (:func:`config_class`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 from typing import Any
 
 from transformers import PretrainedConfig
 
-from drmlab.models.families import FAMILIES
+from drmlab.models.families import FAMILIES, all_families, family_module
 
 # family package (drmlab.models.<family>) -> Hugging Face model_type
 MODEL_TYPES = {
@@ -39,8 +40,8 @@ def family_of(registry_name: str) -> str:
     from drmlab.models.registry import parse_model_spec
 
     name, _ = parse_model_spec(registry_name)
-    for family in FAMILIES:
-        if name in importlib.import_module(f"drmlab.models.{family}").MODEL_NAMES:
+    for family in all_families():
+        if name in family_module(family).MODEL_NAMES:
             return family
     raise ValueError(f"model {name!r} is registered but belongs to no family of drmlab.models.families")
 
@@ -119,6 +120,23 @@ CONFIG_CLASSES: dict[str, type[DrmlabConfig]] = {
 }
 
 
+def config_class(family: str) -> type[DrmlabConfig]:
+    """The config class of ``family``: one of the classes above, or for another family (a new one in
+    :data:`MODEL_TYPES`, or one added with ``add_family``) one made on first use (``Drmlab<Family>Config``,
+    model_type ``drmlab-<family>`` unless :data:`MODEL_TYPES` names it), kept in :data:`CONFIG_CLASSES` and
+    :data:`MODEL_TYPES` like the others."""
+    if family not in CONFIG_CLASSES:
+        if family not in all_families():
+            raise ValueError(f"{family!r} is not a model family of drmlab.models.families")
+        model_type = MODEL_TYPES.setdefault(family, "drmlab-" + family.replace("_", "-"))
+        name = "Drmlab" + "".join(part.capitalize() for part in family.split("_")) + "Config"
+        doc = f"A model of the {family} family."
+        CONFIG_CLASSES[family] = type(
+            name, (DrmlabConfig,), {"model_type": model_type, "family": family, "__doc__": doc}
+        )
+    return CONFIG_CLASSES[family]
+
+
 def config_for(
     registry_name: str,
     preset: str,
@@ -138,7 +156,8 @@ def config_for(
     overrides = {**arm, **(overrides or {})}
     if fields is None:
         fields = json_normal(config_fields(name, preset, vocab_size=int(vocab_size), **overrides))
-    return CONFIG_CLASSES[family_of(name)](
+    cls = config_class(family_of(name))
+    return cls(
         registry_name=name,
         preset=preset,
         vocab_size=int(vocab_size),
@@ -147,5 +166,5 @@ def config_for(
         model_fields=fields,
         tokenizer_name=tokenizer_name,
         drmlab_version=__version__,
-        architectures=[f"{CONFIG_CLASSES[family_of(name)].__name__[:-6]}ForCausalLM"],
+        architectures=[f"{cls.__name__[:-6]}ForCausalLM"],
     )

@@ -10,11 +10,16 @@
   Face's rule: GPT2 keeps the token embedding, its head is tied back on loading);
 * the tokenizer, so that ``AutoTokenizer.from_pretrained(DIR)`` gives the ids the model was trained
   on. **bytes**: a ``tokenizer.json`` whose 256 ids are the UTF-8 byte values (a byte-level BPE
-  with no merges: every byte is one token, id = byte; no special tokens -- the bytes tokenizer has
-  none), equal to drmlab's ``ByteTokenizer`` on every string. **gpt2**: ``tokenizer.json`` built
-  from the GPT-2 files, plus the files themselves (``encoder.json``, ``vocab.bpe``) so that drmlab
-  reads the export offline; written only when drmlab finds the files in a folder
-  (``$DRMLAB_GPT2_DIR``), otherwise the export says it has no tokenizer files;
+  with no merges: every byte is one token, id = byte), equal to drmlab's ``ByteTokenizer`` on every
+  string. Its pad and eos token is byte 0 (NUL, spelled ``"Ā"`` in the byte-level alphabet), which
+  text hardly ever holds (drmlab skips files holding NUL as binary), so ``tok(texts, padding=True)``
+  works; it is matched as a token only by id, never in text (``split_special_tokens``), so a string
+  holding "Ā" still encodes as its two UTF-8 bytes. **gpt2**: ``tokenizer.json`` built from the GPT-2
+  files, plus the files themselves (``encoder.json``, ``vocab.bpe``) so that drmlab reads the export
+  offline, with ``<|endoftext|>`` as its eos and pad token; written only when drmlab finds the files in
+  a folder (``$DRMLAB_GPT2_DIR``), otherwise the export says it has no tokenizer files. The models read
+  every token, so a padded batch (an ``attention_mask`` with zeros) is refused in one line by
+  ``generate()`` and ``forward``; prompts of one length batch without padding;
 * ``drmlab_run.json``: where the weights came from (run directory, step, tokens trained, the
   checkpoint's sha256, the run's validation numbers).
 
@@ -31,6 +36,7 @@ import tempfile
 from pathlib import Path
 
 EXPORT_RECORD = "drmlab_run.json"
+BYTES_PAD_ID = 0  # the bytes tokenizer's pad and eos: NUL, which drmlab's corpora skip (binary files)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "encoder.json", "vocab.bpe")
 
 
@@ -63,7 +69,14 @@ def bytes_tokenizer_fast():
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, model_max_length=int(1e30))
+    nul = byte_level_characters()[BYTES_PAD_ID]
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        model_max_length=int(1e30),
+        pad_token=nul,
+        eos_token=nul,
+        split_special_tokens=True,  # "Ā" in a text is two UTF-8 bytes, not the pad token
+    )
 
 
 def gpt2_tokenizer_fast(folder: str | Path):
@@ -77,7 +90,11 @@ def gpt2_tokenizer_fast(folder: str | Path):
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|endoftext|>", bos_token="<|endoftext|>", model_max_length=int(1e30)
+        tokenizer_object=backend,
+        eos_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        model_max_length=int(1e30),
     )
 
 
@@ -86,7 +103,7 @@ def write_tokenizer(tokenizer_name: str, out: Path) -> str:
     written (one line, for the command's report)."""
     if tokenizer_name == "bytes":
         bytes_tokenizer_fast().save_pretrained(str(out))
-        return "tokenizer.json: bytes, id = UTF-8 byte value (256 ids, no special tokens)"
+        return "tokenizer.json: bytes, id = UTF-8 byte value (256 ids; pad and eos: byte 0, NUL)"
     if tokenizer_name == "gpt2":
         from drmlab.data import get_tokenizer
 

@@ -39,7 +39,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreT
 from transformers.utils import ModelOutput
 
 from drmlab.integrations.hf_config import (
-    CONFIG_CLASSES,
     MODEL_TYPES,
     DrmlabConfig,
     DrmlabDRMConfig,
@@ -47,11 +46,13 @@ from drmlab.integrations.hf_config import (
     DrmlabLoopedConfig,
     DrmlabMambaConfig,
     DrmlabResolventConfig,
+    config_class,
     config_for,
     family_of,
     json_normal,
     model_fields,
 )
+from drmlab.models.families import all_families
 
 if int(transformers.__version__.split(".")[0]) < 5:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -218,7 +219,7 @@ class DrmlabForCausalLM(PreTrainedModel, GenerationMixin):
         perhaps trained since, in the family's class (its weights are kept, not copied)."""
         vocab = int(getattr(getattr(module, "config", None), "vocab_size", 256))
         config = config_for(registry_name, preset, vocab, seed, overrides, tokenizer_name, fields=model_fields(module))
-        model = MODEL_CLASSES[family_of(config.registry_name)](config, module=module)
+        model = model_class(family_of(config.registry_name))(config, module=module)
         return model.train(module.training)
 
     # -- Hugging Face hooks
@@ -251,7 +252,7 @@ class DrmlabForCausalLM(PreTrainedModel, GenerationMixin):
         if path.is_dir():
             check_model_type(path, cls.config_class.model_type if cls.config_class is not DrmlabConfig else None)
             if cls.config_class is DrmlabConfig:  # the base class: dispatch on the directory's model_type
-                cls = MODEL_CLASSES[_family_of_type(read_model_type(path))]
+                cls = model_class(_family_of_type(read_model_type(path)))
             if not (path / "model.safetensors").is_file() and not (path / "model.safetensors.index.json").is_file():
                 pickles = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
                 found = f" ({', '.join(pickles[:3])} is a pickle, never loaded)" if pickles else ""
@@ -393,6 +394,7 @@ def read_model_type(path: str | Path) -> str | None:
 
 
 def _family_of_type(model_type: str | None) -> str:
+    register()  # families added since drmlab.hf was imported
     for family, known in MODEL_TYPES.items():
         if model_type == known:
             return family
@@ -404,6 +406,7 @@ def check_model_type(path: str | Path, expected: str | None = None) -> str:
     (or of another drmlab family than ``expected``) raises :class:`ForeignModelError` in one line."""
     path = Path(path)
     found = read_model_type(path)
+    register()  # families added since drmlab.hf was imported
     if found not in MODEL_TYPES.values():
         raise ForeignModelError(
             f"{path} holds a Hugging Face model of type {found!r}, not a drmlab export "
@@ -424,7 +427,7 @@ def load_pretrained(path: str | Path, device: str | torch.device | None = "cpu")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} holds no config.json: it is not a Hugging Face model directory")
     family = _family_of_type(check_model_type(path))
-    model = MODEL_CLASSES[family].from_pretrained(str(path))
+    model = model_class(family).from_pretrained(str(path))
     if device is not None:
         from drmlab.devices import resolve_device
 
@@ -435,12 +438,28 @@ def load_pretrained(path: str | Path, device: str | torch.device | None = "cpu")
 # ---------------------------------------------------------------- registration
 
 
+def model_class(family: str) -> type[DrmlabForCausalLM]:
+    """The ``PreTrainedModel`` class of ``family``: drmlab's own, or for a family added with
+    :func:`drmlab.models.families.add_family` one made on first use over its config class
+    (:func:`drmlab.integrations.hf_config.config_class`) and registered with the Auto classes."""
+    if family not in MODEL_CLASSES:
+        config = config_class(family)
+        MODEL_CLASSES[family] = type(
+            config.__name__[:-6] + "ForCausalLM", (DrmlabForCausalLM,), {"config_class": config}
+        )
+        AutoConfig.register(config.model_type, config, exist_ok=True)
+        AutoModelForCausalLM.register(config, MODEL_CLASSES[family], exist_ok=True)
+    return MODEL_CLASSES[family]
+
+
 def register() -> None:
-    """Register every drmlab config with ``AutoConfig`` and model with ``AutoModelForCausalLM``
-    (idempotent; runs when this module is imported)."""
-    for family, config_class in CONFIG_CLASSES.items():
-        AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
-        AutoModelForCausalLM.register(config_class, MODEL_CLASSES[family], exist_ok=True)
+    """Register every drmlab config with ``AutoConfig`` and model with ``AutoModelForCausalLM``, those of
+    families added with ``add_family`` included (idempotent; runs when this module is imported: call it again
+    after adding a family, or load through :func:`load_pretrained`, which does)."""
+    for family in all_families():
+        cls = model_class(family)
+        AutoConfig.register(cls.config_class.model_type, cls.config_class, exist_ok=True)
+        AutoModelForCausalLM.register(cls.config_class, cls, exist_ok=True)
 
 
 register()
@@ -459,6 +478,7 @@ __all__ = [
     "check_model_type",
     "load_pretrained",
     "map_batch_rows",
+    "model_class",
     "read_model_type",
     "register",
 ]

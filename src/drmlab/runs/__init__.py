@@ -1,5 +1,5 @@
-"""Run directories: their files, lock, atomic writes, checkpoints, metrics and model (README, "Runs that
-never lose work"; docs/architecture.md section 2).
+"""Run directories: their files, lock, atomic writes, checkpoints, metrics and model (docs/runs.md, "What a
+run directory promises"; docs/architecture.md section 2).
 
 Everything that reads or writes a run goes through :class:`RunDir`, a facade over one module per job:
 

@@ -1,5 +1,5 @@
-"""A run's checkpoint: the atomic commit, the checks on load, and the leftovers of a killed writer (README,
-"Runs that never lose work": one atomic commit, checked on load).
+"""A run's checkpoint: the atomic commit, the checks on load, and the leftovers of a killed writer (docs/runs.md,
+"What a run directory promises": one atomic commit, checked on load).
 
 **Commit protocol.** A checkpoint is written complete into a temporary folder (every file fsynced),
 renamed to ``checkpoints/step-N`` in one ``rename``, and committed by atomically replacing

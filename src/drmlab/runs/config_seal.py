@@ -1,4 +1,4 @@
-"""config.json protected like the weights (README, "Runs that never lose work"): written with a seal,
+"""config.json protected like the weights (docs/runs.md, "What a run directory promises"): written with a seal,
 ``config.seal.json`` = its sha256 and the copy it was taken of, verified on every read. Resume and
 every reader take the run's settings from config.json, so an edit there would silently change what a
 resumed or evaluated run is; an edited config is refused with the fields it changed, unless the user

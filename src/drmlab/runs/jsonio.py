@@ -1,4 +1,5 @@
-"""Atomic JSON files and the one-line write error of every writer of a run (README, "Runs that never lose work").
+"""Atomic JSON files and the one-line write error of every writer of a run (docs/runs.md, "What a run directory
+promises").
 
 A JSON file is written into a temporary file of the same folder, fsynced and moved over the old one with
 ``os.replace``, so a reader sees the old file or the new one, never half of one. Every read names its file

@@ -1,4 +1,4 @@
-"""The names inside a run directory (README, "Runs that never lose work"; docs/architecture.md section 2).
+"""The names inside a run directory (docs/runs.md, "What a run directory promises"; docs/architecture.md section 2).
 
 A run directory holds
 

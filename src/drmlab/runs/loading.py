@@ -1,5 +1,5 @@
-"""A run directory's model: built from its config.json, its checkpoint's weights loaded (README, "Runs that
-never lose work": checked on load; docs/architecture.md section 1).
+"""A run directory's model: built from its config.json, its checkpoint's weights loaded (docs/runs.md, "What a
+run directory promises": checked on load; docs/architecture.md section 1).
 
 The one module of :mod:`drmlab.runs` that imports :mod:`drmlab.models` (tests/runs/test_runs_package.py checks
 it): the rest of the package reads and writes files and knows nothing of the registry. Weights holding NaN

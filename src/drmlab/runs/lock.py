@@ -1,4 +1,4 @@
-"""The writer's lock of a run directory (README, "Runs that never lose work": one writer).
+"""The writer's lock of a run directory (docs/runs.md, "What a run directory promises": one writer).
 
 The one process writing a run holds an exclusive ``flock`` on ``DIR/.lock``, a file naming it (pid, host,
 start time); a second writer is refused at once with that name.

@@ -1,5 +1,5 @@
-"""``metrics.jsonl``: appending a run's rows, reading them, dropping lost ones on resume (README, "Runs that
-never lose work" and "TensorBoard and HTML reports").
+"""``metrics.jsonl``: appending a run's rows, reading them, dropping lost ones on resume (docs/runs.md, "What a
+run directory promises"; docs/guide.md section 5, TensorBoard).
 
 One JSON object a line: a row per optimizer step (``kind: train``), per sampled evaluation (``kind: eval``)
 and per resume (``kind: resume``). A killed writer may leave a half-written last line; readers skip it. On

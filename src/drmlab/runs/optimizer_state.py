@@ -1,5 +1,5 @@
-"""A checkpoint's optimizer and RNG state as named tensors (``optimizer.safetensors``; README, "Runs that never
-lose work"): the optimizer's tensors as ``state.<param index>.<name>``, its hyper-parameters and non-tensor
+"""A checkpoint's optimizer and RNG state as named tensors (``optimizer.safetensors``; docs/runs.md, "What a run
+directory promises"): the optimizer's tensors as ``state.<param index>.<name>``, its hyper-parameters and non-tensor
 state as JSON (``trainer_state.json``'s ``optimizer``), the torch RNG state(s) as ``rng.*``."""
 
 from __future__ import annotations

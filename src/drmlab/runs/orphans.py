@@ -1,6 +1,6 @@
-"""What a killed writer of a run left behind, removed by the next writer (README, "Runs that never lose work"):
-temporary files and folders, superseded checkpoint folders, and a lost or damaged pointer (recovered from the
-newest checkpoint whose manifest verifies)."""
+"""What a killed writer of a run left behind, removed by the next writer (docs/runs.md, "What a run directory
+promises"): temporary files and folders, superseded checkpoint folders, and a lost or damaged pointer (recovered from
+the newest checkpoint whose manifest verifies)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A run directory as one object (README, "Runs that never lose work"; docs/architecture.md section 2).
+"""A run directory as one object (docs/runs.md, "What a run directory promises"; docs/architecture.md section 2).
 
 :class:`RunDir` is the facade every reader and writer of a run goes through; it composes the modules of
 :mod:`drmlab.runs`: :mod:`~drmlab.runs.layout` (its file names), :mod:`~drmlab.runs.lock` (the writer's

@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from drmlab.naming import suggest
+from drmlab.naming import known_names, suggest
 from drmlab.presets import PRESET_DEFAULTS
 
 SCHEDULES = ("constant", "cosine")
@@ -26,10 +26,13 @@ class TrainConfig:
 
     Sizes: one optimizer step consumes ``batch_size * grad_accum * seq_len`` target tokens;
     ``batch_size`` is the *global* micro-batch (split across processes under torchrun). The run
-    takes ``ceil(tokens / tokens_per_step)`` steps, so ``tokens`` is rounded up to whole steps.
+    takes ``ceil(tokens / tokens_per_step)`` steps, so ``tokens`` is rounded up to whole steps. A budget
+    given in optimizer steps (``steps``, ``drmlab train --steps``) sets ``tokens`` to
+    ``steps * tokens_per_step`` on validation; both are recorded.
     """
 
     tokens: int = 1_000_000  # token budget (targets), rounded up to whole optimizer steps
+    steps: int | None = None  # the budget in optimizer steps instead (then tokens = steps x tokens_per_step)
     batch_size: int = 32  # sequences per micro-batch, all processes together
     grad_accum: int = 1  # micro-batches per optimizer step (loss divided by this)
     seq_len: int = 256  # training window; each row is seq_len + 1 tokens
@@ -109,6 +112,9 @@ class TrainConfig:
 
         for key in ("tokens", "batch_size", "grad_accum", "seq_len", "eval_batch_size"):
             number(key, 0, open_low=True, integer=True)
+        number("steps", 0, open_low=True, integer=True, optional=True)
+        if self.steps is not None:
+            self.tokens = self.steps * self.tokens_per_step
         for key in ("seed", "eval_windows", "divergence_steps"):
             number(key, 0, integer=True)
         for key in ("eval_every", "eval_tokens", "checkpoint_every"):
@@ -188,11 +194,13 @@ def split_overrides(assignments: dict, model_keys) -> tuple[dict, dict]:
         else:
             known = set(TRAIN_KEYS) | model_keys
             raise ValueError(
-                f"unknown setting {key!r}{suggest(key, known)}; train settings: {', '.join(TRAIN_KEYS)}; "
-                f"model settings: {', '.join(sorted(model_keys))}"
+                f"unknown setting {key!r}{suggest(key, known)}; {known_names(key, known)}: "
+                "`drmlab inspect --settings --model NAME` lists them all"
             )
     if "tokens" in train:
         train["tokens"] = parse_tokens(train["tokens"])
+    if isinstance(train.get("steps"), str):
+        train["steps"] = parse_tokens(train["steps"])
     for key in ("eval_every", "eval_tokens", "checkpoint_every"):
         if isinstance(train.get(key), str):
             train[key] = parse_tokens(train[key])

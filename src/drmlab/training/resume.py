@@ -17,10 +17,11 @@ from drmlab.training import distributed as dist_utils
 from drmlab.training.config import TRAIN_DEFAULTS
 
 # Train settings that may differ when resuming: they change neither the batches nor the updates
-# (``tokens`` only under the constant schedule, where it does not shape the learning rate;
-# ``compile`` only the order of rounding, as another device or thread count does).
+# (``tokens`` -- or ``steps``, which sets it -- only under the constant schedule, where it does not shape the
+# learning rate; ``compile`` only the order of rounding, as another device or thread count does).
 RESUMABLE_CHANGES = (
     "tokens",
+    "steps",
     "eval_every",
     "eval_windows",
     "eval_tokens",

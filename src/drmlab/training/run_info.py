@@ -1,5 +1,5 @@
 """What a caller knows of a run that config.json records beside the model and the train settings
-(README "Run directories"): the model's name and preset, its overrides, the data and, for a study,
+(docs/guide.md section 4, "What a run records"): the model's name and preset, its overrides, the data and, for a study,
 its own record. One typed value instead of a dict built by hand at every call of ``train``."""
 
 from __future__ import annotations

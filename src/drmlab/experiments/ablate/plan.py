@@ -101,7 +101,8 @@ def plan_study(spec: StudySpec) -> Study:
         models=models,
         seeds=seeds,
         preset=preset,
-        train={k: v for k, v in dataclasses.asdict(cfg).items() if k != "seed"},
+        # a budget in tokens leaves ``steps`` out (None), as the records made before that setting existed do
+        train={k: v for k, v in dataclasses.asdict(cfg).items() if k != "seed" and not (k == "steps" and v is None)},
         model_overrides={label: kw for label, kw in overrides.items() if kw},
         data_source=spec.data,
         tokenizer=spec.tokenizer or "bytes",
