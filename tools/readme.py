@@ -220,9 +220,17 @@ def _bench_models_table(studies: dict[str, dict]) -> str:
 def _bench_reference_table(studies: dict[str, dict]) -> str:
     """Training tokens/s against the upstream reference implementation (benchmarks/bench_reference.py):
     per preset and variant, ours and the reference's rate in thread CPU time and their ratio, the
-    wall-clock ratio beside it, and the float64 gap of the pair."""
+    wall-clock ratio beside it, where the record has them drmlab with its fused kernels off and its fast
+    setting (each against the reference, CPU time), and the float64 gap of the pair."""
+    presets = studies["bench-reference"]["presets"]
+    extra = [
+        side
+        for side in ("plain", "fast")
+        if all(side in v["cpu_tokens_per_s"] for p in presets for v in p["variants"].values())
+    ]
+    titles = {"plain": "fused off / reference", "fast": "**--fast** / reference"}
     rows = []
-    for p in studies["bench-reference"]["presets"]:
+    for p in presets:
         for name, v in p["variants"].items():
             cpu, wall = v["cpu_tokens_per_s"], v["wall_tokens_per_s"]
             rows.append(
@@ -234,6 +242,7 @@ def _bench_reference_table(studies: dict[str, dict]) -> str:
                     f"{cpu['ref']:,.0f}",
                     f"**{cpu['ours'] / cpu['ref']:.2f}x**",
                     f"{wall['ours'] / wall['ref']:.2f}x",
+                    *(f"{cpu[side] / cpu['ref']:.2f}x" for side in extra),
                     f"{v['f64_gap']:.0e}",
                 ]
             )
@@ -246,9 +255,10 @@ def _bench_reference_table(studies: dict[str, dict]) -> str:
             "reference tok/s (CPU)",
             "ours / reference",
             "wall clock",
+            *(titles[side] for side in extra),
             "f64 gap",
         ],
-        ["---", "---", "---:", "---:", "---:", "---:", "---:", "---:"],
+        ["---", "---", "---:", "---:", "---:", "---:", "---:", *(["---:"] * len(extra)), "---:"],
         rows,
     )
 
