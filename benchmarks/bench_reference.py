@@ -209,6 +209,11 @@ def reference_step(model, opt, tokens, step: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reference", required=True, help="path of a drm-language-emitter checkout")
+    parser.add_argument(
+        "--reference-commit",
+        default="",
+        help="the reference's commit, when its folder has no git history (an exported archive)",
+    )
     parser.add_argument("--presets", default="tiny,small")
     parser.add_argument("--variants", default=VARIANTS)
     parser.add_argument("--rounds", type=int, default=5)
@@ -306,11 +311,15 @@ def write_record(args, root: Path, presets: list[dict]) -> None:
         "python benchmarks/bench_reference.py --reference REFERENCE "
         + " ".join(f"--{k} {getattr(args, k)}" for k in ("presets", "variants", "rounds", "threads", "step"))
         + "".join(f" --{k}" for k in ("plain", "fast") if getattr(args, k, False))
+        + (f" --reference-commit {args.reference_commit}" if getattr(args, "reference_commit", "") else "")
     )
     settings = {
         k: getattr(args, k, False) for k in ("presets", "variants", "rounds", "threads", "step", "plain", "fast")
     }
-    settings["reference"] = "gnai-creator/drm-language-emitter at " + (head.stdout.strip() or "an unknown commit")
+    commit = head.stdout.strip() or getattr(args, "reference_commit", "")
+    if commit and not head.stdout.strip():
+        commit += " (the files of that commit, without their git history)"
+    settings["reference"] = "gnai-creator/drm-language-emitter at " + (commit or "an unknown commit")
     record = {
         "title": "Training tokens/s of drmlab's DRM variants against the upstream reference implementation, "
         "paired (its variant table at our widths, its weights in ours), forward + loss + backward + AdamW, float32 "

@@ -258,6 +258,20 @@ class CKernel:
         The first call builds it (about a second) unless a cached build exists."""
         return self.library() is not None
 
+    def unavailable_on(self, device, dtype, dtypes) -> str | None:
+        """Why this CPU kernel cannot run on tensors of ``device`` and compute ``dtype`` (it computes in
+        ``dtypes``), or None when it can: the reason a backend gives."""
+        if device.type != "cpu":
+            return "the C kernel runs on CPU tensors only"
+        if dtype not in dtypes:
+            names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+            return f"the C kernel computes in {names} only"
+        if disabled_by_env():
+            return f"disabled by {DISABLE_ENV}"
+        if not self.available():
+            return self.status()["error"]
+        return None
+
     def status(self) -> dict:
         """Diagnostics: availability, the shared object's path, the error that made it
         unavailable, the source.  Never raises (loads the kernel when not yet tried)."""

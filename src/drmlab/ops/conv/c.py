@@ -62,15 +62,7 @@ KERNEL = ckernels.register(ckernels.CKernel("causal_depthwise_conv1d", SOURCE, p
 
 def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why the C kernel cannot run on ``device`` / ``dtype``; None when it can."""
-    if device.type != "cpu":
-        return "the C kernel runs on CPU tensors only"
-    if dtype not in C_DTYPES:
-        return "the C kernel computes in float32 or float64 only"
-    if ckernels.disabled_by_env():
-        return f"disabled by {ckernels.DISABLE_ENV}"
-    if not KERNEL.available():
-        return KERNEL.status()["error"]
-    return None
+    return KERNEL.unavailable_on(device, dtype, C_DTYPES)
 
 
 def _pieces(C: int, numel: int) -> list[tuple[int, int]]:

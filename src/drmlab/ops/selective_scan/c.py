@@ -46,15 +46,7 @@ KERNEL = ckernels.register(ckernels.CKernel("selective_scan", SOURCE, prepare))
 
 def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why the kernel cannot run on ``device`` / compute ``dtype``; None when it can."""
-    if device.type != "cpu":
-        return "the C kernel runs on CPU tensors only"
-    if dtype not in C_DTYPES:
-        return "the C kernel computes in float32 or float64 only"
-    if ckernels.disabled_by_env():
-        return f"disabled by {ckernels.DISABLE_ENV}"
-    if not KERNEL.available():
-        return KERNEL.status()["error"]
-    return None
+    return KERNEL.unavailable_on(device, dtype, C_DTYPES)
 
 
 def _segment_length(T: int, S: int) -> int:
