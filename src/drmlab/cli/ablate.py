@@ -63,6 +63,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="[MODEL.]KEY=VALUE",
     )
     common.add_bf16_argument(parser)
+    parser.add_argument(
+        "--restore-from",
+        metavar="RESULTS",
+        help="continue a study begun on another machine: take the finished runs and sweep runs of its "
+        "results.json (copied from its --out) and train only the rest",
+    )
     common.add_tensorboard_argument(parser, "each run's directory (OUT/runs/MODEL-seedS)")
     common.add_runtime_arguments(parser)
     parser.set_defaults(func=run)
@@ -105,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     )
     out = Path(args.out or f"studies/ablate-{args.preset}")
     common.refuse_run_output(out, "--out")
+    if args.restore_from:
+        restore_from(args.restore_from, out, runtime)
     results = protocol.run_study(spec, runtime, out, sweep_only=args.sweep_only)
     print(report.markdown(results))
     print(
@@ -114,3 +122,24 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def restore_from(path: str, out: Path, runtime) -> None:
+    """``--restore-from``: the finished runs of a results.json written into ``out`` (one line says how many)."""
+    from drmlab.experiments.ablate.restore import restore_study
+    from drmlab.runs import read_json
+
+    try:
+        record = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--restore-from: {exc}") from None
+    try:
+        counts = restore_study(record, out)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"--restore-from {path}: not the results.json of an ablation study ({exc!r})") from None
+    except ValueError as exc:
+        raise ValueError(f"--restore-from {path}: {exc}") from None
+    runtime.say(
+        f"restored from {path}: {counts['restored']} finished runs written, {counts['kept']} already here, "
+        f"{counts['left']} left as this machine has them"
+    )
