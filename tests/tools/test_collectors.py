@@ -111,3 +111,23 @@ def test_the_pmcs_collector_adds_a_seed_and_says_when_its_base_was_trained_again
     _write(spec / "reads" / "results.json", {"entries": [{"label": "x", "lengths": lengths}]})
     with pytest.raises(ValueError, match="read with --read-all"):
         collect.collect(tmp_path, record)
+
+
+def test_the_ablation_collector_gives_a_restored_study_its_numbers_and_the_stated_provenance(tmp_path):
+    """tools/collect_ablate.py over protocol-tiny restored from its committed record (drmlab ablate
+    --restore-from): the same study, runs, statistics and gates, with the command, machine and how given."""
+    from drmlab.experiments.ablate.restore import restore_study
+
+    committed = json.loads((ROOT / "docs" / "studies" / "protocol-tiny" / "results.json").read_text())
+    restore_study(committed, tmp_path / "protocol-tiny")
+    record = _tool("collect_ablate").record(tmp_path / "protocol-tiny", "protocol-tiny", "drmlab ablate X", "M", "H")
+    same = ("study", "models", "runs", "gate", "gate_rule", "complete", "lr_sweep")
+    assert json.loads(json.dumps({k: record[k] for k in same})) == {k: committed[k] for k in same}
+    made = record["provenance"]
+    assert (made["command"], made["machine"], made["how"], made["settings"]) == (
+        "drmlab ablate X",
+        "M",
+        "H",
+        committed["study"],
+    )
+    assert str(tmp_path) not in json.dumps(record)
