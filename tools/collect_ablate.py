@@ -4,7 +4,7 @@ The record is ``drmlab.experiments.ablate.protocol.collect_results`` of the stud
 provenance the committed files carry (docs/studies/README.md): the study's command as it was run, the
 commit of the code, the machine and its load, how the runs were made and where the numbers come from. A
 study that is not complete is committed as it stands (``"complete": false``); on the next machine
-``drmlab ablate SAME-OPTIONS --restore-from docs/studies/NAME/results.json`` goes on from it
+``drmlab ablate SAME-OPTIONS --restore docs/studies/NAME/results.json`` goes on from it
 (docs/drm.md A.7.2).
 
     python tools/collect_ablate.py --study studies/protocol-small --name protocol-small \\

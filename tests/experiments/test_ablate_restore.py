@@ -1,4 +1,4 @@
-"""Moving a study to another machine (``drmlab ablate --restore-from``): a study restored from its collected
+"""Moving a study to another machine (``drmlab ablate --restore``): a study restored from its collected
 results.json collects to the same numbers, trains nothing it had finished, and trains what it had not."""
 
 from __future__ import annotations
@@ -85,15 +85,15 @@ def test_what_the_record_had_not_finished_trains_on_the_new_machine(corpus_file,
     assert (ablate.run_dir(out, "GPT2", 2) / "checkpoints").is_dir()
 
 
-def test_cli_restore_from_errors_are_one_line(corpus_file, finished, tmp_path, capsys):
+def test_cli_restore_errors_are_one_line(corpus_file, finished, tmp_path, capsys):
     first, record = finished
     base = ["ablate", "--models", "SSM_CONTROL,GPT2", "--preset", "micro", "--out", str(tmp_path / "s")]
-    assert main([*base, "--restore-from", str(tmp_path / "missing.json")]) != 0
+    assert main([*base, "--restore", str(tmp_path / "missing.json")]) != 0
     err = capsys.readouterr().err.strip()
     assert "missing.json" in err and "does not exist" in err and len(err.splitlines()) == 1
     not_a_study = tmp_path / "other.json"
     not_a_study.write_text(json.dumps({"title": "a benchmark", "presets": []}))
-    assert main([*base, "--restore-from", str(not_a_study)]) != 0
+    assert main([*base, "--restore", str(not_a_study)]) != 0
     err = capsys.readouterr().err.strip()
     assert "not the results.json of an ablation study" in err and len(err.splitlines()) == 1
     other = tmp_path / "other-study"

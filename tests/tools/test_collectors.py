@@ -115,7 +115,7 @@ def test_the_pmcs_collector_adds_a_seed_and_says_when_its_base_was_trained_again
 
 def test_the_ablation_collector_gives_a_restored_study_its_numbers_and_the_stated_provenance(tmp_path):
     """tools/collect_ablate.py over protocol-tiny restored from its committed record (drmlab ablate
-    --restore-from): the same study, runs, statistics and gates, with the command, machine and how given."""
+    --restore): the same study, runs, statistics and gates, with the command, machine and how given."""
     from drmlab.experiments.ablate.restore import restore_study
 
     committed = json.loads((ROOT / "docs" / "studies" / "protocol-tiny" / "results.json").read_text())

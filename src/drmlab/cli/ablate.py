@@ -64,8 +64,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     common.add_bf16_argument(parser)
     parser.add_argument(
-        "--restore-from",
-        metavar="RESULTS",
+        "--restore",
+        metavar="RESULTS_JSON",
         help="continue a study begun on another machine: take the finished runs and sweep runs of its "
         "results.json (copied from its --out) and train only the rest",
     )
@@ -111,8 +111,8 @@ def run(args: argparse.Namespace) -> int:
     )
     out = Path(args.out or f"studies/ablate-{args.preset}")
     common.refuse_run_output(out, "--out")
-    if args.restore_from:
-        restore_from(args.restore_from, out, runtime)
+    if args.restore:
+        restore(args.restore, out, runtime)
     results = protocol.run_study(spec, runtime, out, sweep_only=args.sweep_only)
     print(report.markdown(results))
     print(
@@ -124,21 +124,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def restore_from(path: str, out: Path, runtime) -> None:
-    """``--restore-from``: the finished runs of a results.json written into ``out`` (one line says how many)."""
+def restore(path: str, out: Path, runtime) -> None:
+    """``--restore``: the finished runs of a results.json written into ``out`` (one line says how many)."""
     from drmlab.experiments.ablate.restore import restore_study
     from drmlab.runs import read_json
 
     try:
         record = read_json(path)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"--restore-from: {exc}") from None
+        raise ValueError(f"--restore: {exc}") from None
     try:
         counts = restore_study(record, out)
     except (KeyError, TypeError) as exc:
-        raise ValueError(f"--restore-from {path}: not the results.json of an ablation study ({exc!r})") from None
+        raise ValueError(f"--restore {path}: not the results.json of an ablation study ({exc!r})") from None
     except ValueError as exc:
-        raise ValueError(f"--restore-from {path}: {exc}") from None
+        raise ValueError(f"--restore {path}: {exc}") from None
     runtime.say(
         f"restored from {path}: {counts['restored']} finished runs written, {counts['kept']} already here, "
         f"{counts['left']} left as this machine has them"

@@ -1,5 +1,5 @@
 """Continue a study on another machine from its collected ``results.json`` (docs/drm.md section A.7,
-"Moving a study"): ``drmlab ablate ... --restore-from RESULTS`` writes the record's study and, for each
+"Moving a study"): ``drmlab ablate ... --restore RESULTS`` writes the record's study and, for each
 finished run and sweep run it holds, a run folder with the summary and the metrics rows the collection reads,
 so the study skips them and trains only the rest.
 
