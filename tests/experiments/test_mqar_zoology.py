@@ -381,3 +381,50 @@ def test_collect_reports_what_has_finished_and_trains_nothing(tmp_path):
     assert cell["status"] == "incomplete" and cell["acc"] is None and cell["scores"] == {}
     assert {r["status"] for r in summary["runs"]} == {"pending"}
     assert not (tmp_path / "runs").exists() and (tmp_path / "results.json").is_file()
+
+
+def test_the_rate_probe_trains_every_rate_its_first_epochs_and_only_the_best_on(tmp_path):
+    probe = dict(MICRO, epochs=3, probe_epochs=1)
+    summary = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, **probe)
+    cell = summary["cells"]["ATTENTION w16 L64"]
+    runs = {r["lr"]: r for r in summary["runs"]}
+    assert cell["status"] == "done" and cell["lr"] in runs
+    for lr, run in runs.items():  # every rate scored at the end of its first epoch
+        assert cell["scores"][zm.lr_sweep.lr_label(lr)] == run["epochs"][0]["test_acc"]
+    assert cell["lr"] == zm.lr_sweep.choose({lr: r["epochs"][0]["test_acc"] for lr, r in runs.items()}, False)["lr"]
+    chosen, other = runs[cell["lr"]], next(r for lr, r in runs.items() if lr != cell["lr"])
+    assert chosen["status"] == "done" and [e["epoch"] for e in chosen["epochs"]] == [1, 2, 3]
+    assert other["status"] == "probed" and [e["epoch"] for e in other["epochs"]] == [1] and other["steps"] == 3
+    assert cell["acc"] == chosen["test_acc"] and cell["epochs"] == 3
+    # the probe is the start of the same run: going on from it is the run an unprobed study trains
+    whole = zm.plan_study(
+        ["ATTENTION"], [16], [64], **{k: v for k, v in probe.items() if k not in ("device", "probe_epochs")}
+    )
+    full = zm.run_cell(whole, "ATTENTION", 16, 64, 4, cell["lr"], tmp_path / "whole", device="cpu")
+    assert [e["loss"] for e in full["epochs"]] == [e["loss"] for e in chosen["epochs"]]
+    # said everywhere a number is shown; a moved study reuses its probed and finished runs
+    text = (tmp_path / "zoology.md").read_text()
+    assert text.startswith("# MQAR, the Zoology protocol at CPU budget") and "probed for its first 1 epochs" in text
+    assert "3 ep" in text and "| probed |" in text
+    assert "Zoology protocol at CPU budget" in json.loads((tmp_path / "results.json").read_text())["title"]
+    other_folder = tmp_path / "elsewhere"
+    assert len(zm.restore_runs(tmp_path / "results.json", other_folder)) == 2
+    moved = zm.run_zoology_study(["ATTENTION"], [16], [64], out=other_folder, **probe)
+    assert all(r.get("reused") for r in moved["runs"]) and moved["cells"] == summary["cells"]
+
+
+def test_a_probe_score_is_missing_where_the_run_diverged_within_it():
+    epochs = [{"epoch": 1, "test_acc": 0.2}, {"epoch": 2, "test_acc": 0.5}, {"epoch": 3, "test_acc": 0.9}]
+    assert zm.probe_score({"status": "done", "epochs": epochs, "epochs_run": 3}, 2) == 0.5
+    assert zm.probe_score({"status": "probed", "epochs": epochs[:2], "epochs_run": 2}, 2) == 0.5
+    assert zm.probe_score({"status": "diverged", "epochs": epochs[:1]}, 2) is None  # in the probe's second epoch
+    assert zm.probe_score({"status": "diverged", "epochs": epochs[:2]}, 2) == 0.5  # after the probe
+    early = {"status": "done", "early_stopped": True, "epochs_run": 1, "epochs": [{"epoch": 1, "test_acc": 0.995}]}
+    assert zm.probe_score(early, 2) == 0.995
+    assert zm.probe_score({"status": "training", "epochs": epochs}, 2) is None
+    with pytest.raises(ValueError, match="probe_epochs must be a whole number of epochs below epochs"):
+        zm.plan_study(["ATTENTION"], [16], [64], epochs=2, probe_epochs=2)
+    from drmlab.experiments.mqar.zoology_report import at_cpu_budget
+
+    assert not at_cpu_budget({"epochs": 64, "probe_epochs": None}) and not at_cpu_budget({"epochs": 64})
+    assert at_cpu_budget({"epochs": 16}) and at_cpu_budget({"epochs": 64, "probe_epochs": 2})

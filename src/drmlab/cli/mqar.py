@@ -64,6 +64,8 @@ ZOOLOGY_ONLY = {
     "early_stop": "--early-stop",
     "restore": "--restore",
     "collect": "--collect",
+    "probe_epochs": "--probe-epochs",
+    "fast": "--fast",
 }
 
 
@@ -166,6 +168,20 @@ def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
     )
     zoo.add_argument("--epochs", type=int, default=None, help="epochs over the training set (default 64)")
     zoo.add_argument("--early-stop", type=float, default=None, help="stop a run at this test accuracy (default 0.99)")
+    zoo.add_argument(
+        "--probe-epochs",
+        type=int,
+        default=None,
+        help="a CPU budget: train every rate for this many epochs (the start of the same run), then only the "
+        "best one by test accuracy on to --epochs (default: every rate trains every epoch, as Zoology does)",
+    )
+    zoo.add_argument(
+        "--fast",
+        action="store_true",
+        default=None,
+        help="the fast setting for every run: bf16 autocast where this device multiplies bf16 natively, "
+        "torch.compile with a persistent cache, the fused kernels (docs/architecture.md)",
+    )
     zoo.add_argument(
         "--collect",
         action="store_true",
@@ -344,9 +360,20 @@ def run_zoology(args: argparse.Namespace) -> int:
     seeds = common.parse_seeds(args.seeds) if args.seeds else [zoology.RECIPE.seed]
     if len(seeds) != 1:
         raise ValueError("--protocol zoology runs one seed per (model, width, length, rate): give --seeds S")
+    settings = common.parse_assignments(args.assignments)
+    if args.fast:
+        from drmlab.devices import resolve_device
+        from drmlab.training.fast import fast_settings, use_persistent_compile_cache
+
+        fast, note = fast_settings(resolve_device(runtime.device))
+        if note is not None:
+            runtime.log(note)
+        settings = {**fast, **settings}
+        use_persistent_compile_cache()
     given = {
         "epochs": args.epochs,
         "early_stop": args.early_stop,
+        "probe_epochs": args.probe_epochs,
         "batch_size": args.batch_size,
         "n_train": None if args.n_train == args.fixed_only_defaults["n_train"] else args.n_train,
         "n_test": None if args.n_test == args.fixed_only_defaults["n_test"] else args.n_test,
@@ -364,7 +391,7 @@ def run_zoology(args: argparse.Namespace) -> int:
         out=out,
         preset=args.preset,
         seed=seeds[0],
-        settings=common.parse_assignments(args.assignments),
+        settings=settings,
         device=runtime.device,
         quiet=runtime.quiet,
         log=runtime.log,

@@ -111,9 +111,12 @@ def run_cell(
     quiet: bool = True,
     log: Callable[[str], None] | None = None,
     collect_only: bool = False,
+    until: int | None = None,
 ) -> dict:
     """Train (or continue, or reuse) one run; its result (``status``: done, diverged, n/a or locked;
-    with ``collect_only`` nothing is trained and an unfinished run is ``pending``)."""
+    with ``collect_only`` nothing is trained and an unfinished run is ``pending``). ``until``: stop after
+    that many epochs (the rate probe) unless it stopped before; such a run is ``probed`` and goes on from
+    its checkpoint when asked for more."""
     from drmlab.runs import RunDir, RunLock, RunLockedError, write_json_atomic
     from drmlab.training.pieces import TrainPieces
     from drmlab.training.trainer import NonFiniteLossError, lm_loss_fn, train
@@ -148,10 +151,11 @@ def run_cell(
             "train": dataclasses.asdict(cfg),
         }
     )
+    target = r.epochs if until is None else min(until, r.epochs)
     run_dir = out / "runs" / label
     path = run_dir / "result.json"
     saved = json.loads(path.read_text()) if path.is_file() else None
-    if saved is not None and saved.get("spec") == spec and saved.get("status") in ("done", "diverged"):
+    if _finished(saved, spec, target) or (collect_only and _finished(saved, spec, 0)):
         return dict(saved, reused=True)
     if collect_only:  # the report of what has finished: nothing is trained
         return dict(base, status="pending")
@@ -161,11 +165,12 @@ def run_cell(
         return dict(base, status="locked")
     try:
         saved = json.loads(path.read_text()) if path.is_file() else None  # another process may have moved it on
-        if saved is not None and saved.get("spec") == spec and saved.get("status") in ("done", "diverged"):
+        if _finished(saved, spec, target):
             return dict(saved, reused=True)
         run = RunDir(run_dir)
         resume = saved is not None and saved.get("spec") == spec and run.has_checkpoint()
         result = saved if resume else dict(base, status="training", spec=spec, epochs=[], wall_seconds=0.0)
+        result["status"] = "training"  # a probed run going on is training until its next stop
         if not resume:
             run_dir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(path, result)
@@ -181,7 +186,7 @@ def run_cell(
             study={"mqar_zoology": {k: v for k, v in spec.items() if k not in ("train", "overrides")}},
         )
         done = result["epochs"][-1]["epoch"] if result["epochs"] else 0
-        while done < r.epochs:
+        while done < target:
             t0 = time.perf_counter()
             try:
                 summary = train(
@@ -234,9 +239,9 @@ def run_cell(
             result["params"] = summary["params"]
             done = epoch
             stop = test["acc"] > r.early_stop
-            if stop or done >= r.epochs:
+            if stop or done >= target:
                 result.update(
-                    status="done",
+                    status="done" if stop or done >= r.epochs else "probed",
                     test_acc=test["acc"],
                     test_correct=test["correct"],
                     test_queries=test["total"],
@@ -253,11 +258,37 @@ def run_cell(
         if log is not None:
             log(
                 f"zoology {label}: test acc {100 * result['test_acc']:.2f}% after {result['epochs_run']} epochs"
-                f"{' (early stop)' if result['early_stopped'] else ''}, {result['wall_seconds']:.0f} s"
+                f"{' (early stop)' if result['early_stopped'] else ''}"
+                f"{' (the rate probe)' if result['status'] == 'probed' else ''}, {result['wall_seconds']:.0f} s"
             )
         return result
     finally:
         lock.release()
+
+
+def _finished(saved: dict | None, spec: dict, epochs: int) -> bool:
+    """Whether a saved result ran under ``spec`` and needs no more training for ``epochs`` epochs: done,
+    diverged, or probed at least that far."""
+    if saved is None or saved.get("spec") != spec:
+        return False
+    return saved.get("status") in ("done", "diverged") or (
+        saved.get("status") == "probed" and saved.get("epochs_run", 0) >= epochs
+    )
+
+
+def probe_score(run: dict, probe_epochs: int) -> float | None:
+    """A run's test accuracy at the end of the rate probe (its first ``probe_epochs`` epochs, or its early
+    stop before that); None where it diverged before the probe's end."""
+    if run["status"] not in ("done", "diverged", "probed"):
+        return None
+    entries = [e for e in run.get("epochs") or [] if e["epoch"] <= probe_epochs]
+    if not entries:
+        return None
+    last = entries[-1]
+    stopped_early = run["status"] == "done" and run.get("early_stopped") and run.get("epochs_run") == last["epoch"]
+    if last["epoch"] < probe_epochs and not stopped_early:
+        return None  # it diverged within the probe
+    return last["test_acc"]
 
 
 def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
@@ -280,15 +311,26 @@ def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
                         "why": na[0]["why"],
                     }
                     continue
-                scores = {
-                    r["lr"]: (r.get("test_acc") if r["status"] == "done" else None)
-                    for r in rows
-                    if r["status"] in ("done", "diverged")
-                }
+                probe = study.recipe.probe_epochs
+                if probe is None:  # Zoology's: every rate trained every epoch, the best final accuracy
+                    scores = {
+                        r["lr"]: (r.get("test_acc") if r["status"] == "done" else None)
+                        for r in rows
+                        if r["status"] in ("done", "diverged")
+                    }
+                else:  # each rate scored at the probe's end; the chosen one's final accuracy is the cell's
+                    scores = {
+                        r["lr"]: probe_score(r, probe) for r in rows if r["status"] in ("done", "diverged", "probed")
+                    }
                 complete = len(scores) == len(study.lr_grid)
                 state = decode_state_bytes(name, study.preset, width, seq_len, study.model_overrides, study.recipe)
                 choice = lr_sweep.choose(scores, lower_is_better=False) if scores else {"lr": None}
                 best = scores.get(choice["lr"]) if choice.get("lr") is not None else None
+                chosen = next((r for r in rows if choice.get("lr") is not None and r["lr"] == choice["lr"]), None)
+                if probe is not None:
+                    finished = chosen is None or chosen["status"] in ("done", "diverged")
+                    complete = complete and finished
+                    best = chosen.get("test_acc") if chosen is not None and chosen["status"] == "done" else None
                 cells[key] = {
                     "model": name,
                     "width": width,
@@ -297,6 +339,7 @@ def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
                     "status": "done" if complete else "incomplete",
                     "scores": {lr_sweep.lr_label(lr): s for lr, s in sorted(scores.items())},
                     "acc": best,
+                    "epochs": chosen.get("epochs_run") if chosen is not None else None,
                     "state_bytes": state,
                     **choice,
                     "wall_seconds": {
@@ -311,7 +354,9 @@ def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
         "cells": cells,
         "runs": [{k: v for k, v in r.items() if k != "spec"} for r in results],
         "finished": [
-            {k: v for k, v in r.items() if k != "reused"} for r in results if r["status"] in ("done", "diverged")
+            {k: v for k, v in r.items() if k != "reused"}
+            for r in results
+            if r["status"] in ("done", "diverged", "probed")
         ],
     }
 
@@ -359,30 +404,64 @@ def run_planned(
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    probe = study.recipe.probe_epochs
     todo = [
-        (seq_len, kv, name, width, lr)
+        (seq_len, kv, name, width, lr, probe)
         for seq_len, kv in study.settings
         for name in study.models
         for width in study.widths
         for lr in study.lr_grid
     ]
     results: dict = {}
+    going_on: set = set()  # the cells whose chosen rate was queued to train on after the probe
     while todo:
         left = []
-        for seq_len, kv, name, width, lr in todo:
+        for seq_len, kv, name, width, lr, until in todo:
             r = run_cell(
-                study, name, width, seq_len, kv, lr, out, device=device, quiet=quiet, log=log, collect_only=collect_only
+                study,
+                name,
+                width,
+                seq_len,
+                kv,
+                lr,
+                out,
+                device=device,
+                quiet=quiet,
+                log=log,
+                collect_only=collect_only,
+                until=until,
             )
             if r["status"] == "locked":
-                left.append((seq_len, kv, name, width, lr))
+                left.append((seq_len, kv, name, width, lr, until))
                 continue
             results[(name, width, seq_len, lr)] = r
+        if probe is not None and not collect_only:
+            left += _after_the_probe(study, results, going_on)
         if left and len(left) == len(todo):
             time.sleep(wait_seconds)
         todo = left
     summary = summarize(study, list(results.values()))
     zoology_report.write_report(summary, out, log=log)
     return summary
+
+
+def _after_the_probe(study: ZoologyStudy, results: dict, going_on: set) -> list[tuple]:
+    """The runs to train on past the probe: each cell whose every rate has finished its probe, at its
+    chosen rate, once (a cell whose rates all diverged, or whose chosen run is done, has none)."""
+    jobs = []
+    for seq_len, kv in study.settings:
+        for name in study.models:
+            for width in study.widths:
+                cell = (name, width, seq_len)
+                rows = [results.get((*cell, lr)) for lr in study.lr_grid]
+                if cell in going_on or any(r is None for r in rows) or rows[0]["status"] == "n/a":
+                    continue
+                scores = {r["lr"]: probe_score(r, study.recipe.probe_epochs) for r in rows}
+                lr = lr_sweep.choose(scores, lower_is_better=False)["lr"]
+                going_on.add(cell)
+                if lr is not None and results[(*cell, lr)]["status"] == "probed":
+                    jobs.append((seq_len, kv, name, width, lr, None))
+    return jobs
 
 
 def run_zoology_study(
@@ -400,6 +479,7 @@ def run_zoology_study(
     seed: int = RECIPE.seed,
     data_seed: int = RECIPE.data_seed,
     early_stop: float = RECIPE.early_stop,
+    probe_epochs: int | None = None,
     settings: dict | None = None,
     device="auto",
     quiet: bool = True,
@@ -421,6 +501,7 @@ def run_zoology_study(
         seed=seed,
         data_seed=data_seed,
         early_stop=early_stop,
+        probe_epochs=probe_epochs,
         settings=settings,
     )
     return run_planned(study, out, device=device, quiet=quiet, log=log, collect_only=collect_only)

@@ -90,10 +90,13 @@ def plan_study(
     seed: int = RECIPE.seed,
     data_seed: int = RECIPE.data_seed,
     early_stop: float = RECIPE.early_stop,
+    probe_epochs: int | None = None,
     settings: dict | None = None,
 ) -> ZoologyStudy:
     """Check every model, width, length and setting and plan the study. ``seq_lens`` picks among the
-    protocol's lengths (default all four; each brings its own kv and batch size)."""
+    protocol's lengths (default all four; each brings its own kv and batch size). ``probe_epochs``: choose
+    each cell's rate after that many epochs of every rate and train only the chosen one on (a CPU budget;
+    None: Zoology's, every rate trains every epoch)."""
     from drmlab.models import list_models
     from drmlab.models.registry import config_fields
     from drmlab.training.config import split_overrides
@@ -122,6 +125,10 @@ def plan_study(
         raise ValueError(f"batch_size must be a positive integer or None (the protocol's), got {batch_size!r}")
     if not (isinstance(early_stop, (int, float)) and 0 < early_stop <= 1):
         raise ValueError(f"early_stop must be an accuracy in (0, 1], got {early_stop!r}")
+    if probe_epochs is not None and (
+        isinstance(probe_epochs, bool) or not isinstance(probe_epochs, int) or not 0 < probe_epochs < epochs
+    ):
+        raise ValueError(f"probe_epochs must be a whole number of epochs below epochs ({epochs}), got {probe_epochs!r}")
     grid = parse_rates(lr_grid)
     recipe = dataclasses.replace(
         RECIPE,
@@ -131,6 +138,7 @@ def plan_study(
         seed=seed,
         data_seed=data_seed,
         early_stop=float(early_stop),
+        probe_epochs=probe_epochs,
     )
     study = ZoologyStudy(
         models=models,

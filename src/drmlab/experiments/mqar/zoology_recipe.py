@@ -35,6 +35,9 @@ class ZoologyRecipe:
     epochs: int = 64
     weight_decay: float = 0.1
     early_stop: float = 0.99  # stop once the test accuracy after an epoch exceeds this
+    # None: every rate trains all the epochs (Zoology's). P: every rate trains its first P epochs (the
+    # probe: the same run, cosine over all the epochs, stopped early), then only the best one goes on
+    probe_epochs: int | None = None
     lr_grid: tuple = LR_GRID
     widths: tuple = WIDTHS
     n_layer: int = 2
