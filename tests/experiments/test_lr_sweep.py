@@ -296,3 +296,43 @@ def test_cli_sweep_only_needs_a_grid(capsys):
 
     assert main(["ablate", "--models", "GPT2", "--sweep-only"]) == 2
     assert "--sweep-only needs --lr-grid" in capsys.readouterr().err
+
+
+def test_each_model_at_a_rate_given_per_model(corpus_file, tmp_path, capsys):
+    """``rates`` (drmlab ablate --lr-from RESULTS_JSON): the paired runs of each model at its own given rate,
+    no sweep; recorded in study.json, so a rerun with other rates is refused."""
+    out = tmp_path / "study"
+    rates = {"SSM_CONTROL": 2e-3, "GPT2": 5e-4}
+    results = _run(corpus_file, tmp_path, out, seeds=[1], lr_grid=None, tune_tokens=None, rates=rates)
+    for model, lr in rates.items():
+        config = json.loads((ablate.run_dir(out, model, 1) / "config.json").read_text())
+        assert config["train"]["lr"] == lr and results["models"][model]["lr"] == lr
+    assert json.loads((out / "study.json").read_text())["rates"] == rates and not (out / "tuning").exists()
+    with pytest.raises(ValueError, match="rates: "):
+        _run(corpus_file, tmp_path, out, seeds=[1], lr_grid=None, tune_tokens=None, rates=dict(rates, GPT2=1e-3))
+    with pytest.raises(ValueError, match="none now"):
+        _run(corpus_file, tmp_path, out, seeds=[1], lr_grid=None, tune_tokens=None, train={"eval_tokens": "1k"})
+    for bad, text in [
+        ({"SSM_CONTROL": 1e-3}, "none for GPT2"),
+        ({**rates, "MAMBA": 1e-3}, "MAMBA not among the models"),
+        ({**rates, "GPT2": float("nan")}, "GPT2's rate must be a finite number above 0"),
+    ]:
+        with pytest.raises(ValueError, match=text):
+            ablate.plan_study(StudySpec(models=["SSM_CONTROL", "GPT2"], preset="micro", rates=bad))
+    with pytest.raises(ValueError, match="give one of"):
+        ablate.plan_study(StudySpec(models=["GPT2"], preset="micro", rates={"GPT2": 1e-3}, lr_grid="1e-3,2e-3"))
+
+    # the CLI reads the rates another study chose; a model that study did not train is one line
+    from drmlab.cli import main
+
+    base = ["ablate", "--preset", "micro", "--seeds", "1", "--tokens", "1k", "--data", str(corpus_file)]
+    base += ["--set", "eval_tokens=1k", "--cache-dir", str(tmp_path / "cache"), "--quiet"]
+    again = tmp_path / "again"
+    cli = [*base, "--models", "SSM_CONTROL,GPT2", "--set", "GPT2.n_layer=1", "--lr-from", str(out / "results.json")]
+    cli += ["--out", str(again)]
+    assert main(cli) == 0
+    assert json.loads((again / "study.json").read_text())["rates"] == rates
+    capsys.readouterr()
+    assert main([*base, "--models", "MAMBA", "--lr-from", str(out / "results.json"), "--out", str(tmp_path / "m")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "no chosen rate for MAMBA" in err and len(err.splitlines()) == 1

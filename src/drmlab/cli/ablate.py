@@ -64,6 +64,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     common.add_bf16_argument(parser)
     parser.add_argument(
+        "--lr-from",
+        metavar="RESULTS_JSON",
+        help="train each model at the rate another study chose for it (that study's results.json), "
+        "instead of --lr or --lr-grid",
+    )
+    parser.add_argument(
         "--restore",
         metavar="RESULTS_JSON",
         help="continue a study begun on another machine: take the finished runs and sweep runs of its "
@@ -108,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer or "bytes",
         lr_grid=args.lr_grid,
         tune_tokens=args.tune_tokens,
+        rates=None if args.lr_from is None else rates_from(args.lr_from, models),
     )
     out = Path(args.out or f"studies/ablate-{args.preset}")
     common.refuse_run_output(out, "--out")
@@ -122,6 +129,23 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def rates_from(path: str, models: list[str]) -> dict[str, float]:
+    """``--lr-from``: each model's rate as the study of ``path`` (its results.json) chose it."""
+    from drmlab.runs import read_json
+
+    try:
+        chosen = read_json(path)["models"]
+        rates = {m: chosen[m]["lr"] for m in models if m in chosen}
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--lr-from: {exc}") from None
+    except (KeyError, TypeError):
+        raise ValueError(f"--lr-from {path}: not the results.json of an ablation study") from None
+    missing = [m for m in models if rates.get(m) is None]
+    if missing:
+        raise ValueError(f"--lr-from {path}: no chosen rate for {', '.join(missing)} in that study")
+    return rates
 
 
 def restore(path: str, out: Path, runtime) -> None:

@@ -89,7 +89,9 @@ class StudySpec(Spec):
     ``train``: TrainConfig settings for every run (not ``seed``: the seeds are the study's).
     ``model_settings``: label -> model-config settings of that model only. ``lr_grid``: sweep these rates
     per model first (first seed, ``tune_tokens`` tokens each, default the budget), then run its seeds at
-    its best rate; instead of ``train["lr"]``.
+    its best rate; instead of ``train["lr"]``. ``rates``: label -> the rate of its paired runs (a finished
+    sweep's choices, e.g. to train the same models in another setting at the rates chosen before); instead
+    of ``train["lr"]`` and ``lr_grid``.
     """
 
     models: tuple = DEFAULT_MODELS
@@ -103,3 +105,4 @@ class StudySpec(Spec):
     lr_grid: tuple | str | None = None
     tune_tokens: int | str | None = None
     registry_names: dict = field(default_factory=dict)
+    rates: dict | None = None

@@ -89,6 +89,7 @@ def plan_study(spec: StudySpec) -> Study:
         )
     elif tune_tokens is not None:
         raise ValueError("tune_tokens is the budget of the lr sweep: give lr_grid too")
+    rates = None if spec.rates is None else _check_rates(spec.rates, models, lr_grid, train_kw)
     for label in models:  # a bad arm or setting fails now, not after the first runs
         fields = config_fields(entries[label][0], preset, CHECK_VOCAB, **overrides[label])
         limit = fields.get("n_positions")
@@ -109,7 +110,32 @@ def plan_study(spec: StudySpec) -> Study:
         registry_names={label: name for label, (name, _) in entries.items() if name != label},
         lr_grid=lr_grid,
         tune_tokens=tune_tokens if lr_grid is not None else None,
+        rates=rates,
     )
+
+
+def _check_rates(rates: dict, models: list[str], lr_grid, train_kw: dict) -> dict[str, float]:
+    """Each model's paired-run rate, checked: one per model, each a finite number above 0, instead of a
+    shared ``lr`` and a grid."""
+    import math
+
+    if lr_grid is not None or "lr" in train_kw:
+        raise ValueError("give one of: a learning rate (lr), a grid to sweep (lr_grid), each model's rate (rates)")
+    missing = [m for m in models if m not in rates]
+    extra = [m for m in rates if m not in models]
+    if missing or extra:
+        raise ValueError(
+            "rates: one per model of the study"
+            + (f"; none for {', '.join(missing)}" if missing else "")
+            + (f"; {', '.join(map(str, extra))} not among the models" if extra else "")
+        )
+    checked = {}
+    for model in models:
+        value = rates[model]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"rates: {model}'s rate must be a finite number above 0, got {value!r}")
+        checked[model] = float(value)
+    return checked
 
 
 def study_record(study: Study, data_meta: dict) -> dict:
@@ -123,6 +149,7 @@ def study_record(study: Study, data_meta: dict) -> dict:
         "lr_grid": study.lr_grid,
         "tune_tokens": study.tune_tokens,
         "tune_seed": study.tune_seed if study.lr_grid else None,
+        **({"rates": study.rates} if study.rates is not None else {}),  # absent from the records before it
     }
 
 
@@ -149,6 +176,8 @@ def record_study(out: Path, study: Study, data_meta: dict) -> None:
             and saved.get(k) != v  # a study from before sweeps has no lr_grid: None
             and not (regrid and k == "lr_grid")
         ]
+        if saved.get("rates") is not None and "rates" not in record:
+            problems.append(f"rates: {saved['rates']!r} in the study, none now")
         if study.lr_grid is not None and saved.get("lr_grid") not in (None, study.lr_grid) and not regrid:
             problems.append("(the lr grid can change only before the first paired run starts)")
         saved_train = saved.get("train", {})

@@ -153,6 +153,8 @@ def run_planned(study: Study, runtime: Runtime, out: str | Path, *, corpus=None,
                         waiting_logged.add(job)
                     continue
                 lr = sweep["lr"]
+            elif not job.tuning and study.rates is not None:
+                lr = study.rates[job.model]
             status = _train_one(study, runtime, out, job, tuning if job.tuning else paired, label, lr=lr)
             if status != "done":
                 left.append(job)

@@ -145,7 +145,7 @@ def collect_results(out: str | Path) -> dict:
     per_model, gates = summarize(runs, study["models"])
     sweeps = sweep_results(out, study)
     for model, stats in per_model.items():
-        stats["lr"] = sweeps[model]["lr"] if sweeps else study["train"]["lr"]
+        stats["lr"] = sweeps[model]["lr"] if sweeps else (study.get("rates") or {}).get(model, study["train"]["lr"])
     results = {
         "provenance": provenance(study),
         "study": study,

@@ -28,6 +28,7 @@ class Study:
     registry_names: dict[str, str] = dataclasses.field(default_factory=dict)
     lr_grid: list[float] | None = None  # sweep these rates per model first (None: train["lr"] for all)
     tune_tokens: int | None = None  # budget of each sweep run (None: the study's budget)
+    rates: dict[str, float] | None = None  # label -> the rate of its paired runs (None: lr_grid or train["lr"])
 
     def registry_name(self, label: str) -> str:
         return self.registry_names.get(label, label)
