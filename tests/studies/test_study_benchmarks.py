@@ -2,6 +2,8 @@
 (docs/studies/bench-*, first-train-run): each figure the text quotes, computed from the committed measurements
 and found in the text."""
 
+from pathlib import Path
+
 from study_results import fmt, load, stated
 
 said = stated(
@@ -114,6 +116,15 @@ def test_the_fast_setting_against_the_reference_and_the_factors_the_trainer_quot
     assert (fmt(min(fast.values()), 2), fmt(max(fast.values()), 2)) == (said("1.88"), said("3.59"))
     assert fmt(fused["tiny", "J"], 2) == said("1.13")
     assert fast["tiny", "J"] >= 2.5 and fast["tiny", "SSM_CONTROL"] < 2.5  # the target met for J, not the controls
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    for p in load("bench-reference")["presets"]:  # the README's --fast paragraph: --fast over the float32 default
+        gain = [v["cpu_tokens_per_s"]["fast"] / v["cpu_tokens_per_s"]["ours"] for v in p["variants"].values()]
+        said_range = f"{fmt(min(gain), 2)}x to {fmt(max(gain), 2)}x"
+        phrase = {
+            "tiny": f"{said_range} faster than the float32 default at tiny",
+            "small": f"and {said_range} at small",
+        }
+        assert phrase[p["preset"]] in readme
 
 
 def test_runs_sharing_the_machine_keep_the_quoted_fractions_of_solo():
