@@ -13,6 +13,8 @@ per run, for looking for new failures locally. A failure in either prints the bl
 """
 
 import os
+import sysconfig
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,3 +52,16 @@ def c_kernel():
     broken = {name: s["error"] for name, s in ckernels.c_kernel_status().items() if not s["available"]}
     if broken:
         pytest.fail(f"a C compiler ({compiler}) is present but these C kernels are unavailable: {broken}")
+
+
+# --------------------------------------------------------------------------- a small corpus
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory):
+    """Three modules of the Python standard library as one text file: a corpus on every machine, no
+    download (a test module may define its own)."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    path = tmp_path_factory.mktemp("text") / "corpus.txt"
+    path.write_text("\n\n".join((stdlib / n).read_text() for n in ("textwrap.py", "bisect.py", "colorsys.py")))
+    return path

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sysconfig
-from pathlib import Path
 
 import pytest
 
@@ -14,14 +12,6 @@ from drmlab.cli import main
 from drmlab.experiments.ablate import protocol as ablate
 from drmlab.experiments.ablate.restore import restore_study
 from drmlab.experiments.spec import Runtime, StudySpec
-
-
-@pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory):
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    path = tmp_path_factory.mktemp("text") / "corpus.txt"
-    path.write_text("\n\n".join((stdlib / n).read_text() for n in ("textwrap.py", "bisect.py", "colorsys.py")))
-    return path
 
 
 def _spec(corpus_file, seeds=(1, 2)) -> StudySpec:

@@ -4,10 +4,8 @@ tuning slice, paired runs at each model's chosen rate, resuming, and two process
 from __future__ import annotations
 
 import json
-import sysconfig
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -63,14 +61,6 @@ def test_tuning_split_holds_out_the_end_of_train():
     assert len(heldout) == 50 and len(fit) == 950
     with pytest.raises(ValueError, match="too small"):
         lr_sweep.tuning_split(np.arange(10))
-
-
-@pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory):
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    path = tmp_path_factory.mktemp("text") / "corpus.txt"
-    path.write_text("\n\n".join((stdlib / n).read_text() for n in ("textwrap.py", "bisect.py", "colorsys.py")))
-    return path
 
 
 def _run(corpus_file, tmp_path, out, *, log=None, wait_seconds=30.0, sweep_only=False, **kw):

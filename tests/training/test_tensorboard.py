@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -16,14 +15,6 @@ from drmlab.cli import main
 from drmlab.training.tensorboard import MISSING_MESSAGE, row_scalars
 
 MICRO_STEP = 8 * 32  # tokens per step at preset micro (batch 8 x seq_len 32)
-
-
-@pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory):
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    path = tmp_path_factory.mktemp("text") / "corpus.txt"
-    path.write_text("\n\n".join((stdlib / n).read_text() for n in ("textwrap.py", "bisect.py", "colorsys.py")))
-    return path
 
 
 def _train_argv(corpus_file: Path, tmp_path: Path, *extra: str) -> list[str]:
