@@ -32,6 +32,7 @@ DISTANCE_MILESTONES = "250,500,1000,2000"
 # drmlab.experiments.mqar.controls.CONTROLS, spelled here so --help needs no torch (a test compares them)
 RECALL_CONTROLS = "memory_read_off, memory_write_off, pairs_unwritten, keys_shuffled, queries_shuffled"
 DISTANCE_N_EVAL, DISTANCE_EVAL_BATCH, DISTANCE_EVAL_SEED, DISTANCE_CHUNK = 512, 128, 0, 512
+DISTANCE_PAIRS, DISTANCE_MAX_PAIRS = 8, 32  # the task's PAIRS and MAX_PAIRS (the 32 key ids)
 # the fixed protocol's own flags: refused with --protocol distance unless left at these defaults
 FIXED_ONLY = {
     "kv": "--kv",
@@ -54,6 +55,7 @@ DISTANCE_ONLY = {
     "read_all": "--read-all",
     "ckpt": "--ckpt",
     "controls": "--controls",
+    "pairs": "--pairs",
 }
 
 
@@ -82,6 +84,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "  drmlab mqar --models GPT2,MAMBA,J --width 128 --kv 4,8,16\n"
         "  drmlab mqar --protocol distance --lengths 40,512,4096,32768   # recall after L - 40 filler tokens\n"
         "  drmlab mqar --protocol distance --ckpt runs/specialised --read-all\n"
+        "  drmlab mqar --protocol distance --ckpt runs/specialised-p16 --pairs 16 --lengths 80,4096,32768\n"
         "  drmlab mqar --protocol distance --ckpt runs/specialised --lengths 40,4096 "
         "--controls memory_read_off,memory_write_off,keys_shuffled,queries_shuffled",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -154,7 +157,7 @@ def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
         "--protocol",
         choices=PROTOCOLS,
         default="fixed",
-        help="fixed: the kv-table probe above (default); distance: recall of 8 pairs after L - 40 "
+        help="fixed: the kv-table probe above (default); distance: recall of 8 pairs (--pairs) after L - 40 "
         "filler tokens, trained on the 40-token control, read at --lengths; zoology: the "
         "Zoology MQAR protocol (Arora et al. 2024) at --widths x --seq-lens",
     )
@@ -197,9 +200,19 @@ def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group = parser.add_argument_group("--protocol distance")
     group.add_argument(
+        "--pairs",
+        type=int,
+        default=None,
+        metavar="P",
+        help=f"key-value pairs per example, 1 to {DISTANCE_MAX_PAIRS} (the byte vocabulary's {DISTANCE_MAX_PAIRS} "
+        f"key ids; default {DISTANCE_PAIRS}): the control is 5 x P tokens (40, 80, 160 at 8, 16, 32), each "
+        "length scores P queries per sequence, and the no-binding levels follow P (docs/mqar.md section 8.2)",
+    )
+    group.add_argument(
         "--lengths",
         default=None,
-        help=f"example lengths L >= 40 (default {DISTANCE_LENGTHS}; the 40-token control is always read)",
+        help=f"example lengths L >= 5 x --pairs (default {DISTANCE_LENGTHS}, those above the control at another "
+        "--pairs; the control is always read)",
     )
     group.add_argument(
         "--milestones",
@@ -212,7 +225,7 @@ def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
         "--n-eval",
         type=int,
         default=None,
-        help=f"evaluation sequences per length, 8 targets each (default {DISTANCE_N_EVAL})",
+        help=f"evaluation sequences per length, --pairs targets each (default {DISTANCE_N_EVAL})",
     )
     group.add_argument(
         "--eval-batch", type=int, default=None, help=f"sequences read together (default {DISTANCE_EVAL_BATCH})"
@@ -234,7 +247,7 @@ def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME,...",
         help=f"also read every length under these recall controls (docs/mqar.md section 8.1): {RECALL_CONTROLS}. "
         "memory_read_off: the fast-weight memory adds nothing; memory_write_off: nothing is written into it; "
-        "pairs_unwritten: nothing is written into it at the 8 pairs (read token by token); "
+        "pairs_unwritten: nothing is written into it at the written pairs (read token by token); "
         "keys_shuffled: the written keys permuted among the pairs (a binder falls to chance); "
         "queries_shuffled: the queries asked in another order (a recaller keeps its accuracy). Each is "
         "reported beside the plain read with the first-query accuracy and the no-binding levels; a memory "
@@ -319,13 +332,14 @@ def run_distance(args: argparse.Namespace) -> int:
         else common.split_list(DISTANCE_MODELS, "models")
     )
     given = {
-        key: getattr(args, key) for key in ("steps", "batch_size", "lr", "n_eval", "eval_batch", "eval_seed", "chunk")
+        key: getattr(args, key)
+        for key in ("steps", "batch_size", "lr", "n_eval", "eval_batch", "eval_seed", "chunk", "pairs")
     }
     spec = DistanceSpec(  # a flag not given takes the spec's default (the DISTANCE_* values above)
         models=models,
         seeds=common.parse_seeds(args.seeds or DISTANCE_SEEDS),
         ckpts=args.ckpt or (),
-        lengths=common.parse_int_list(args.lengths or DISTANCE_LENGTHS, "lengths"),
+        lengths=common.parse_int_list(args.lengths, "lengths") if args.lengths else None,
         preset=args.preset,
         width=args.width,
         milestones=common.parse_int_list(args.milestones, "milestones") if args.milestones else None,

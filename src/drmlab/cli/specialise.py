@@ -14,6 +14,7 @@ from drmlab.cli.common import load_corpus_for, log_to_stderr
 
 # drmlab.experiments.specialise.DEFAULT_CURRICULUM, spelled here so --help needs no torch (a test compares them)
 DEFAULT_CURRICULUM = "40:1000,80:500,160:500,320:300,512:200,1024:100,4096:25"
+DEFAULT_PAIRS, MAX_PAIRS = 8, 32  # the distance task's PAIRS and MAX_PAIRS (a test compares them)
 
 EPILOG = """\
 examples:
@@ -22,12 +23,23 @@ examples:
   drmlab mqar --protocol distance --ckpt runs/base-jnd-asm-cm --lengths 40,512,4096   # read it further
   drmlab eval --ckpt runs/base-jnd-asm-cm
   drmlab specialise --recipe interleaved --base runs/vr-s --out runs/vr-s-mqar   # upstream's PMCS-64 recipe
+  drmlab specialise --base runs/base-jnd --out runs/asm-cm-p16-fw32 --pairs 16 --fast-weight-dim 32
 
 each step: with probability 0.8 a language batch (one window of 128 tokens of the training split; CE
 plus 0.5 T^2 KL(teacher || student) at T = 2), else an MQAR batch at the stage's length (4 examples
-below 512, 2 below 1024, then 1; CE on the 8 queries). AdamW, weight decay 0.01, the backbone at
---backbone-lr and fast_weight_memory.* at --memory-lr, constant, clip 1.0. After each stage every
-curriculum length up to it is read; a stage passes at >= 80% on each.
+below 512, 2 below 1024, then 1; CE on the --pairs queries, 8 by default). AdamW, weight decay 0.01,
+the backbone at --backbone-lr and fast_weight_memory.* at --memory-lr, constant, clip 1.0. After each stage every
+curriculum length up to it is read; a stage passes at >= 80% on each, and each read records the
+decoding state's bytes per sequence (printed under the table).
+
+--pairs P (1-32, the byte vocabulary's 32 key ids; default 8): the MQAR task's pair count
+(docs/mqar.md section 8.2); its control is 5 x P tokens. The default curriculum's stages shorter than
+that are lifted to it and merged, their steps added (16 pairs: 80:1500,160:500,...; 32 pairs:
+160:2000,320:300,...); a --curriculum stage shorter than 5 x P is refused. --fast-weight-dim D: the
+width of the new memory (ASM_CM's fast_weight_dim; default the preset's: 8 at micro, 64 at tiny and
+small), for a J_NO_DIRECTION base under distill; an ASM_CM base keeps its own. Both are recorded in
+specialise.json (settings) and config.json (fast_weight_dim among the overrides); continuing a run
+under another value is refused.
 
 --recipe interleaved (upstream's PMCS-64 memory specialisation): the base's own model, every stage's
 steps counted as MQAR batches taken in order, one plain language step (4 windows of 256, CE, no teacher)
@@ -67,10 +79,26 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     common.add_out_argument(parser, "the specialised run directory", required=True, metavar="RUN_DIR")
     parser.add_argument(
         "--curriculum",
-        default=DEFAULT_CURRICULUM,
+        default=None,
         metavar="L:STEPS,...",
-        help=f"stages of length:optimizer steps (MQAR batches under --recipe interleaved), lengths increasing "
-        f"(default {DEFAULT_CURRICULUM})",
+        help=f"stages of length:optimizer steps (MQAR batches under --recipe interleaved), lengths increasing, "
+        f"each >= 5 x --pairs (default {DEFAULT_CURRICULUM}, its stages below 5 x --pairs merged into one at it)",
+    )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=DEFAULT_PAIRS,
+        metavar="P",
+        help=f"key-value pairs per MQAR example, 1 to {MAX_PAIRS} (the byte vocabulary's {MAX_PAIRS} key ids; "
+        f"default {DEFAULT_PAIRS}): the control is 5 x P tokens (docs/mqar.md section 8.2)",
+    )
+    parser.add_argument(
+        "--fast-weight-dim",
+        type=int,
+        default=None,
+        metavar="D",
+        help="width of the student's new fast-weight memory (ASM_CM's fast_weight_dim; default the preset's: "
+        "8 at micro, 64 at tiny and small); a J_NO_DIRECTION base under --recipe distill only",
     )
     parser.add_argument(
         "--steps-scale",
@@ -136,10 +164,25 @@ def run(args: argparse.Namespace) -> int:
     common.accept_edited_config(args, args.base)
     common.say_recovered_checkpoint(args.base)
     common.apply_threads(args)
-    stages = recipe.scale_curriculum(recipe.parse_curriculum(args.curriculum), args.steps_scale)
-    # the rates and the base run are checked before the corpus is read
-    recipe.recipe_settings(args.recipe, stages, 0, args.lr, args.backbone_lr, args.memory_lr, args.eval_sequences)
+    pairs = args.pairs
+    curriculum = (
+        recipe.default_curriculum(pairs) if args.curriculum is None else recipe.parse_curriculum(args.curriculum, pairs)
+    )
+    stages = recipe.scale_curriculum(curriculum, args.steps_scale, pairs)
+    # the rates, the pairs, the memory width and the base run are checked before the corpus is read
+    recipe.recipe_settings(
+        args.recipe,
+        stages,
+        0,
+        args.lr,
+        args.backbone_lr,
+        args.memory_lr,
+        args.eval_sequences,
+        pairs,
+        args.fast_weight_dim,
+    )
     base_config = recipe.check_base(args.base, args.recipe)
+    recipe.student_overrides(base_config, args.recipe, args.fast_weight_dim)
     base_tokenizer = base_config.get("tokenizer") or "bytes"
     if args.tokenizer is not None and args.tokenizer != base_tokenizer:
         raise ValueError(f"--tokenizer {args.tokenizer}: the base run was trained with the {base_tokenizer} tokenizer")
@@ -165,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
             lr=args.lr,
             eval_sequences=args.eval_sequences,
             eval_tokens=eval_tokens,
+            pairs=pairs,
+            fast_weight_dim=args.fast_weight_dim,
             device=args.device,
             checkpoint_every=args.checkpoint_every,
             overwrite=args.overwrite,
@@ -183,8 +228,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_result(result: dict) -> str:
-    """The stage evaluations as a table (accuracy [Wilson 95%] per length) and the verdicts."""
+    """The stage evaluations as a table (accuracy [Wilson 95%] per length), the decoding state's bytes
+    per sequence at each length read and the verdicts."""
     stages = result["stages"]
+    settings = (result.get("spec") or {}).get("settings") or {}
     lengths = sorted({int(L) for st in stages for L in st["lengths"]})
     lines = [
         "| after stage | steps | " + " | ".join(f"L = {L}" for L in lengths) + " | pass |",
@@ -201,6 +248,15 @@ def format_result(result: dict) -> str:
             f"| {st['length']} | {st['first_step']}-{st['last_step']} | "
             + " | ".join(cells)
             + f" | {'yes' if st['pass'] else 'no'} |"
+        )
+    state = {int(L): r["state_bytes"] for st in stages for L, r in st["lengths"].items() if "state_bytes" in r}
+    if state:
+        width = settings.get("fast_weight_dim")
+        lines.append(
+            f"task: {settings.get('pairs', DEFAULT_PAIRS)} pairs; decoding state per sequence"
+            + (f" (fast_weight_dim {width})" if width else "")
+            + ": "
+            + ", ".join(f"L = {L}: {state[L]:,} B" for L in sorted(state))
         )
     language = result["language"]
     lines.append(

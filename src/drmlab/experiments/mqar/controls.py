@@ -6,24 +6,27 @@ fail (or, for ``queries_shuffled``, pass), while a leak or a shortcut would not.
 * ``memory_write_off`` -- its write gate is 0 at every position: nothing enters the fast or slow matrix.
   Both switch :class:`~drmlab.models.drm.fast_weight.FastWeightMemory` at evaluation only
   (:func:`memory_switched`); a model without the memory is refused (the study reports it "n/a").
-* ``pairs_unwritten`` -- the write gate is 0 at the 16 positions of the written pairs only: they are
+* ``pairs_unwritten`` -- the write gate is 0 at the 2P positions of the written pairs only: they are
   prefilled under ``memory_write_off`` and the rest is stepped with the memory as usual
   (:func:`read_pairs_unwritten`), so the memory is empty when the filler starts. Unlike the two above
   it leaves the memory's every other use in place; it costs a token-by-token read.
-* ``keys_shuffled`` -- in each row the 8 written keys are permuted by a derangement sigma drawn from
+* ``keys_shuffled`` -- in each row the P written keys are permuted by a derangement sigma drawn from
   ``default_rng([eval_seed, 0, r, 3])``: written slot j holds key k_sigma(j) before the unchanged value
   v_j. Values, their positions, the filler and the whole query block (keys, order, targets) are
   unchanged; only which key precedes each written value differs. A queried key is now bound to another
   slot's value, equal to its target only where two independent values coincide (1/64 on average;
   :func:`control_tokens` returns these "bound" values, so a binder's hits on them are counted too).
-* ``queries_shuffled`` -- the 8 query triples (marker, key, value) are permuted by a derangement tau
+* ``queries_shuffled`` -- the P query triples (marker, key, value) are permuted by a derangement tau
   from ``default_rng([eval_seed, 0, r, 4])``: the same questions with their correct answers, every
   one asked at another slot. A recaller keeps its accuracy.
 
-No-binding levels (section 3 with 8 pairs of 64 values): 35.00% over all queries (a random value
-among those not yet queried) and 13.87% on the first query (a random value of the context, nothing
-to eliminate). A control that must fall "falls" at a length when the Wilson 95% lower bound of its
-all-query and of its first-query accuracy are both at or below these levels (:func:`control_verdicts`).
+No-binding levels (section 3 with P pairs of 64 values; at the default 8 pairs): 35.00% over all
+queries (a random value among those not yet queried) and 13.87% on the first query (a random value of
+the context, nothing to eliminate); :func:`binding_levels` gives them at any pair count. P is the
+task's pair count, an argument ``pairs`` of every function here (default 8, docs/mqar.md 8.2).
+A control that must fall "falls" at a length when the Wilson 95% lower bound of its all-query and of
+its first-query accuracy are both at or below these levels (:func:`control_verdicts`). The two shuffles
+need at least 2 pairs (a derangement of one slot does not exist).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ CONTROLS = (*MEMORY_CONTROLS, "keys_shuffled", "queries_shuffled")
 KEEPS_ACCURACY = ("queries_shuffled",)  # must keep the plain read's accuracy; every other control must fall
 STREAM = {"keys_shuffled": 3, "queries_shuffled": 4}  # the last word of the row's seed list
 NO_MEMORY = "no fast-weight memory"
-N_WRITTEN = 2 * md.PAIRS  # the tokens of the written pairs
+SHUFFLES_NEED = 2  # pairs: a derangement of fewer slots does not exist
 
 
 def parse_controls(names) -> list[str]:
@@ -102,17 +105,20 @@ def memory_switched(model: nn.Module, control: str | None):
 
 
 @torch.no_grad()
-def read_pairs_unwritten(model: nn.Module, inputs: torch.Tensor, positions) -> tuple[torch.Tensor, object]:
+def read_pairs_unwritten(
+    model: nn.Module, inputs: torch.Tensor, positions, pairs: int = md.PAIRS
+) -> tuple[torch.Tensor, object]:
     """(logits [B, len(positions), vocab] at the input ``positions``, the decoding state after the last
-    input) with nothing written into the memory at the 16 positions of the pairs: those prefilled under
-    ``memory_write_off``, every later input stepped with ``model.step`` as usual."""
+    input) with nothing written into the memory at the 2 x ``pairs`` positions of the pairs: those
+    prefilled under ``memory_write_off``, every later input stepped with ``model.step`` as usual."""
+    written = 2 * md.check_pairs(pairs)
     wanted = {int(p) for p in positions}
-    if min(wanted) < N_WRITTEN:
-        raise ValueError(f"pairs_unwritten scores positions after the {N_WRITTEN} written tokens only")
+    if min(wanted) < written:
+        raise ValueError(f"pairs_unwritten scores positions after the {written} written tokens only")
     with memory_switched(model, "memory_write_off"):
-        state = model(inputs[:, :N_WRITTEN].long(), return_state=True).state
+        state = model(inputs[:, :written].long(), return_state=True).state
     kept = {}
-    for t in range(N_WRITTEN, inputs.shape[1]):
+    for t in range(written, inputs.shape[1]):
         logits, state = model.step(inputs[:, t].long(), state)
         if t in wanted:
             kept[t] = logits
@@ -120,7 +126,10 @@ def read_pairs_unwritten(model: nn.Module, inputs: torch.Tensor, positions) -> t
 
 
 def derangement(rng: np.random.Generator, n: int = md.PAIRS) -> np.ndarray:
-    """A uniform random permutation of range(n) without a fixed point (rejection: e^-1 accepted per draw)."""
+    """A uniform random permutation of range(n) without a fixed point (rejection: e^-1 accepted per draw);
+    n >= 2."""
+    if n < SHUFFLES_NEED:
+        raise ValueError(f"a derangement of {n} slot(s) does not exist: the shuffle controls need >= 2 pairs")
     while True:
         order = rng.permutation(n)
         if not np.any(order == np.arange(n)):
@@ -128,42 +137,42 @@ def derangement(rng: np.random.Generator, n: int = md.PAIRS) -> np.ndarray:
 
 
 def control_tokens(
-    control: str, tokens: torch.Tensor, eval_seed: int, rows
+    control: str, tokens: torch.Tensor, eval_seed: int, rows, pairs: int = md.PAIRS
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(the examples ``tokens`` [n, L] of evaluation ``rows`` as ``control`` reads them, and for
-    ``keys_shuffled`` the value each queried key is bound to in the written pairs [n, 8], else None).
-    The memory controls read the tokens unchanged."""
+    """(the examples ``tokens`` [n, L] of evaluation ``rows`` (of ``pairs`` pairs) as ``control`` reads
+    them, and for ``keys_shuffled`` the value each queried key is bound to in the written pairs [n,
+    pairs], else None). The memory controls read the tokens unchanged."""
     if control in MEMORY_CONTROLS:
         return tokens, None
     if control not in STREAM:
         raise ValueError(f"unknown control {control!r}; known: {', '.join(CONTROLS)}")
     out = tokens.clone()
     length = tokens.shape[1]
-    query_start = length - 3 * md.PAIRS
-    bound = torch.empty(tokens.shape[0], md.PAIRS, dtype=tokens.dtype) if control == "keys_shuffled" else None
+    query_start = length - 3 * pairs
+    bound = torch.empty(tokens.shape[0], pairs, dtype=tokens.dtype) if control == "keys_shuffled" else None
     for i, r in enumerate(rows):
-        order = torch.from_numpy(derangement(np.random.default_rng([eval_seed, 0, r, STREAM[control]])))
+        order = torch.from_numpy(derangement(np.random.default_rng([eval_seed, 0, r, STREAM[control]]), pairs))
         if control == "keys_shuffled":
-            keys, values = tokens[i, 0 : 2 * md.PAIRS : 2], tokens[i, 1 : 2 * md.PAIRS : 2]
-            out[i, 0 : 2 * md.PAIRS : 2] = keys[order]  # slot j: key k_sigma(j), value v_j
+            keys, values = tokens[i, 0 : 2 * pairs : 2], tokens[i, 1 : 2 * pairs : 2]
+            out[i, 0 : 2 * pairs : 2] = keys[order]  # slot j: key k_sigma(j), value v_j
             value_of = dict(zip(keys[order].tolist(), values.tolist()))
             bound[i] = torch.tensor([value_of[k] for k in tokens[i, query_start + 1 :: 3].tolist()])
         else:  # queries_shuffled: slot j asks the question of slot tau(j)
-            triples = tokens[i, query_start:].view(md.PAIRS, 3)
+            triples = tokens[i, query_start:].view(pairs, 3)
             out[i, query_start:] = triples[order].reshape(-1)
     return out, bound
 
 
-def binding_levels() -> dict:
-    """The levels a model reaches without binding a key to its value (section 3, 8 pairs of 64 values)."""
-    return {"chance": md.CHANCE, "all_queries": md.ELIMINATION_GUESS, "first_query": md.CONTEXT_GUESS}
+def binding_levels(pairs: int = md.PAIRS) -> dict:
+    """The levels a model reaches without binding a key to its value (section 3, ``pairs`` pairs of 64 values)."""
+    return {"chance": md.CHANCE, "all_queries": md.elimination_guess(pairs), "first_query": md.context_guess(pairs)}
 
 
 def _overlap(a, b) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
 
 
-def length_verdict(control: str, plain: dict, record: dict) -> str | None:
+def length_verdict(control: str, plain: dict, record: dict, pairs: int = md.PAIRS) -> str | None:
     """Why ``record`` (a read control) does not behave as a recaller's would at its length, or None.
     A falling control: the Wilson lower bounds of its all- and first-query accuracies above the
     no-binding levels; ``queries_shuffled``: its interval disjoint from the plain read's."""
@@ -171,7 +180,7 @@ def length_verdict(control: str, plain: dict, record: dict) -> str | None:
         if plain.get("status") == "read" and not _overlap(record["ci95"], plain["ci95"]):
             return f"{100 * record['acc']:.2f}% against the plain {100 * plain['acc']:.2f}% (intervals disjoint)"
         return None
-    levels = binding_levels()
+    levels = binding_levels(pairs)
     above = []
     if record["ci95"][0] > levels["all_queries"]:
         above.append(f"all queries {100 * record['ci95'][0]:.2f}% > {100 * levels['all_queries']:.2f}%")
@@ -180,14 +189,14 @@ def length_verdict(control: str, plain: dict, record: dict) -> str | None:
     return "lower bound " + ", ".join(above) if above else None
 
 
-def recalls(plain: dict) -> bool:
+def recalls(plain: dict, pairs: int = md.PAIRS) -> bool:
     """Whether a plain read is above the no-binding levels (a Wilson lower bound above either): only
     there can a control's fall rule anything out."""
-    levels = binding_levels()
+    levels = binding_levels(pairs)
     return plain["ci95"][0] > levels["all_queries"] or plain["first_ci95"][0] > levels["first_query"]
 
 
-def control_verdicts(lengths: dict, controls) -> dict:
+def control_verdicts(lengths: dict, controls, pairs: int = md.PAIRS) -> dict:
     """Per control: ``verdict`` ("falls" / "keeps" at every length read, "does not fall" / "does not keep"
     with ``reasons`` per length, "n/a (why)", or "not read"; a fall where no plain read was above the
     no-binding levels is "falls (uninformative: ...)"), from the per-length records (``{length:
@@ -204,8 +213,8 @@ def control_verdicts(lengths: dict, controls) -> dict:
             if record.get("status") != "read":
                 continue
             read += 1
-            informative += recalls(plain)
-            reason = length_verdict(control, plain, record)
+            informative += recalls(plain, pairs)
+            reason = length_verdict(control, plain, record, pairs)
             if reason:
                 reasons[str(length)] = reason
         keeps = control in KEEPS_ACCURACY

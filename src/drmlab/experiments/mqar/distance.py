@@ -1,6 +1,7 @@
 r"""The distance MQAR protocol (docs/mqar.md section 8; the upstream project's recall-over-distance
 test): train on a 40-token recall task, then ask for the same eight associations after L - 40 tokens
-of filler, for L up to 32,768, reading long sequences at constant memory.
+of filler, for L up to 32,768, reading long sequences at constant memory. The pair count P is a setting
+(``pairs``, 1-32, default 8; section 8.2): the control is then 5P tokens and each length P x n_eval targets.
 
 Its parts, one job each: the task and its random draws (:mod:`~drmlab.experiments.mqar.distance_task`:
 :func:`draw_example`, :func:`split_tokens`), the reading of one length at constant memory
@@ -11,7 +12,7 @@ the report (:mod:`drmlab.experiments.mqar.distance_report`). Every name of those
 report's is importable from here too. Without ``read_all`` the long lengths of a model whose control
 failed are not read.
 
-**Training** (this module, :func:`train_one`): the 40-token control through the ordinary trainer, AdamW
+**Training** (this module, :func:`train_one`): the control (40 tokens at 8 pairs) through the ordinary trainer, AdamW
 with weight decay 0.01 on every tensor, constant learning rate, clip 1.0, fresh batches; at each
 milestone the run stops with a checkpoint, the control accuracy is measured and the run resumes. Each
 run's files and ``result.json`` sit in ``OUT/runs/<model>_s<seed>/``; a finished milestone or length
@@ -48,8 +49,10 @@ from drmlab.experiments.mqar.distance_plan import (  # noqa: F401 (re-exported)
     DEFAULT_STEPS,
     DistanceSpec,
     DistanceStudy,
+    default_lengths,
     plan_study,
     resolve_model,
+    with_default_pairs,
 )
 from drmlab.experiments.mqar.distance_read import (  # noqa: F401 (re-exported)
     DEFAULT_CHUNK,
@@ -71,14 +74,20 @@ from drmlab.experiments.mqar.distance_task import (  # noqa: F401 (re-exported)
     FIRST_VALUE,
     IGNORE,
     MARKER,
+    MAX_PAIRS,
     N_KEYS,
     N_VALUES,
     PAIRS,
     VOCAB_SIZE,
     DistanceBatches,
     check_length,
+    check_pairs,
+    context_guess,
+    control_length,
     draw_example,
+    elimination_guess,
     evaluation_tokens,
+    levels,
     scored_positions,
     split_tokens,
     training_tokens,
@@ -103,7 +112,7 @@ def _read_lengths(study: DistanceStudy, runtime: Runtime, model: nn.Module, resu
     spec = study.eval_spec()
     for length in study.lengths:
         saved = lengths.get(str(length))
-        if saved is None or saved.get("spec") != spec or saved.get("status") not in ("read", "n/a"):
+        if saved is None or with_default_pairs(saved.get("spec")) != spec or saved.get("status") not in ("read", "n/a"):
             record = _read_one(study, runtime, model, result, length, None)
             if record is None:  # not authorised
                 lengths[str(length)] = {
@@ -121,7 +130,11 @@ def _read_lengths(study: DistanceStudy, runtime: Runtime, model: nn.Module, resu
         controls = plain.setdefault("controls", {})
         for control in study.controls:
             saved = controls.get(control)
-            if saved is not None and saved.get("spec") == spec and saved.get("status") in ("read", "n/a"):
+            if (
+                saved is not None
+                and with_default_pairs(saved.get("spec")) == spec
+                and saved.get("status") in ("read", "n/a")
+            ):
                 continue
             controls[control] = dict(_read_one(study, runtime, model, result, length, control), spec=spec)
             _write(path, result)
@@ -132,13 +145,13 @@ def _read_one(
     study: DistanceStudy, runtime: Runtime, model: nn.Module, result: dict, length: int, control: str | None
 ) -> dict | None:
     """One length read plain (``control`` None) or under a recall control, said in one line; None for
-    a long plain length that the 40-token control did not authorise; a memory control on a model
+    a long plain length that the control did not authorise; a memory control on a model
     without the memory is "n/a" with the reason."""
     from drmlab.experiments.mqar import controls as recall_controls
 
     lengths = result["lengths"]
-    if control is None and length != CONTROL_LENGTH and not study.read_all:
-        rec = lengths.get(str(CONTROL_LENGTH)) or {}
+    if control is None and length != study.control_length and not study.read_all:
+        rec = lengths.get(str(study.control_length)) or {}
         if not (rec.get("status") == "read" and rec["acc"] >= GATE_THRESHOLD):
             return None
     label = result["label"] + ("" if control is None else f" [{control}]")
@@ -164,6 +177,7 @@ def _read_one(
         chunk=study.chunk,
         context=result["context"],
         control=control,
+        pairs=study.pairs,
     )
     if record["status"] == "read":
         lo, hi = record["ci95"]
@@ -191,7 +205,7 @@ def train_one(study: DistanceStudy, runtime: Runtime, out: Path, name: str, seed
     from drmlab.training.trainer import train
 
     cfg = study.train_config(seed)
-    registry, kw = resolve_model(name, study.preset, study.width, study.model_overrides)
+    registry, kw = resolve_model(name, study.preset, study.width, study.model_overrides, study.pairs)
     run_dir = out / "runs" / f"{spec_path_name(name)}_s{seed}"
     path = run_dir / "result.json"
     spec = jsonable(
@@ -200,15 +214,16 @@ def train_one(study: DistanceStudy, runtime: Runtime, out: Path, name: str, seed
             "registry_model": registry,
             "preset": study.preset,
             "overrides": kw,
-            "train_length": CONTROL_LENGTH,
+            "train_length": study.control_length,
             "milestones": study.milestones,
             "train": dataclasses.asdict(cfg),
+            "pairs": study.pairs,
         }
     )
     result = json.loads(path.read_text()) if path.is_file() else None
     run = RunDir(run_dir)
     # The run directory continues only under the same settings (result.json is written before training).
-    continue_run = result is not None and result.get("spec") == spec
+    continue_run = result is not None and with_default_pairs(result.get("spec")) == spec
     if not continue_run:
         result = {
             "label": f"{name} s{seed}",
@@ -223,7 +238,7 @@ def train_one(study: DistanceStudy, runtime: Runtime, out: Path, name: str, seed
         _write(path, result)
     model = build_model(registry, preset=study.preset, vocab_size=VOCAB_SIZE, seed=seed, **kw)
     done = {m["step"] for m in result["milestones"]}
-    batches = DistanceBatches(cfg.batch_size)
+    batches = DistanceBatches(cfg.batch_size, pairs=study.pairs)
     trained_here = False
     for milestone in study.milestones:
         if milestone in done:
@@ -243,7 +258,13 @@ def train_one(study: DistanceStudy, runtime: Runtime, out: Path, name: str, seed
                 study.preset,
                 kw,
                 registry_model=registry,
-                study={"mqar_distance": {"train_length": CONTROL_LENGTH, "milestones": study.milestones}},
+                study={
+                    "mqar_distance": {
+                        "train_length": study.control_length,
+                        "milestones": study.milestones,
+                        "pairs": study.pairs,
+                    }
+                },
             ),
             device=runtime.device,
             quiet=runtime.quiet,
@@ -257,11 +278,12 @@ def train_one(study: DistanceStudy, runtime: Runtime, out: Path, name: str, seed
             )
         record = read_length(
             model,
-            CONTROL_LENGTH,
+            study.control_length,
             study.n_eval,
             eval_seed=study.eval_seed,
             eval_batch=study.eval_batch,
             chunk=study.chunk,
+            pairs=study.pairs,
         )
         result["params"] = summary["params"]
         loss = summary["final_loss"]
@@ -278,7 +300,7 @@ def train_one(study: DistanceStudy, runtime: Runtime, out: Path, name: str, seed
             }
         )
         # the weights changed: every length is read again; the control just was
-        result["lengths"] = {str(CONTROL_LENGTH): dict(record, spec=study.eval_spec())}
+        result["lengths"] = {str(study.control_length): dict(record, spec=study.eval_spec())}
         _write(path, result)
         lo, hi = record["ci95"]
         loss = "" if loss is None else f", loss {loss:.3f}"
@@ -321,9 +343,9 @@ def evaluate_ckpt(study: DistanceStudy, runtime: Runtime, out: Path, ckpt: str |
         )
     name = Path(ckpt).resolve().name
     path = out / "evals" / name / "result.json"
-    spec = jsonable({"ckpt": str(Path(ckpt).resolve()), "checkpoint": pointer})
+    spec = jsonable({"ckpt": str(Path(ckpt).resolve()), "checkpoint": pointer, "pairs": study.pairs})
     result = json.loads(path.read_text()) if path.is_file() else None
-    if result is None or result.get("spec") != spec:
+    if result is None or with_default_pairs(result.get("spec")) != spec:
         result = {
             "label": f"{name} (ckpt)",
             "kind": "ckpt",
@@ -371,8 +393,8 @@ def summarize(study: DistanceStudy, results: list[dict]) -> dict:
             }
             | {
                 "lengths": lengths,
-                "gates": gate_verdicts(lengths),
-                "controls": recall_controls.control_verdicts(lengths, study.controls),
+                "gates": gate_verdicts(lengths, control=study.control_length),
+                "controls": recall_controls.control_verdicts(lengths, study.controls, study.pairs),
             }
         )
     protocol = jsonable(dataclasses.asdict(study)) | {
@@ -381,23 +403,46 @@ def summarize(study: DistanceStudy, results: list[dict]) -> dict:
         "keys": [FIRST_KEY, FIRST_KEY + N_KEYS - 1],
         "values": [FIRST_VALUE, FIRST_VALUE + N_VALUES - 1],
         "filler": [FIRST_FILLER, VOCAB_SIZE - 1],
-        "pairs": PAIRS,
-        "control_length": CONTROL_LENGTH,
-        "chance": CHANCE,
-        "context_guess": CONTEXT_GUESS,
-        "elimination_guess": ELIMINATION_GUESS,
-        "no_binding_levels": recall_controls.binding_levels(),
+        **levels(study.pairs),
+        "no_binding_levels": recall_controls.binding_levels(study.pairs),
         "gate_threshold": GATE_THRESHOLD,
         "state_growth_limit": STATE_GROWTH_LIMIT,
     }
     return {"provenance": provenance(protocol), "protocol": protocol, "entries": entries}
 
 
+def result_paths(study: DistanceStudy, out: Path) -> list[Path]:
+    """The ``result.json`` of every trained run and evaluated checkpoint of ``study`` in ``out``."""
+    from drmlab.models.registry import spec_path_name
+
+    paths = [out / "runs" / f"{spec_path_name(m)}_s{s}" / "result.json" for m in study.models for s in study.seeds]
+    return paths + [out / "evals" / Path(c).resolve().name / "result.json" for c in study.ckpts]
+
+
+def refuse_other_pairs(study: DistanceStudy, out: Path) -> None:
+    """One ValueError line when a run or evaluation of ``study`` in ``out`` was made with another pair
+    count: continuing it under ``study.pairs`` would train or read another task over it."""
+    for path in result_paths(study, out):
+        if not path.is_file():
+            continue
+        try:
+            saved = with_default_pairs(json.loads(path.read_text()).get("spec")) or {}
+        except (ValueError, AttributeError):
+            continue  # not ours to judge: the run's own checks read it
+        if saved.get("pairs", study.pairs) != study.pairs:
+            raise ValueError(
+                f"{path.parent} holds a run of {saved['pairs']} pairs; --pairs {study.pairs} needs another --out "
+                "(or the same pairs to continue it)"
+            )
+
+
 def run_planned(study: DistanceStudy, runtime: Runtime, out: str | Path) -> dict:
     """Train (or reuse) every (model, seed), evaluate every checkpoint, then summarize and write
-    results.json, results.md and results.png into ``out``; the summary."""
+    results.json, results.md and results.png into ``out``; the summary. A run or evaluation already in
+    ``out`` under another pair count is refused before anything trains (:func:`refuse_other_pairs`)."""
     runtime.apply_threads()
     out = Path(out)
+    refuse_other_pairs(study, out)
     out.mkdir(parents=True, exist_ok=True)
     results = [train_one(study, runtime, out, name, seed) for name in study.models for seed in study.seeds]
     results += [evaluate_ckpt(study, runtime, out, ckpt) for ckpt in study.ckpts]

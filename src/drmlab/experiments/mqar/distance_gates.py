@@ -1,6 +1,7 @@
 """The distance MQAR protocol's statistics and gates (docs/mqar.md section 8).
 
-Each length reports correct / total over ``n_eval`` sequences x 8 targets with a Wilson 95% interval
+Each length reports correct / total over ``n_eval`` sequences x P targets (the task's pairs, 8 by
+default) with a Wilson 95% interval
 (:func:`wilson_interval`). Gates (:func:`gate_verdicts`): the control passes at >= 80%, and only a
 passed control authorises the long reads; each longer length passes at >= 80%; the decoding state at
 the longest length read is at most 1.1 x the state at the length before it.
@@ -33,7 +34,7 @@ def gate_verdicts(lengths: dict, threshold: float = GATE_THRESHOLD, control: int
     """The protocol's verdicts from per-length records (``{length: record}``; a record has ``status``
     "read" with ``acc`` and ``state_bytes``, "n/a" with ``context``, or "not read").
 
-    ``control``: pass at acc >= threshold; it authorises the long reads. ``lengths``: per longer length
+    ``control`` (the control length: 5 x the task's pairs): pass at acc >= threshold; it authorises the long reads. ``lengths``: per longer length
     "pass" / "fail" (acc against threshold), "not authorised" (the control failed or is missing),
     "n/a (context N)" or "not read". ``state``: the decoding state of the longest length read against
     the length read before it (<= 1.1 x), when two longer lengths were read. ``passed``: every verdict

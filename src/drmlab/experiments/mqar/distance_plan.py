@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drmlab.experiments.mqar.distance_read import DEFAULT_CHUNK, DEFAULT_EVAL_BATCH, DEFAULT_EVAL_SEED
-from drmlab.experiments.mqar.distance_task import CONTROL_LENGTH, VOCAB_SIZE, check_length
+from drmlab.experiments.mqar.distance_task import PAIRS, VOCAB_SIZE, check_length, check_pairs, control_length
 from drmlab.experiments.mqar.models import ANCHOR_ARMS, POSITION_FIELDS, width_overrides
 from drmlab.experiments.mqar.task import probe_train_config
 from drmlab.experiments.spec import Spec
@@ -27,16 +27,29 @@ DEFAULT_LR = 1e-3
 DEFAULT_N_EVAL = 512  # x 8 targets = 4,096 per length, as the notes
 
 
+def default_lengths(pairs: int = PAIRS) -> tuple:
+    """The lengths read when none are asked for: those of :data:`DEFAULT_LENGTHS` above the control
+    length of ``pairs`` (which is always read)."""
+    return tuple(L for L in DEFAULT_LENGTHS if L > control_length(pairs))
+
+
+def with_default_pairs(spec):
+    """A saved spec (a dict) written before the pair count was a setting, with ``pairs`` at its default
+    8 (what it was); any other value as it is."""
+    return {"pairs": PAIRS, **spec} if isinstance(spec, dict) else spec
+
+
 @dataclass(frozen=True)
 class DistanceSpec(Spec):
     """A distance MQAR study as asked for: ``models`` (registered ``NAME`` or ``NAME:ARM``) x ``seeds``
     trained on the control and read at ``lengths``, and run directories ``ckpts`` read without training;
-    ``milestones`` None: those of :data:`DEFAULT_MILESTONES` below ``steps``; ``settings``: TrainConfig or
-    model-config fields for every run."""
+    ``pairs``: the task's pair count (1-32; the control is 5 x pairs tokens); ``lengths`` None: those of
+    :data:`DEFAULT_LENGTHS` longer than the control (:func:`default_lengths`); ``milestones`` None: those of
+    :data:`DEFAULT_MILESTONES` below ``steps``; ``settings``: TrainConfig or model-config fields for every run."""
 
     models: tuple = DEFAULT_MODELS
     seeds: tuple = DEFAULT_SEEDS
-    lengths: tuple = DEFAULT_LENGTHS
+    lengths: tuple | None = None
     ckpts: tuple = ()
     preset: str = "tiny"
     width: int | None = None
@@ -51,6 +64,7 @@ class DistanceSpec(Spec):
     read_all: bool = False
     controls: tuple = ()
     settings: dict = dataclasses.field(default_factory=dict)
+    pairs: int = PAIRS
 
 
 @dataclass(frozen=True)
@@ -75,11 +89,17 @@ class DistanceStudy:
     controls: list[str] = dataclasses.field(default_factory=list)
     model_overrides: dict = dataclasses.field(default_factory=dict)
     train_overrides: dict = dataclasses.field(default_factory=dict)
+    pairs: int = PAIRS
+
+    @property
+    def control_length(self) -> int:
+        """The control's length, the training length: 5 x ``pairs``."""
+        return control_length(self.pairs)
 
     def train_config(self, seed: int):
         return probe_train_config(
             batch_size=self.batch_size,
-            seq_len=CONTROL_LENGTH - 1,
+            seq_len=self.control_length - 1,
             seed=seed,
             lr=self.lr,
             steps=self.steps,
@@ -88,7 +108,7 @@ class DistanceStudy:
 
     def eval_spec(self) -> dict:
         """What a length's result depends on besides the weights (the chunk changes only rounding)."""
-        return {"n_eval": self.n_eval, "eval_seed": self.eval_seed}
+        return {"n_eval": self.n_eval, "eval_seed": self.eval_seed, "pairs": self.pairs}
 
 
 def _positive_ints(values, what: str) -> list[int]:
@@ -100,9 +120,10 @@ def _positive_ints(values, what: str) -> list[int]:
     return values
 
 
-def resolve_model(name: str, preset: str, width: int | None, overrides: dict) -> tuple[str, dict]:
+def resolve_model(name: str, preset: str, width: int | None, overrides: dict, pairs: int = PAIRS) -> tuple[str, dict]:
     """(registered name, overrides) of a registered ``NAME`` or ``NAME:ARM``: the width, then
-    ``overrides``, then a position table at least as long as the 39 training inputs."""
+    ``overrides``, then a position table at least as long as the control of ``pairs`` (5 x pairs: 40 at
+    8 pairs, one row more than the 39 training inputs, as before the pair count was a setting)."""
     from drmlab.models.registry import config_fields, parse_model_spec
 
     if name in ANCHOR_ARMS:
@@ -114,16 +135,17 @@ def resolve_model(name: str, preset: str, width: int | None, overrides: dict) ->
     kw.update(width_overrides(config_fields(registry, preset, VOCAB_SIZE, **kw), width))
     kw.update(overrides)
     fields = config_fields(registry, preset, VOCAB_SIZE, **kw)
+    control = control_length(pairs)
     for key in POSITION_FIELDS:
-        if key in fields and key not in overrides and isinstance(fields[key], int) and fields[key] < CONTROL_LENGTH:
-            kw[key] = CONTROL_LENGTH
+        if key in fields and key not in overrides and isinstance(fields[key], int) and fields[key] < control:
+            kw[key] = control
     return registry, kw
 
 
 def plan_study(spec: DistanceSpec) -> DistanceStudy:
     """Check every model, run directory, length and setting of ``spec`` and plan the study. The
-    milestones (steps at which the control accuracy is measured) always end at ``steps``; the 40-token
-    control is always among the lengths."""
+    milestones (steps at which the control accuracy is measured) always end at ``steps``; the control
+    (5 x ``pairs`` tokens) is always among the lengths."""
     from drmlab.experiments.mqar import controls as recall_controls
     from drmlab.models import list_models
     from drmlab.models.registry import config_fields
@@ -131,6 +153,7 @@ def plan_study(spec: DistanceSpec) -> DistanceStudy:
     from drmlab.training.config import split_overrides
 
     preset, width, steps, lr = spec.preset, spec.width, spec.steps, spec.lr
+    pairs = check_pairs(spec.pairs)
     models = [str(m).strip() for m in spec.models or ()]
     ckpts = [str(c) for c in spec.ckpts or ()]
     if not models and not ckpts:
@@ -142,7 +165,7 @@ def plan_study(spec: DistanceSpec) -> DistanceStudy:
     for name in models:
         if name not in ANCHOR_ARMS and name.partition(":")[0] not in known:
             raise ValueError(f"unknown model {name!r}{suggest(name, known)}")
-        registry, kw = resolve_model(name, preset, width, {})
+        registry, kw = resolve_model(name, preset, width, {}, pairs)
         fields |= set(config_fields(registry, preset, VOCAB_SIZE, **kw))
     for path in ckpts:
         run = RunDir(path)
@@ -160,7 +183,8 @@ def plan_study(spec: DistanceSpec) -> DistanceStudy:
         or len(set(seeds)) != len(seeds)
     ):
         raise ValueError(f"seeds must be distinct non-negative integers, got {seeds!r}")
-    lengths = sorted(set([CONTROL_LENGTH] + [check_length(L) for L in spec.lengths]))
+    asked = default_lengths(pairs) if spec.lengths is None else spec.lengths
+    lengths = sorted(set([control_length(pairs)] + [check_length(L, pairs) for L in asked]))
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     if spec.milestones is None:  # the defaults below steps (none below 250), then steps itself
@@ -175,8 +199,14 @@ def plan_study(spec: DistanceSpec) -> DistanceStudy:
     if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
     controls = recall_controls.parse_controls(spec.controls)
+    shuffles = [c for c in controls if c in recall_controls.STREAM]
+    if shuffles and pairs < recall_controls.SHUFFLES_NEED:
+        raise ValueError(
+            f"--controls {','.join(shuffles)}: a shuffle needs at least {recall_controls.SHUFFLES_NEED} pairs "
+            f"(--pairs {pairs} has no derangement)"
+        )
     memory = [c for c in controls if c in recall_controls.MEMORY_CONTROLS]
-    holders = [_has_memory(*resolve_model(name, preset, width, {}), preset) for name in models]
+    holders = [_has_memory(*resolve_model(name, preset, width, {}, pairs), preset) for name in models]
     holders += [_has_memory(c["model"], c.get("overrides") or {}, c["preset"]) for c in map(_ckpt_config, ckpts)]
     if memory and not any(holders):
         raise ValueError(
@@ -209,9 +239,10 @@ def plan_study(spec: DistanceSpec) -> DistanceStudy:
         controls=controls,
         model_overrides=model_kw,
         train_overrides=train_kw,
+        pairs=pairs,
     )
     for name in models:  # a bad model setting fails now, on the meta device
-        registry, kw = resolve_model(name, preset, width, study.model_overrides)
+        registry, kw = resolve_model(name, preset, width, study.model_overrides, pairs)
         config_fields(registry, preset, VOCAB_SIZE, **kw)
     if models:
         study.train_config(seeds[0])  # validate early

@@ -7,7 +7,8 @@ the decoding state and keeping only the logits of the scored positions, so memor
 L for a model whose state does not. A model with a learned position table, or whose decoding state
 grows with every token (a key/value cache), is read only up to its context: longer lengths are
 reported "n/a (context N)" (:func:`context_limit`). :func:`read_length` scores ``n_eval`` evaluation
-examples of one length, plainly or under a recall control (:mod:`drmlab.experiments.mqar.controls`).
+examples of one length, plainly or under a recall control (:mod:`drmlab.experiments.mqar.controls`), with
+the task's pair count (``pairs``, default 8).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from drmlab.experiments.mqar.distance_task import (
     MARKER,
     PAIRS,
     check_length,
+    check_pairs,
     evaluation_tokens,
     scored_positions,
     split_tokens,
@@ -121,8 +123,10 @@ def read_length(
     chunk: int = DEFAULT_CHUNK,
     context: int | None = None,
     control: str | None = None,
+    pairs: int = PAIRS,
 ) -> dict:
-    """Score ``n_eval`` evaluation examples of ``length``: correct, total, accuracy, its Wilson 95%
+    """Score ``n_eval`` evaluation examples of ``length`` with ``pairs`` pairs each (``n_eval`` x
+    ``pairs`` targets): correct, total, accuracy, its Wilson 95%
     interval, the same for the first query of each sequence (``first_*``), per-query accuracy, the
     decoding state's bytes per sequence, tokens/s, seconds (and peak CUDA memory). A length whose
     inputs exceed ``context`` is not read: ``status`` "n/a". ``control``: one of the recall controls
@@ -131,7 +135,7 @@ def read_length(
     ``binder_level``, the share of targets equal to that bound value (a perfect binder's accuracy)."""
     from drmlab.experiments.mqar import controls
 
-    check_length(length)
+    check_length(length, check_pairs(pairs))
     record = {"length": length, "n_eval": n_eval, "eval_seed": eval_seed}
     if control is not None:
         record["control"] = controls.parse_controls([control])[0]
@@ -143,8 +147,8 @@ def read_length(
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    positions = scored_positions(length)
-    by_query = torch.zeros(PAIRS, dtype=torch.long)
+    positions = scored_positions(length, pairs)
+    by_query = torch.zeros(pairs, dtype=torch.long)
     bound_hits = binder_hits = 0
     state_bytes = 0
     t0 = time.perf_counter()
@@ -152,12 +156,12 @@ def read_length(
         with controls.memory_switched(model, control):
             for start in range(0, n_eval, eval_batch):
                 rows = range(start, min(start + eval_batch, n_eval))
-                tokens, bound = evaluation_tokens(eval_seed, length, rows), None
+                tokens, bound = evaluation_tokens(eval_seed, length, rows, pairs), None
                 if control is not None:
-                    tokens, bound = controls.control_tokens(control, tokens, eval_seed, rows)
-                inputs, targets = split_tokens(tokens)
+                    tokens, bound = controls.control_tokens(control, tokens, eval_seed, rows, pairs)
+                inputs, targets = split_tokens(tokens, pairs)
                 if control == "pairs_unwritten":
-                    logits, state = controls.read_pairs_unwritten(model, inputs.to(device), positions)
+                    logits, state = controls.read_pairs_unwritten(model, inputs.to(device), positions, pairs)
                 else:
                     logits, state = read_scored(model, inputs.to(device), positions, chunk)
                 pred = logits.argmax(dim=-1).cpu()
@@ -171,7 +175,7 @@ def read_length(
     if cuda:
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
-    correct, total = int(by_query.sum()), n_eval * PAIRS
+    correct, total = int(by_query.sum()), n_eval * pairs
     first = int(by_query[0])
     record.update(
         status="read",
@@ -186,7 +190,7 @@ def read_length(
         by_query=(by_query.double() / n_eval).tolist(),
         state_bytes=state_bytes,
         mode=(
-            "prefill 16 + steps"
+            f"prefill {2 * pairs} + steps"
             if control == "pairs_unwritten"
             else "parallel"
             if length - 1 <= chunk

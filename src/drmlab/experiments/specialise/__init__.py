@@ -33,6 +33,7 @@ from drmlab.experiments.specialise.curriculum import (
     WEIGHT_DECAY,
     Settings,
     check_curriculum,
+    default_curriculum,
     mqar_batch_size,
     parse_curriculum,
     scale_curriculum,
@@ -56,6 +57,7 @@ from drmlab.experiments.specialise.recipe import (
     recipe_settings,
     specialise,
     student_model,
+    student_overrides,
 )
 
 __all__ = [
@@ -94,6 +96,7 @@ __all__ = [
     "build_student",
     "check_base",
     "check_curriculum",
+    "default_curriculum",
     "distillation_kl",
     "language_batch",
     "language_loss",
@@ -107,5 +110,6 @@ __all__ = [
     "scale_curriculum",
     "specialise",
     "student_model",
+    "student_overrides",
     "uses_language",
 ]

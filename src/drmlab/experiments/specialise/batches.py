@@ -30,11 +30,13 @@ def language_batch(
     return rows[:, :-1], rows[:, 1:]
 
 
-def mqar_batch(seed: int, step: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) of the distance protocol's examples at ``length``, from
-    ``default_rng([seed + 2, step, 0])``; targets are ignored except at the 8 query positions."""
-    tokens = mqar_distance.training_tokens(seed + 2, step, 0, mqar_batch_size(length), length)
-    return mqar_distance.split_tokens(tokens)
+def mqar_batch(
+    seed: int, step: int, length: int, pairs: int = mqar_distance.PAIRS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of the distance protocol's examples of ``pairs`` pairs at ``length``, from
+    ``default_rng([seed + 2, step, 0])``; targets are ignored except at the ``pairs`` query positions."""
+    tokens = mqar_distance.training_tokens(seed + 2, step, 0, mqar_batch_size(length), length, pairs)
+    return mqar_distance.split_tokens(tokens, pairs)
 
 
 class MixedBatches(BatchSource):
@@ -55,4 +57,4 @@ class MixedBatches(BatchSource):
         if self.is_language(seed, step):
             s = self.settings
             return language_batch(self.stream, seed, step, s.language_window, s.language_rows)
-        return mqar_batch(seed, step, self.settings.stage_of(step))
+        return mqar_batch(seed, step, self.settings.stage_of(step), self.settings.pairs)

@@ -1,6 +1,7 @@
 """The specialisation's settings (docs/mqar.md section 9): the curriculum of stages ``length:steps``
-(parse, check, scale), the MQAR batch size per length, the two recipes' rates and constants, and
-:class:`Settings`, everything besides the base run and the data that decides the steps.
+(parse, check, scale; the default fitted to the task's pair count), the MQAR batch size per length, the
+two recipes' rates and constants, and :class:`Settings` (:func:`recipe_settings`), everything besides the
+base run and the data that decides the steps.
 
 Two recipes (section 9.1): ``distill`` (ours, the default) draws each step's batch by a coin, a
 language window distilled from the frozen base with probability 0.8, else an MQAR batch, the stage
@@ -38,8 +39,29 @@ CE_REGRESSION_LIMIT = 0.05
 DEFAULT_CHECKPOINT_EVERY = 100
 
 
-def parse_curriculum(text: str) -> list[tuple[int, int]]:
-    """``"40:1000,80:500"`` -> [(40, 1000), (80, 500)]: increasing lengths of at least 40, positive steps."""
+def default_curriculum(pairs: int = mqar_distance.PAIRS) -> list[tuple[int, int]]:
+    """:data:`DEFAULT_CURRICULUM` for the task of ``pairs`` pairs: a stage shorter than its control
+    length (5 x pairs) is lifted to it and merged with the next, their steps added, so the steps and the
+    longer stages stay those of the default (16 pairs: 80:1500,160:500,...; 32 pairs: 160:2000,320:300,...)."""
+    control = mqar_distance.control_length(pairs)
+    stages: list[tuple[int, int]] = []
+    carried = 0
+    for length, steps in DEFAULT_CURRICULUM:
+        if length < control:
+            carried += steps
+            continue
+        if carried and length > control:
+            stages.append((control, carried))
+        stages.append((length, steps + (carried if length == control else 0)))
+        carried = 0
+    if carried:
+        stages.append((control, carried))
+    return check_curriculum(stages, pairs)
+
+
+def parse_curriculum(text: str, pairs: int = mqar_distance.PAIRS) -> list[tuple[int, int]]:
+    """``"40:1000,80:500"`` -> [(40, 1000), (80, 500)]: increasing lengths of at least the control
+    length of ``pairs`` (5 x pairs: 40 at 8 pairs), positive steps."""
     stages = []
     for item in str(text).split(","):
         length, colon, steps = item.strip().partition(":")
@@ -49,17 +71,19 @@ def parse_curriculum(text: str) -> list[tuple[int, int]]:
             raise ValueError(f"--curriculum must be LENGTH:STEPS,... (e.g. 40:1000,80:500), got {text!r}") from None
         if not colon:
             raise ValueError(f"--curriculum must be LENGTH:STEPS,... (e.g. 40:1000,80:500), got {text!r}")
-    return check_curriculum(stages)
+    return check_curriculum(stages, pairs)
 
 
-def check_curriculum(stages) -> list[tuple[int, int]]:
+def check_curriculum(stages, pairs: int = mqar_distance.PAIRS) -> list[tuple[int, int]]:
     stages = [(int(length), int(steps)) for length, steps in stages]
     if not stages:
         raise ValueError("the curriculum has no stage")
+    control = mqar_distance.control_length(pairs)
     for length, steps in stages:
-        if length < mqar_distance.CONTROL_LENGTH:
+        if length < control:
             raise ValueError(
-                f"curriculum length {length} is below {mqar_distance.CONTROL_LENGTH} (the 8 pairs and their queries)"
+                f"curriculum length {length} is below {control}, the control length of {pairs} pairs "
+                "(5 x --pairs: the pairs and their queries)"
             )
         if steps <= 0:
             raise ValueError(f"curriculum stage {length}:{steps} needs a positive number of steps")
@@ -69,11 +93,11 @@ def check_curriculum(stages) -> list[tuple[int, int]]:
     return stages
 
 
-def scale_curriculum(stages, scale: float) -> list[tuple[int, int]]:
+def scale_curriculum(stages, scale: float, pairs: int = mqar_distance.PAIRS) -> list[tuple[int, int]]:
     """Every stage's steps times ``scale``, rounded, at least 1."""
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"--steps-scale must be a positive number, got {scale!r}")
-    return [(length, max(1, round(steps * scale))) for length, steps in check_curriculum(stages)]
+    return [(length, max(1, round(steps * scale))) for length, steps in check_curriculum(stages, pairs)]
 
 
 def mqar_batch_size(length: int) -> int:
@@ -86,7 +110,8 @@ class Settings:
     """Everything besides the base run and the data that decides the specialisation's steps.
     ``curriculum`` counts optimizer steps per stage under ``distill`` and MQAR batches under
     ``interleaved``; ``lr`` is the interleaved recipe's one rate (``backbone_lr`` and ``memory_lr``
-    are the distill recipe's two groups)."""
+    are the distill recipe's two groups); ``pairs`` the MQAR task's pair count (docs/mqar.md 8.2);
+    ``fast_weight_dim`` the width of a new memory (None: the model's default or the base's own)."""
 
     curriculum: list  # [[length, steps], ...] after scaling
     seed: int
@@ -104,6 +129,8 @@ class Settings:
     language_rows: int = 1
     language_every: int | None = None  # interleaved: a language step after every this many MQAR batches
     lr: float | None = None  # interleaved: the one rate of every parameter
+    pairs: int = mqar_distance.PAIRS
+    fast_weight_dim: int | None = None
 
     @classmethod
     def interleaved(
@@ -126,7 +153,11 @@ class Settings:
         )
 
     def validate(self) -> Settings:
-        self.curriculum = [list(stage) for stage in check_curriculum(self.curriculum)]
+        mqar_distance.check_pairs(self.pairs)
+        self.curriculum = [list(stage) for stage in check_curriculum(self.curriculum, self.pairs)]
+        dim = self.fast_weight_dim
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0):
+            raise ValueError(f"--fast-weight-dim must be a positive integer, got {dim!r}")
         if self.recipe not in RECIPES:
             raise ValueError(f"--recipe must be one of {', '.join(RECIPES)}, got {self.recipe!r}")
         if self.recipe == "distill":
@@ -209,3 +240,33 @@ class Settings:
 
     def eval_count(self, length: int) -> int:
         return self.eval_sequences or EVAL_BATCHES * mqar_batch_size(length)
+
+
+def recipe_settings(
+    recipe: str,
+    stages,
+    seed: int,
+    lr=None,
+    backbone_lr=None,
+    memory_lr=None,
+    eval_sequences=None,
+    pairs: int = mqar_distance.PAIRS,
+    fast_weight_dim: int | None = None,
+) -> Settings:
+    """The validated :class:`Settings` of ``recipe`` with these rates, pair count and memory width:
+    another recipe's rates, a rate out of range or a bad curriculum is one ValueError (the CLI calls
+    this before reading the corpus, so a refusal is immediate)."""
+    kw = {"eval_sequences": eval_sequences, "pairs": pairs, "fast_weight_dim": fast_weight_dim}
+    if recipe == "interleaved":
+        settings = Settings.interleaved([list(st) for st in stages], seed, lr, backbone_lr, memory_lr, **kw)
+    else:
+        settings = Settings(
+            curriculum=[list(st) for st in stages],
+            seed=seed,
+            recipe=recipe,
+            backbone_lr=BACKBONE_LR if backbone_lr is None else backbone_lr,
+            memory_lr=MEMORY_LR if memory_lr is None else memory_lr,
+            lr=lr,
+            **kw,
+        )
+    return settings.validate()

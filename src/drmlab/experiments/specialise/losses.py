@@ -1,7 +1,8 @@
 """The specialisation's losses (docs/mqar.md section 9): on a language batch the student's CE plus
 ``kd_weight T^2 KL(softmax(teacher / T) || softmax(student / T))`` per position against the frozen
-teacher (the CE alone at ``kd_weight`` 0), on an MQAR batch the CE on the 8 query positions; :class:`SpecialiseLoss` is the trainer's
-loss piece (:data:`drmlab.training.pieces.LossFn`) choosing between them by the step's coin."""
+teacher (the CE alone at ``kd_weight`` 0), on an MQAR batch the CE on the query positions (one per
+pair); :class:`SpecialiseLoss` is the trainer's loss piece (:data:`drmlab.training.pieces.LossFn`)
+choosing between them by the step's coin."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def language_loss(
 
 
 def mqar_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """CE on the scored positions only (targets other than the ignore index: the 8 queries per example)."""
+    """CE on the scored positions only (targets other than the ignore index: the queries, one per pair)."""
     dtype = torch.promote_types(logits.dtype, torch.float32)
     logits = logits.to(dtype)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=mqar_distance.IGNORE)

@@ -16,15 +16,14 @@ from torch import nn
 
 from drmlab.experiments.mqar import distance as mqar_distance
 from drmlab.experiments.specialise.batches import MixedBatches
-from drmlab.experiments.specialise.curriculum import (
-    BACKBONE_LR,
+from drmlab.experiments.specialise.curriculum import (  # noqa: F401 (recipe_settings re-exported)
     CE_REGRESSION_LIMIT,
     DEFAULT_CHECKPOINT_EVERY,
-    DEFAULT_CURRICULUM,
     EVAL_TOKENS_PER_FORWARD,
-    MEMORY_LR,
     PASS_THRESHOLD,
     Settings,
+    default_curriculum,
+    recipe_settings,
     scale_curriculum,
 )
 from drmlab.experiments.specialise.losses import SpecialiseLoss
@@ -39,6 +38,7 @@ from drmlab.experiments.specialise.student import (  # noqa: F401 (re-exported)
     load_base,
     memory_parameter_names,
     student_model,
+    student_overrides,
 )
 from drmlab.runs import RunDir, jsonable, read_json, write_json_atomic
 from drmlab.training.config import TrainConfig
@@ -98,7 +98,10 @@ class Specialisation:
         self.rescore_batch = int(base_train.get("eval_batch_size") or 8)
         self.eval_tokens = eval_tokens
         self.student_name = student_model(self.base_config, settings.recipe)
-        self.student = build_student(self.base_config, self.teacher, settings.seed, settings.recipe)
+        self.student_overrides = student_overrides(self.base_config, settings.recipe, settings.fast_weight_dim)
+        self.student = build_student(
+            self.base_config, self.teacher, settings.seed, settings.recipe, self.student_overrides
+        )
         self.batches = MixedBatches(corpus.train, self.settings)
         self.loss = SpecialiseLoss(self.teacher, self.batches, self.settings)
         self.result: dict = {}
@@ -152,12 +155,13 @@ class Specialisation:
 
     def run_info(self) -> RunInfo:
         """config.json beside the trainer's entries: the student model at the base's preset and
-        overrides, the data and the specialisation's own record (``specialise``: :meth:`spec`)."""
+        overrides (with ``fast_weight_dim`` when set), the data and the specialisation's own record
+        (``specialise``: :meth:`spec`)."""
         base = self.base_config
         return RunInfo(
             self.student_name,
             base["preset"],
-            base.get("overrides") or {},
+            self.student_overrides,
             data=DataInfo(self.corpus.vocab_size, self.corpus.tokenizer.name, self.data_source, self.corpus.meta),
             study={"specialise": self.spec()},
         )
@@ -322,7 +326,8 @@ class Specialisation:
         return result
 
     def evaluate_stage(self, length: int, first: int, last: int, model: nn.Module | None = None) -> dict:
-        """Read every curriculum length up to ``length``; the stage's record."""
+        """Read every curriculum length up to ``length`` (with the decoding state's bytes per sequence
+        after it, :func:`~drmlab.experiments.mqar.distance_read.read_length`'s); the stage's record."""
         s = self.settings
         model = model if model is not None else self.student
         lengths = [L for L, _ in s.curriculum if L <= length]
@@ -331,7 +336,9 @@ class Specialisation:
         for L in lengths:
             n = s.eval_count(L)
             batch = max(1, min(n, EVAL_TOKENS_PER_FORWARD // L))
-            record = mqar_distance.read_length(model, L, n, eval_seed=s.eval_seed, eval_batch=batch, chunk=chunk)
+            record = mqar_distance.read_length(
+                model, L, n, eval_seed=s.eval_seed, eval_batch=batch, chunk=chunk, pairs=s.pairs
+            )
             records[str(L)] = {
                 k: record[k]
                 for k in (
@@ -345,6 +352,7 @@ class Specialisation:
                     "by_query",
                     "n_eval",
                     "eval_seed",
+                    "state_bytes",
                     "seconds",
                 )
             }
@@ -420,35 +428,12 @@ def _differences(saved, now, prefix: str = "") -> list[str]:
     return [] if saved == now else [f"{prefix[:-1]}: {saved!r} in the run, {now!r} now"]
 
 
-def recipe_settings(
-    recipe: str, stages, seed: int, lr=None, backbone_lr=None, memory_lr=None, eval_sequences=None
-) -> Settings:
-    """The validated :class:`Settings` of ``recipe`` with these rates: another recipe's rates, a
-    rate out of range or a bad curriculum is one ValueError (the CLI calls this before reading the
-    corpus, so a refusal is immediate)."""
-    if recipe == "interleaved":
-        settings = Settings.interleaved(
-            [list(st) for st in stages], seed, lr, backbone_lr, memory_lr, eval_sequences=eval_sequences
-        )
-    else:
-        settings = Settings(
-            curriculum=[list(st) for st in stages],
-            seed=seed,
-            recipe=recipe,
-            backbone_lr=BACKBONE_LR if backbone_lr is None else backbone_lr,
-            memory_lr=MEMORY_LR if memory_lr is None else memory_lr,
-            lr=lr,
-            eval_sequences=eval_sequences,
-        )
-    return settings.validate()
-
-
 def specialise(
     base: str | Path,
     out: str | Path,
     corpus,
     *,
-    curriculum=DEFAULT_CURRICULUM,
+    curriculum=None,
     steps_scale: float = 1.0,
     seed: int | None = None,
     recipe: str = "distill",
@@ -457,6 +442,8 @@ def specialise(
     lr: float | None = None,
     eval_sequences: int | None = None,
     eval_tokens: int | None = None,
+    pairs: int = mqar_distance.PAIRS,
+    fast_weight_dim: int | None = None,
     device="auto",
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
     overwrite: bool = False,
@@ -467,16 +454,19 @@ def specialise(
     """Run the recipe from the run directory ``base`` into ``out`` on ``corpus`` (a
     :class:`drmlab.data.TokenCorpus`; ``data_source`` is its name as config.json records it); ``seed``
     defaults to the base run's. ``recipe`` is ``distill`` (rates ``backbone_lr`` and ``memory_lr``,
-    default 1e-5 and 1e-4) or ``interleaved`` (one rate ``lr``, default 3e-4). The result
+    default 1e-5 and 1e-4) or ``interleaved`` (one rate ``lr``, default 3e-4). ``pairs``: the MQAR task's
+    pair count (``curriculum`` None: the default curriculum fitted to it, :func:`default_curriculum`);
+    ``fast_weight_dim``: the new memory's width (a J_NO_DIRECTION base under ``distill``). The result
     (specialise.json); ``stop_after_step`` stops early with a checkpoint (an interruption, for tests)."""
     from drmlab.devices import resolve_device
 
-    stages = scale_curriculum(curriculum, steps_scale)
+    mqar_distance.check_pairs(pairs)
+    stages = scale_curriculum(default_curriculum(pairs) if curriculum is None else curriculum, steps_scale, pairs)
     dev = resolve_device(str(device) if isinstance(device, torch.device) else device)
     base_model = load_base(base, dev, recipe)
     if seed is None:
         seed = int((base_model[1].get("train") or {}).get("seed", 0))
-    settings = recipe_settings(recipe, stages, seed, lr, backbone_lr, memory_lr, eval_sequences)
+    settings = recipe_settings(recipe, stages, seed, lr, backbone_lr, memory_lr, eval_sequences, pairs, fast_weight_dim)
     job = Specialisation(
         base,
         out,

@@ -1,7 +1,7 @@
 """The teacher and the student of the specialisation recipes (docs/mqar.md section 9): the base run
 checked and loaded frozen (:func:`load_base`), the student built from it holding its weights
-(:func:`build_student`: ASM_CM with a new fast-weight memory under ``distill``, the base's own model
-under ``interleaved``) and the student's learning-rate groups (:func:`build_optimizer`: ``backbone`` and
+(:func:`build_student`: ASM_CM with a new fast-weight memory under ``distill``, of width
+``--fast-weight-dim`` where given, :func:`student_overrides`; the base's own model under ``interleaved``) and the student's learning-rate groups (:func:`build_optimizer`: ``backbone`` and
 ``memory`` under ``distill``; :func:`build_single_rate_optimizer`: one group under ``interleaved``)."""
 
 from __future__ import annotations
@@ -62,14 +62,49 @@ def load_base(base: str | Path, device, recipe: str = "distill") -> tuple[nn.Mod
     return teacher, config, pointer
 
 
+def student_overrides(base_config: dict, recipe: str = "distill", fast_weight_dim: int | None = None) -> dict:
+    """The student's model overrides: the base run's, plus ``fast_weight_dim`` when the student gets a
+    new memory (a J_NO_DIRECTION base under ``distill``). A memory the student copies from its base (an
+    ASM_CM base) keeps its width: another ``fast_weight_dim`` is refused in one line, as is one for a
+    student without a memory (a memory-less base under ``interleaved``)."""
+    from drmlab.models.registry import config_fields
+
+    overrides = dict(base_config.get("overrides") or {})
+    if fast_weight_dim is None:
+        return overrides
+    base_name, preset = base_config["model"], base_config["preset"]
+    vocab = int(base_config.get("vocab_size") or mqar_distance.VOCAB_SIZE)
+    base_fields = config_fields(base_name, preset, vocab, **overrides)
+    if base_fields.get("fast_weight_memory"):
+        if base_fields.get("fast_weight_dim") != fast_weight_dim:
+            raise ValueError(
+                f"--fast-weight-dim {fast_weight_dim}: the base's {base_name} memory is "
+                f"{base_fields.get('fast_weight_dim')} wide and is copied whole; a new width needs a "
+                "J_NO_DIRECTION base under --recipe distill"
+            )
+        return overrides
+    name = student_model(base_config, recipe)
+    if not config_fields(name, preset, vocab, **overrides).get("fast_weight_memory"):
+        raise ValueError(
+            f"--fast-weight-dim {fast_weight_dim}: the student {name} has no fast-weight memory "
+            f"(--recipe {recipe} trains the base's model as it is)"
+        )
+    overrides["fast_weight_dim"] = fast_weight_dim
+    config_fields(name, preset, vocab, **overrides)  # a width the model refuses fails now, in its words
+    return overrides
+
+
 def memory_parameter_names(model: nn.Module) -> list[str]:
     return [name for name, _ in model.named_parameters() if name.startswith(MEMORY_PREFIX)]
 
 
-def build_student(base_config: dict, teacher: nn.Module, seed: int, recipe: str = "distill") -> nn.Module:
-    """The student (:func:`student_model`) at the base run's preset, vocabulary and overrides, holding
-    the teacher's weights (all of them but the new memory's from a J_NO_DIRECTION base under
-    ``distill``), on the teacher's device, in train mode."""
+def build_student(
+    base_config: dict, teacher: nn.Module, seed: int, recipe: str = "distill", overrides: dict | None = None
+) -> nn.Module:
+    """The student (:func:`student_model`) at the base run's preset, vocabulary and overrides
+    (``overrides``, from :func:`student_overrides`, where given), holding the teacher's weights (all of
+    them but the new memory's from a J_NO_DIRECTION base under ``distill``), on the teacher's device,
+    in train mode."""
     from drmlab.models import build_model
 
     name = student_model(base_config, recipe)
@@ -78,7 +113,7 @@ def build_student(base_config: dict, teacher: nn.Module, seed: int, recipe: str 
         base_config["preset"],
         vocab_size=int(base_config["vocab_size"]),
         seed=seed,
-        **(base_config.get("overrides") or {}),
+        **(base_config.get("overrides") or {} if overrides is None else overrides),
     )
     student.to(next(teacher.parameters()).device)
     source = teacher.state_dict()
