@@ -47,16 +47,7 @@ COMMANDS = {
 
 
 def spec_run(spec: Path) -> dict | None:
-    result = json.loads((spec / "specialise.json").read_text())
-    if "after" not in result or not (spec / "controls" / "results.json").is_file():
-        return None
-    return {
-        "ce_before": result["before"]["ce"],
-        "ce_after": result["after"]["ce"],
-        "recall_pass": result.get("recall_pass"),
-        "reads": distance_record.reads(distance_record.entry(spec / "reads"), READ_KEYS),
-        "controls": distance_record.controls(distance_record.entry(spec / "controls"), CONTROL_KEYS),
-    }
+    return distance_record.specialised(spec, READ_KEYS, CONTROL_KEYS)
 
 
 def alone_run(folder: Path) -> dict | None:
