@@ -20,6 +20,7 @@ def _tool(name: str):
     try:
         spec = importlib.util.spec_from_file_location(f"drmlab_tool_{name}", TOOLS / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # a dataclass looks its module up there
         spec.loader.exec_module(module)
         return module
     finally:
