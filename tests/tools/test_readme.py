@@ -176,7 +176,7 @@ def test_no_record_names_a_machine_path_or_who_ran_it():
             assert not found, f"{path.relative_to(ROOT)}: {sorted(set(found))}"
 
 
-STUDY_DATA_BUDGET = 320 * 1024  # bytes; 300 KiB in use after the three-seed studies of December 2026
+STUDY_DATA_BUDGET = 512 * 1024  # bytes; 310 KiB in use before issue 34's studies at preset small (protocol, capacity, Zoology)
 
 
 def test_the_committed_study_data_stays_small():
