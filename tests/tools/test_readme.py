@@ -176,7 +176,8 @@ def test_no_record_names_a_machine_path_or_who_ran_it():
             assert not found, f"{path.relative_to(ROOT)}: {sorted(set(found))}"
 
 
-STUDY_DATA_BUDGET = 512 * 1024  # bytes; 310 KiB in use before issue 34's studies at preset small (protocol, capacity, Zoology)
+# bytes; 310 KiB in use before issue 34's studies at preset small (protocol, capacity, Zoology)
+STUDY_DATA_BUDGET = 512 * 1024
 
 
 def test_the_committed_study_data_stays_small():
