@@ -41,6 +41,7 @@ from drmlab.experiments.mqar.zoology_plan import (  # noqa: F401 (re-exported)
     parse_rates,
     plan_study,
 )
+from drmlab.experiments.mqar.zoology_probe import finished_for, probe_score, runs_after_the_probe
 from drmlab.experiments.mqar.zoology_recipe import (  # noqa: F401 (re-exported)
     BATCH_SIZES,
     LR_GRID,
@@ -155,7 +156,7 @@ def run_cell(
     run_dir = out / "runs" / label
     path = run_dir / "result.json"
     saved = json.loads(path.read_text()) if path.is_file() else None
-    if _finished(saved, spec, target) or (collect_only and _finished(saved, spec, 0)):
+    if finished_for(saved, spec, target) or (collect_only and finished_for(saved, spec, 0)):
         return dict(saved, reused=True)
     if collect_only:  # the report of what has finished: nothing is trained
         return dict(base, status="pending")
@@ -165,7 +166,7 @@ def run_cell(
         return dict(base, status="locked")
     try:
         saved = json.loads(path.read_text()) if path.is_file() else None  # another process may have moved it on
-        if _finished(saved, spec, target):
+        if finished_for(saved, spec, target):
             return dict(saved, reused=True)
         run = RunDir(run_dir)
         resume = saved is not None and saved.get("spec") == spec and run.has_checkpoint()
@@ -264,31 +265,6 @@ def run_cell(
         return result
     finally:
         lock.release()
-
-
-def _finished(saved: dict | None, spec: dict, epochs: int) -> bool:
-    """Whether a saved result ran under ``spec`` and needs no more training for ``epochs`` epochs: done,
-    diverged, or probed at least that far."""
-    if saved is None or saved.get("spec") != spec:
-        return False
-    return saved.get("status") in ("done", "diverged") or (
-        saved.get("status") == "probed" and saved.get("epochs_run", 0) >= epochs
-    )
-
-
-def probe_score(run: dict, probe_epochs: int) -> float | None:
-    """A run's test accuracy at the end of the rate probe (its first ``probe_epochs`` epochs, or its early
-    stop before that); None where it diverged before the probe's end."""
-    if run["status"] not in ("done", "diverged", "probed"):
-        return None
-    entries = [e for e in run.get("epochs") or [] if e["epoch"] <= probe_epochs]
-    if not entries:
-        return None
-    last = entries[-1]
-    stopped_early = run["status"] == "done" and run.get("early_stopped") and run.get("epochs_run") == last["epoch"]
-    if last["epoch"] < probe_epochs and not stopped_early:
-        return None  # it diverged within the probe
-    return last["test_acc"]
 
 
 def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
@@ -436,32 +412,13 @@ def run_planned(
                 continue
             results[(name, width, seq_len, lr)] = r
         if probe is not None and not collect_only:
-            left += _after_the_probe(study, results, going_on)
+            left += runs_after_the_probe(study, results, going_on)
         if left and len(left) == len(todo):
             time.sleep(wait_seconds)
         todo = left
     summary = summarize(study, list(results.values()))
     zoology_report.write_report(summary, out, log=log)
     return summary
-
-
-def _after_the_probe(study: ZoologyStudy, results: dict, going_on: set) -> list[tuple]:
-    """The runs to train on past the probe: each cell whose every rate has finished its probe, at its
-    chosen rate, once (a cell whose rates all diverged, or whose chosen run is done, has none)."""
-    jobs = []
-    for seq_len, kv in study.settings:
-        for name in study.models:
-            for width in study.widths:
-                cell = (name, width, seq_len)
-                rows = [results.get((*cell, lr)) for lr in study.lr_grid]
-                if cell in going_on or any(r is None for r in rows) or rows[0]["status"] == "n/a":
-                    continue
-                scores = {r["lr"]: probe_score(r, study.recipe.probe_epochs) for r in rows}
-                lr = lr_sweep.choose(scores, lower_is_better=False)["lr"]
-                going_on.add(cell)
-                if lr is not None and results[(*cell, lr)]["status"] == "probed":
-                    jobs.append((seq_len, kv, name, width, lr, None))
-    return jobs
 
 
 def run_zoology_study(
