@@ -232,9 +232,23 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("context", ["no_grad", "inference_mode", "autocast", "flop_counter", "dispatch_mode"])
+def _below_autograd():
+    """The dispatch keys an operator's own kernel runs with: conjugate and negative views not resolved."""
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Conjugate) | torch._C.DispatchKeySet(
+        torch._C.DispatchKey.Negative
+    )
+    return torch._C._ExcludeDispatchKeyGuard(keys)
+
+
+@pytest.mark.parametrize(
+    "context", ["no_grad", "inference_mode", "autocast", "flop_counter", "dispatch_mode", "below_autograd"]
+)
 def test_the_check_runs_the_same_whatever_surrounds_the_first_use(context):
+    """below_autograd: a first use inside an operator's kernel (opcheck's first call, say), where a complex
+    reference's conj() views would be read unconjugated; the complex128 check must still pass."""
     f, u = _scan_inputs()
+    if context == "below_autograd":
+        f, u = torch.polar(f.double(), u.double()), u.to(torch.complex128)
     rng = torch.get_rng_state()
     first, second = _Ops(), _Ops()
     surroundings = {
@@ -243,10 +257,11 @@ def test_the_check_runs_the_same_whatever_surrounds_the_first_use(context):
         "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
         "flop_counter": lambda: FlopCounterMode(display=False),
         "dispatch_mode": lambda: first,
+        "below_autograd": _below_autograd,
     }
     with surroundings[context]():
         linear_scan(f, u)
-    record = _record("linear_scan")
+    record = _record("linear_scan", "complex128" if context == "below_autograd" else "float32")
     assert record["passed"], record
     assert torch.equal(torch.get_rng_state(), rng)  # its own generator
     if context == "dispatch_mode":  # the check ran outside the mode: it saw the call's operators only

@@ -26,7 +26,9 @@ token rather than an operator's small input) is checked the same way by
 
 The check runs outside whatever surrounds the call: grad on (also in ``no_grad``, ``inference_mode``
 and a backward pass), autocast off, Python dispatch modes (a FLOP counter, a fake-tensor mode)
-suspended, its own random generator (the global random state is untouched).  Under
+suspended, the dispatcher's thread-local key sets those of a new thread (a first use inside an operator's
+own kernel, below autograd, runs with the conjugate and negative-view keys excluded: a complex
+reference would read ``conj()`` views as if they were not conjugated), its own random generator (the global random state is untouched).  Under
 ``torch.compile`` the backend is chosen by a function the compiler evaluates eagerly
 (``torch.compiler.assume_constant_result``), so the check runs there, outside the graph; code that
 the compiler traces symbolically (``torch.compiler.is_dynamo_compiling()``) never starts a check.
@@ -40,6 +42,7 @@ The cost is measured by ``benchmarks/bench_self_check.py`` (``docs/studies/bench
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -136,14 +139,31 @@ def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     return err / max(1.0, ref.abs().max().item()) if math.isfinite(err) else math.inf
 
 
+@functools.cache
+def _fresh_dispatch_keys() -> tuple:
+    """The dispatcher's thread-local (included, excluded) key sets of a thread that has done nothing."""
+    found = {}
+
+    def read() -> None:
+        found["keys"] = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    thread.join()
+    return found["keys"]
+
+
 @contextlib.contextmanager
 def isolated(device: torch.device):
-    """The check's surroundings: no dispatch modes, grad on (not inference mode), autocast off."""
+    """The check's surroundings: no dispatch modes, the dispatch keys of a new thread, grad on (not
+    inference mode), autocast off."""
     try:
         from torch.utils._python_dispatch import _disable_current_modes
     except ImportError:  # pragma: no cover -- a torch without it
         _disable_current_modes = contextlib.nullcontext
     with contextlib.ExitStack() as stack:
+        if hasattr(torch._C, "_ForceDispatchKeyGuard"):
+            stack.enter_context(torch._C._ForceDispatchKeyGuard(*_fresh_dispatch_keys()))
         stack.enter_context(_disable_current_modes())
         stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.enable_grad())
