@@ -13,7 +13,9 @@ Pairing (``docs/drm.md`` appendix A.5.3): the reference model is built from its 
 preset -- dimensions, mixer and memory widths (SSM_CONTROL's and the matched control's memory width as
 drmlab matches it) -- and its weights are copied into the drmlab model. Before timing, both copies run
 in float64 on the same tokens: the logits and the loss must agree to 1e-9, so both compute the same
-function. A training step is forward + loss + backward + AdamW in float32 (the reference's loss is
+function. A training step is forward + loss + backward + AdamW in float32, each side with its own trainer's
+AdamW (drmlab's fused one, ``drmlab.training.optim``; the reference's per-parameter loop, as its
+``training.py`` builds it) (the reference's loss is
 its own ``out["loss"]`` with ``collect_diagnostics=False``, its leanest training call; drmlab's is
 next-token cross-entropy). Steps of all models alternate in rounds and the medians are compared, so
 the machine's noise hits both alike; ``--threads`` (default 1) sets torch's thread count. Two rates
@@ -42,11 +44,20 @@ import torch.nn.functional as F
 
 from drmlab.models import build_model
 from drmlab.ops.fusion import plain_reference
+from drmlab.training.config import TrainConfig
 from drmlab.training.fast import use_persistent_compile_cache
+from drmlab.training.optim import build_optimizer
 
 BATCH = {"micro": 8, "tiny": 8, "small": 4, "125m": 1}
 VARIANTS = "J,J_NO_DIRECTION,SSM_CONTROL,J_DIRECT_CONTROL_MATCHED"
 AGREEMENT = 1e-9  # float64 tolerance of the paired forward (logits and loss)
+
+
+def trainer_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The optimizer ``drmlab train`` builds (AdamW, fused where it applies, the per-parameter loop under
+    ``plain_reference``); the reference gets its own training script's ``torch.optim.AdamW``."""
+    return build_optimizer(model, TrainConfig(lr=1e-4))
+
 
 # drmlab config field -> the reference's, for the widths taken from drmlab's preset
 WIDTHS = {
@@ -251,17 +262,18 @@ def main() -> None:
             if not gap <= AGREEMENT:
                 raise SystemExit(f"bench_reference: {variant} at {preset} differs from the reference by {gap:.3g}")
             pairs[variant] = {
-                "ours": (ours, torch.optim.AdamW(ours.parameters(), lr=1e-4), ours_step),
+                "ours": (ours, trainer_optimizer(ours), ours_step),
                 "ref": (reference, torch.optim.AdamW(reference.parameters(), lr=1e-4), reference_step),
                 "gap": gap,
             }
             if args.plain:
                 plain = copy.deepcopy(ours)
-                pairs[variant]["plain"] = (plain, torch.optim.AdamW(plain.parameters(), lr=1e-4), plain_step)
+                with plain_reference():  # the per-parameter AdamW loop too
+                    pairs[variant]["plain"] = (plain, trainer_optimizer(plain), plain_step)
             if args.fast:
                 fast = copy.deepcopy(ours)
                 compiled = torch.compile(fast, fullgraph=True)
-                pairs[variant]["fast"] = (compiled, torch.optim.AdamW(fast.parameters(), lr=1e-4), fast_step)
+                pairs[variant]["fast"] = (compiled, trainer_optimizer(fast), fast_step)
         times = {(v, side): [] for v in pairs for side in sides}
         for v, pair in pairs.items():  # warm-up (compiles the fast side: its first steps are not timed)
             for side in sides:

@@ -14,6 +14,7 @@ from torch import nn
 from drmlab.experiments.mqar import distance as mqar_distance
 from drmlab.experiments.specialise.curriculum import BACKBONE_LR, MEMORY_LR, WEIGHT_DECAY
 from drmlab.runs import RunDir
+from drmlab.training.optim import adamw
 
 STUDENT_MODEL = "ASM_CM"
 BASE_MODELS = ("J_NO_DIRECTION", "ASM_CM")
@@ -133,7 +134,7 @@ def build_student(
 def build_single_rate_optimizer(student: nn.Module, lr: float, weight_decay: float = WEIGHT_DECAY) -> torch.optim.AdamW:
     """The interleaved recipe's AdamW: every trainable parameter in one group ``all`` at ``lr``."""
     trainable = [parameter for parameter in student.parameters() if parameter.requires_grad]
-    return torch.optim.AdamW([{"params": trainable, "lr": lr, "weight_decay": weight_decay, "name": "all"}], lr=lr)
+    return adamw([{"params": trainable, "lr": lr, "weight_decay": weight_decay, "name": "all"}], lr=lr)
 
 
 def build_optimizer(
@@ -150,7 +151,7 @@ def build_optimizer(
         (memory if name.startswith(MEMORY_PREFIX) else backbone).append(parameter)
     if not memory:
         raise ValueError(f"the student has no {MEMORY_PREFIX}* parameters")
-    return torch.optim.AdamW(
+    return adamw(
         [
             {"params": backbone, "lr": backbone_lr, "weight_decay": weight_decay, "name": "backbone"},
             {"params": memory, "lr": memory_lr, "weight_decay": weight_decay, "name": "memory"},
