@@ -89,5 +89,7 @@ def test_cli_restore_errors_are_one_line(corpus_file, finished, tmp_path, capsys
     other = tmp_path / "other-study"
     shutil.copytree(first, other, ignore=shutil.ignore_patterns("runs", "tuning"))
     changed = dict(record, study=dict(record["study"], seeds=[7]))
-    with pytest.raises(ValueError, match="records a different study"):
+    with pytest.raises(
+        ValueError, match=r"records a different study than the results \(seeds differ\).*without --restore"
+    ):
         restore_study(changed, other)

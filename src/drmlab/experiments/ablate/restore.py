@@ -60,8 +60,13 @@ def restore_study(record: dict, out: str | Path) -> dict[str, int]:
         raise ValueError("not the results.json of an ablation study (it has no study record and runs)")
     out = Path(out)
     here = out / STUDY_FILE
-    if here.exists() and read_json(here) != study:
-        raise ValueError(f"{here} records a different study than the results; restore into another --out")
+    saved = read_json(here) if here.exists() else None
+    if saved is not None and saved != study:
+        differ = sorted(k for k in set(study) | set(saved) if study.get(k) != saved.get(k))
+        raise ValueError(
+            f"{here} records a different study than the results ({', '.join(differ)} differ): a folder restored "
+            "from them before, whose settings grew since, goes on without --restore; else restore into another --out"
+        )
     out.mkdir(parents=True, exist_ok=True)
     if not here.exists():
         write_json_atomic(here, study)
