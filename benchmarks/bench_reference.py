@@ -334,7 +334,7 @@ def write_record(args, root: Path, presets: list[dict]) -> None:
     settings["reference"] = "gnai-creator/drm-language-emitter at " + (commit or "an unknown commit")
     record = {
         "title": "Training tokens/s of drmlab's DRM variants against the upstream reference implementation, "
-        "paired (its variant table at our widths, its weights in ours), forward + loss + backward + AdamW, float32 "
+        "paired (its variant table at our widths, its weights in ours), forward + loss + backward + each side's own trainer's AdamW (drmlab's fused), float32 "
         "(drmlab's fast setting, where timed: bf16 autocast + torch.compile)",
         "provenance": {**provenance(settings, command=command), "machine": args.machine},
         "units": "tokens per second: wall (median step) and CPU time of the calling thread (median step), by side "

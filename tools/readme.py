@@ -14,9 +14,12 @@ values, bits per byte from nats (divided by ln 2), ratios of two measurements --
 * the tables, each between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``
   (:func:`render_blocks`; :func:`replace_blocks` writes them into a page's text); :data:`PAGES` says
   which page holds which tables;
-* ``docs/figures/compare-tiny.png``, MQAR accuracy against bits per byte, drawn by
-  :func:`drmlab.experiments.probes.compare.plot` with the SHA-256 of the values it was drawn from in
-  its PNG metadata (``drmlab-source``), so a check needs no particular matplotlib version.
+* the figures (:data:`FIGURES`): ``docs/figures/compare-tiny.png``, MQAR accuracy against bits per byte
+  (:func:`drmlab.experiments.probes.compare.plot`), and ``docs/figures/protocol-scales.png``, bits per
+  byte against parameters at each preset of the protocol
+  (:func:`drmlab.experiments.ablate.scales.plot_bits_per_byte_by_size`), each with the SHA-256 of the
+  values it was drawn from in its PNG metadata (``drmlab-source``), so a check needs no particular
+  matplotlib version.
 
 The claims the pages' prose makes about these results are tests over the same files
 (``tests/studies/``), which also find each number they check in the study's sections of the pages.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import hashlib
 import json
 import math
@@ -546,10 +550,11 @@ def _geometry_table(studies: dict[str, dict]) -> str:
     return _table(header, ["---"] + ["---:"] * 6 + ["---", "---", "---", "---:"], rows)
 
 
-def _protocol_table(studies: dict[str, dict]) -> str:
-    """The protocol at tiny, each model at its swept rate: bits per byte (mean +- population std over
-    seeds, per seed), the whole-stream rescoring at the 1M and 2M milestones, tokens/s."""
-    study = studies["protocol-tiny"]
+def _protocol_table(studies: dict[str, dict], name: str = "protocol-tiny") -> str:
+    """The protocol at one preset, each model at its swept rate: bits per byte (mean +- population std over
+    seeds, per seed), the whole-stream rescoring at the 1M and 2M milestones, tokens/s; a study still
+    running shows its finished models and a row naming the rest."""
+    study = studies[name]
     rows = []
     for model, m in sorted(study["models"].items(), key=lambda kv: mean_std(_seed_values(kv[1]["per_seed"]))[0]):
         runs = sorted((r for r in study["runs"] if r["model"] == model), key=lambda r: r["seed"])
@@ -559,6 +564,9 @@ def _protocol_table(studies: dict[str, dict]) -> str:
         rows.append(
             [model, f"{m['params']:,}", _sci(m["lr"]), *_bpb_cells(m), *(f"{v:.4f}" for v in at), f"{speed:,.0f}"]
         )
+    waiting = [model for model in study["study"]["models"] if model not in study["models"]]
+    if waiting:
+        rows.append([f"still training: {', '.join(waiting)}", *["-"] * 7])
     return _table(
         ["model", "params", "lr (swept)", "bits/byte", "seeds 1 / 2 / 3", "at 1M tokens", "at 2M tokens", "tok/s"],
         ["---", "---:", "---:", "---", "---", "---:", "---:", "---:"],
@@ -566,12 +574,12 @@ def _protocol_table(studies: dict[str, dict]) -> str:
     )
 
 
-def _protocol_sweep_table(studies: dict[str, dict]) -> str:
-    """The learning-rate sweep of the protocol study at tiny (docs/drm.md section A.7.1): tuning CE per
-    model and rate, the chosen rate (:func:`drmlab.experiments.lr_sweep.choose`) in bold, edge flagged."""
+def _protocol_sweep_table(studies: dict[str, dict], name: str = "protocol-tiny") -> str:
+    """The learning-rate sweep of a protocol study (docs/drm.md section A.7.1): tuning CE per model and
+    rate, the chosen rate (:func:`drmlab.experiments.lr_sweep.choose`) in bold, edge flagged."""
     from drmlab.experiments.lr_sweep import choose
 
-    study = studies["protocol-tiny"]
+    study = studies[name]
     grid = study["study"]["lr_grid"]
     rows = []
     for model, sweep in study["lr_sweep"].items():
@@ -651,10 +659,45 @@ def _headline_table(studies: dict[str, dict]) -> str:
     )
 
 
+# the protocol at each preset, smallest first (a preset not yet studied is left out)
+PROTOCOL_SCALES = {"micro": "protocol-micro", "tiny": "protocol-tiny", "small": "protocol-small"}
+
+
+def protocol_records(studies: dict[str, dict]) -> dict[str, dict]:
+    """The committed protocol records by preset, smallest first."""
+    return {preset: studies[name] for preset, name in PROTOCOL_SCALES.items() if name in studies}
+
+
+def _scales_table(studies: dict[str, dict]) -> str:
+    """The promotion gate's verdicts at each preset side by side (drmlab.experiments.ablate.scales): per pair
+    of models finished at every preset, A's mean gain over B in nats per byte, A's paired wins, the model the
+    gate promotes (or neither), and whether that holds, flips or changes across the presets."""
+    from drmlab.experiments.ablate.scales import NEITHER, verdicts
+
+    records = protocol_records(studies)
+    rows = []
+    for r in verdicts(records):
+        cells = []
+        for v in r["at"].values():
+            promoted = {"A": r["a"], "B": r["b"], NEITHER: "neither"}[v["winner"]]
+            cells.append(f"{v['gain']:+.4f}, {v['wins']} of {v['n']}: {promoted}")
+        rows.append([f"{r['a']} vs {r['b']}", *cells, r["across"]])
+    if not rows:
+        rows.append(["no pair is finished at every preset yet", *["-"] * len(records), "-"])
+    return _table(
+        ["A vs B", *(f"{preset}: A's gain, wins, promoted" for preset in records), "across the presets"],
+        ["---"] + ["---"] * len(records) + ["---"],
+        rows,
+    )
+
+
 BLOCK_RENDERERS = {
     "headline": _headline_table,
     "protocol-tiny": _protocol_table,
     "protocol-tiny-sweep": _protocol_sweep_table,
+    "protocol-small": functools.partial(_protocol_table, name="protocol-small"),
+    "protocol-small-sweep": functools.partial(_protocol_sweep_table, name="protocol-small"),
+    "protocol-scales": _scales_table,
     "protocol-tiny-fullbudget": _full_budget_sweep_table,
     "protocol-tiny-fullbudget-paired": _full_budget_paired_table,
     "distance-tiny": _distance_table,
@@ -681,6 +724,7 @@ PAGES: dict[Path, tuple[str, ...]] = {
         "loop-study-tiny",
         "compare-tiny",
         "protocol-tiny",
+        "protocol-small",
         "distance-tiny",
         "zoology-cpu",
         "pmcs-tiny",
@@ -720,9 +764,9 @@ def replace_blocks(text: str, blocks: dict[str, str]) -> str:
 # ------------------------------------------------------------------------------- the figure
 
 
-def figure_inputs(studies: dict[str, dict]) -> dict:
-    """What the figure draws: the cross-family rows with both bits per byte and MQAR accuracy (as
-    fractions, as ``drmlab compare`` plots them), the MQAR kv and the no-binding levels."""
+def compare_figure_inputs(studies: dict[str, dict]) -> dict:
+    """What the compare-tiny figure draws: the cross-family rows with both bits per byte and MQAR accuracy
+    (as fractions, as ``drmlab compare`` plots them), the MQAR kv and the no-binding levels."""
     rows = [
         {
             "model": r["model"],
@@ -737,9 +781,41 @@ def figure_inputs(studies: dict[str, dict]) -> dict:
     return {"rows": rows, "kv": studies["mqar-tiny"]["protocol"]["kv"], "levels": studies["mqar-tiny"]["levels"]}
 
 
-def figure_source(studies: dict[str, dict]) -> str:
+def _draw_compare(inputs: dict, path: Path, metadata: dict) -> None:
+    from drmlab.experiments.probes.compare import plot
+
+    plot(inputs["rows"], path, inputs["kv"], inputs["levels"], metadata=metadata)
+
+
+def scales_figure_inputs(studies: dict[str, dict]) -> dict:
+    """What the protocol-scales figure draws: per model its bits per byte and parameters at each preset."""
+    from drmlab.experiments.ablate.scales import bits_per_byte_by_size
+
+    return {"points": bits_per_byte_by_size(protocol_records(studies))}
+
+
+def _draw_scales(inputs: dict, path: Path, metadata: dict) -> None:
+    from drmlab.experiments.ablate.scales import plot_bits_per_byte_by_size
+
+    title = "The protocol at each preset: each model at its swept rate, 5,005,312 tokens, 3 seeds"
+    plot_bits_per_byte_by_size(inputs["points"], path, title, metadata=metadata)
+
+
+# name -> (the PNG, what it draws from the committed studies, how it draws them)
+FIGURES = {
+    "compare-tiny": (FIGURE_PATH, compare_figure_inputs, _draw_compare),
+    "protocol-scales": (Path("docs") / "figures" / "protocol-scales.png", scales_figure_inputs, _draw_scales),
+}
+
+
+def figure_inputs(studies: dict[str, dict], name: str = "compare-tiny") -> dict:
+    """The values figure ``name`` is drawn from."""
+    return FIGURES[name][1](studies)
+
+
+def figure_source(studies: dict[str, dict], name: str = "compare-tiny") -> str:
     """SHA-256 of the figure's inputs, the tag its PNG carries."""
-    return hashlib.sha256(json.dumps(figure_inputs(studies), sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(figure_inputs(studies, name), sort_keys=True).encode()).hexdigest()
 
 
 def png_text(path: str | Path) -> dict[str, str]:
@@ -750,30 +826,22 @@ def png_text(path: str | Path) -> dict[str, str]:
         return dict(getattr(image, "text", {}))
 
 
-def render_figure(studies: dict[str, dict]) -> bytes:
-    """The compare-tiny PNG, drawn by ``drmlab compare``'s plot from the committed values and tagged
-    with :func:`figure_source`. Deterministic for a given matplotlib."""
-    from drmlab.experiments.probes.compare import plot
-
-    inputs = figure_inputs(studies)
+def render_figure(studies: dict[str, dict], name: str = "compare-tiny") -> bytes:
+    """Figure ``name``'s PNG, drawn from the committed values and tagged with :func:`figure_source`.
+    Deterministic for a given matplotlib."""
+    inputs = figure_inputs(studies, name)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "figure.png"
-        plot(
-            inputs["rows"],
-            path,
-            inputs["kv"],
-            inputs["levels"],
-            metadata={FIGURE_KEY: "sha256:" + figure_source(studies)},
-        )
+        FIGURES[name][2](inputs, path, {FIGURE_KEY: "sha256:" + figure_source(studies, name)})
         return path.read_bytes()
 
 
-def figure_is_current(studies: dict[str, dict], path: str | Path) -> bool:
+def figure_is_current(studies: dict[str, dict], path: str | Path, name: str = "compare-tiny") -> bool:
     """Whether the PNG at ``path`` was drawn from the committed values as they are now."""
     path = Path(path)
     if not path.is_file():
         return False
-    return png_text(path).get(FIGURE_KEY) == "sha256:" + figure_source(studies)
+    return png_text(path).get(FIGURE_KEY) == "sha256:" + figure_source(studies, name)
 
 
 # ------------------------------------------------------------------------------- check and write
@@ -808,10 +876,11 @@ def check(root: str | Path = ROOT) -> list[str]:
     blocks = render_blocks(studies)
     for page in PAGES:
         problems += _page_problems(page, find_blocks((root / page).read_text()), blocks)
-    if not figure_is_current(studies, root / FIGURE_PATH):
-        problems.append(
-            f"figure {FIGURE_PATH}: not drawn from docs/studies as they are (run `python tools/readme.py --write`)"
-        )
+    for name, (path, _, _) in FIGURES.items():
+        if not figure_is_current(studies, root / path, name):
+            problems.append(
+                f"figure {path}: not drawn from docs/studies as they are (run `python tools/readme.py --write`)"
+            )
     return problems
 
 
@@ -838,10 +907,11 @@ def write(root: str | Path = ROOT) -> list[str]:
         if stale:
             (root / page).write_text(replace_blocks(text, blocks))
             changed += [f"{page}: {name}" for name in stale]
-    if not figure_is_current(studies, root / FIGURE_PATH):
-        (root / FIGURE_PATH).parent.mkdir(parents=True, exist_ok=True)
-        (root / FIGURE_PATH).write_bytes(render_figure(studies))
-        changed.append(str(FIGURE_PATH))
+    for name, (path, _, _) in FIGURES.items():
+        if not figure_is_current(studies, root / path, name):
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(render_figure(studies, name))
+            changed.append(str(path))
     return changed
 
 

@@ -96,10 +96,10 @@ def test_against_the_reference_only_the_drm_variants_are_clearly_faster():
             assert v["f64_gap"] <= 1e-9  # both computed the same function before they were timed
     drm = [ratio[p, m] for p in ("tiny", "small") for m in ("J", "J_NO_DIRECTION")]
     controls = [ratio[p, m] for p in ("tiny", "small") for m in ("SSM_CONTROL", "J_DIRECT_CONTROL_MATCHED")]
-    assert (fmt(min(drm), 2), fmt(max(drm), 2)) == (said("1.63"), said("1.97"))
-    assert (fmt(min(controls), 2), fmt(max(controls), 2)) == (said("1.15"), said("1.30"))
+    assert (fmt(min(drm), 2), fmt(max(drm), 2)) == (said("1.69"), said("2.02"))
+    assert (fmt(min(controls), 2), fmt(max(controls), 2)) == (said("1.15"), said("1.41"))
     assert max(ratio[p, "SSM_CONTROL"] for p in ("tiny", "small")) < 1.5  # issue 33's target, not met
-    assert max(drm) < 2.0  # nor the DRM variants' 2.0x
+    assert ratio["small", "J"] >= 2.0 and min(drm) < 2.0  # the DRM variants' 2.0x: met by J at small only
 
 
 def test_the_fast_setting_against_the_reference_and_the_factors_the_trainer_quotes():
@@ -113,9 +113,11 @@ def test_the_fast_setting_against_the_reference_and_the_factors_the_trainer_quot
             fused[p["preset"], name] = cpu["ours"] / cpu["plain"]
             if p["preset"] == "tiny":  # the factor a long default run is told --fast would bring
                 assert FAST_FACTORS[name] == round(cpu["fast"] / cpu["ours"], 2)
-    assert (fmt(min(fast.values()), 2), fmt(max(fast.values()), 2)) == (said("1.88"), said("3.59"))
-    assert fmt(fused["tiny", "J"], 2) == said("1.13")
-    assert fast["tiny", "J"] >= 2.5 and fast["tiny", "SSM_CONTROL"] < 2.5  # the target met for J, not the controls
+    assert (fmt(min(fast.values()), 2), fmt(max(fast.values()), 2)) == (said("2.06"), said("3.68"))
+    assert fmt(fused["tiny", "J"], 2) == said("1.14")
+    # issue 33's 2.5x: met by J and J_NO_DIRECTION at both presets, not by the controls
+    assert min(fast[p, m] for p in ("tiny", "small") for m in ("J", "J_NO_DIRECTION")) >= 2.5
+    assert max(fast[p, m] for p in ("tiny", "small") for m in ("SSM_CONTROL", "J_DIRECT_CONTROL_MATCHED")) < 2.5
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     for p in load("bench-reference")["presets"]:  # the README's --fast paragraph: --fast over the float32 default
         gain = [v["cpu_tokens_per_s"]["fast"] / v["cpu_tokens_per_s"]["ours"] for v in p["variants"].values()]

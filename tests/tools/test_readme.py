@@ -88,13 +88,35 @@ def test_derived_numbers_come_from_the_raw_values(studies):
     assert f"| {sum(runs) / 3:,.0f} |" in blocks["protocol-tiny"]
 
 
-def test_the_figure_was_drawn_from_the_committed_values_and_redraws_identically(studies, tmp_path):
-    assert rt.figure_is_current(studies, ROOT / rt.FIGURE_PATH)
-    first, second = rt.render_figure(studies), rt.render_figure(studies)
+@pytest.mark.parametrize("name", ["compare-tiny", "protocol-scales"])
+def test_each_figure_was_drawn_from_the_committed_values_and_redraws_identically(studies, tmp_path, name):
+    assert set(rt.FIGURES) == {"compare-tiny", "protocol-scales"}
+    assert rt.figure_is_current(studies, ROOT / rt.FIGURES[name][0], name)
+    first, second = rt.render_figure(studies, name), rt.render_figure(studies, name)
     assert first == second and first[:8] == b"\x89PNG\r\n\x1a\n"
     path = tmp_path / "figure.png"
     path.write_bytes(first)
-    assert rt.png_text(path)[rt.FIGURE_KEY] == "sha256:" + rt.figure_source(studies)
+    assert rt.png_text(path)[rt.FIGURE_KEY] == "sha256:" + rt.figure_source(studies, name)
+
+
+def test_the_scales_figure_draws_every_preset_with_paired_results(studies):
+    points = rt.figure_inputs(studies, "protocol-scales")["points"]
+    assert {p["scale"] for pts in points.values() for p in pts} == {
+        preset for preset, record in rt.protocol_records(studies).items() if record["models"]
+    }
+    assert points["J"][0] == {
+        "scale": "tiny",
+        "params": 1008208,
+        "bpb_mean": studies["protocol-tiny"]["models"]["J"]["bpb_mean"],
+        "bpb_std": studies["protocol-tiny"]["models"]["J"]["bpb_std"],
+    }
+
+
+def test_a_protocol_still_running_names_the_models_it_has_not_finished(studies):
+    record = json.loads(json.dumps(studies["protocol-tiny"]))
+    del record["models"]["GPT2"], record["models"]["MAMBA"]
+    table = rt._protocol_table({"protocol-tiny": record})
+    assert "| still training: MAMBA, GPT2 |" in table and "| J |" in table
 
 
 def test_check_names_a_hand_edited_table_number_and_write_restores_it(tmp_path):

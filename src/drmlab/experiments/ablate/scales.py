@@ -1,0 +1,112 @@
+"""One protocol at several model sizes, side by side (issue 34, ``docs/drm.md`` appendix A.7.3).
+
+Each scale is a collected ``drmlab ablate`` record (``results.json``: ``models``, ``gate``, ``study``).
+:func:`verdicts` sets the promotion gate's verdicts of the scales side by side: for each unordered pair of
+models trained at every scale, which one the gate promotes over the other at each scale (or neither), with
+the gate's numbers, and whether that verdict holds, flips or changes from the smallest scale to the
+largest. :func:`bits_per_byte_by_size` gathers, per model, the validation bits per byte against the
+parameter count over the scales, and :func:`plot_bits_per_byte_by_size` draws it.
+
+A pair's verdict at one scale reads the two gate entries (A over B, B over A): "A" when A is promoted,
+"B" when B is, "-" when neither (the gate's rule is in the record's ``gate_rule``). Across the scales:
+"holds" (the same verdict at every scale), "flips" (A at one scale, B at another), else "changes" (a
+promotion appears or disappears).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+NEITHER = "-"
+
+
+def _gate_entries(record: dict) -> dict[tuple[str, str], dict]:
+    return {(g["candidate"], g["baseline"]): g for g in record.get("gate") or []}
+
+
+def finished_models(record: dict) -> list[str]:
+    """The models of ``record`` with paired results, in the study's order."""
+    order = record["study"]["models"]
+    return [m for m in order if m in (record.get("models") or {})]
+
+
+def pair_verdict(record: dict, a: str, b: str) -> dict | None:
+    """The gate's verdict on ``a`` against ``b`` in one record: ``winner`` ("A" / "B" / "-"), ``gain`` (A's
+    mean bits-per-byte gain over B; positive: A better), ``wins`` (A's paired wins), ``n`` (paired seeds);
+    None when the record's gate has not judged the pair."""
+    entries = _gate_entries(record)
+    ab, ba = entries.get((a, b)), entries.get((b, a))
+    if ab is None or ba is None:
+        return None
+    winner = "A" if ab["promoted"] else ("B" if ba["promoted"] else NEITHER)
+    return {"winner": winner, "gain": ab["gain"], "wins": ab["wins"], "n": ab["n"]}
+
+
+def across(winners: list[str]) -> str:
+    """'holds', 'flips' or 'changes' for one pair's winners from the smallest scale to the largest."""
+    if len(set(winners)) == 1:
+        return "holds"
+    if {"A", "B"} <= set(winners):
+        return "flips"
+    return "changes"
+
+
+def verdicts(records: dict[str, dict]) -> list[dict]:
+    """Per unordered pair of models judged at every scale (``records``: label -> record, smallest first):
+    ``a``, ``b``, ``at`` (label -> :func:`pair_verdict`) and ``across`` (:func:`across`). Pairs in the
+    order of the first record's models; a pair some scale has not judged yet is left out."""
+    labels = list(records)
+    if not labels:
+        return []
+    common = [m for m in finished_models(records[labels[0]]) if all(m in records[s].get("models", {}) for s in labels)]
+    rows = []
+    for i, a in enumerate(common):
+        for b in common[i + 1 :]:
+            at = {label: pair_verdict(records[label], a, b) for label in labels}
+            if any(v is None for v in at.values()):
+                continue
+            rows.append({"a": a, "b": b, "at": at, "across": across([v["winner"] for v in at.values()])})
+    return rows
+
+
+def bits_per_byte_by_size(records: dict[str, dict]) -> dict[str, list[dict]]:
+    """Per model: one point per scale where it has paired results, ``{"scale", "params", "bpb_mean",
+    "bpb_std"}``, in the order of ``records``."""
+    points: dict[str, list[dict]] = {}
+    for label, record in records.items():
+        for model in finished_models(record):
+            m = record["models"][model]
+            points.setdefault(model, []).append(
+                {"scale": label, "params": m["params"], "bpb_mean": m["bpb_mean"], "bpb_std": m["bpb_std"]}
+            )
+    return points
+
+
+def plot_bits_per_byte_by_size(
+    points: dict[str, list[dict]], path: str | Path, title: str, metadata: dict | None = None
+) -> bool:
+    """Validation bits per byte against parameters (log scale), one line per model over its scales,
+    error bars the std over seeds; False (nothing drawn) when no model has a point."""
+    if not any(points.values()):
+        return False
+    from drmlab.experiments.plotting import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    markers = "osD^v<>ph*"
+    for i, (model, pts) in enumerate(points.items()):
+        if not pts:
+            continue
+        xs, ys, es = ([p[k] for p in pts] for k in ("params", "bpb_mean", "bpb_std"))
+        ax.errorbar(xs, ys, yerr=es, marker=markers[i % len(markers)], capsize=3, lw=1.2, label=model)
+    scales = {p["scale"]: p["params"] for pts in points.values() for p in pts}
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters (log scale; " + ", ".join(scales) + ")")
+    ax.set_ylabel("validation bits per byte (lower is better)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, metadata=metadata)
+    plt.close(fig)
+    return True
