@@ -23,7 +23,9 @@ are printed: tokens per wall second, and tokens per CPU second of the calling th
 (``time.thread_time``), which a shared machine's other jobs disturb less (at one thread; with more,
 only the calling thread's time is counted).
 
-``--plain`` also times drmlab with its fused kernels off (``drmlab.ops.fusion.plain_reference``: what the
+``--fast-memory`` also times the fast setting with the selective memory's matrix products in bf16
+(``memory_products_in_autocast``; by default they stay float32 under the autocast). ``--plain`` also times
+drmlab with its fused kernels off (``drmlab.ops.fusion.plain_reference``: what the
 fusion gains), ``--fast`` drmlab's fast setting (``drmlab train --fast``: bf16 autocast around a
 ``torch.compile``d model, fused kernels on; its compiling first steps are not timed). Each is a copy of
 drmlab's model with the same weights, timed in the same rounds; the ratios are to the reference's float32.
@@ -240,9 +242,16 @@ def main() -> None:
         "--fast", action="store_true", help="also time drmlab's fast setting (bf16 autocast + torch.compile + fused)"
     )
     parser.add_argument("--plain", action="store_true", help="also time drmlab with its fused kernels off")
+    parser.add_argument(
+        "--fast-memory",
+        action="store_true",
+        help="also time the fast setting with the selective memory's matrix products in bf16 too "
+        "(memory_products_in_autocast, docs/drm.md A.4.7)",
+    )
     args = parser.parse_args()
     root, package = load_reference(args.reference)
     sides = ["ours", "ref"] + (["plain"] if args.plain else []) + (["fast"] if args.fast else [])
+    sides += ["fast_memory"] if args.fast_memory else []
     if args.fast:
         use_persistent_compile_cache()
     torch.set_num_threads(args.threads)
@@ -274,13 +283,18 @@ def main() -> None:
                 fast = copy.deepcopy(ours)
                 compiled = torch.compile(fast, fullgraph=True)
                 pairs[variant]["fast"] = (compiled, trainer_optimizer(fast), fast_step)
+            if args.fast_memory:  # the same weights, the memory's products in bf16 too
+                fast_memory = build_model(variant, preset=preset, memory_products_in_autocast=True)
+                fast_memory.load_state_dict(ours.state_dict())
+                compiled = torch.compile(fast_memory, fullgraph=True)
+                pairs[variant]["fast_memory"] = (compiled, trainer_optimizer(fast_memory), fast_step)
         times = {(v, side): [] for v in pairs for side in sides}
         for v, pair in pairs.items():  # warm-up (compiles the fast side: its first steps are not timed)
             for side in sides:
                 model, opt, run = pair[side]
                 seconds = timed(run, model, opt, tokens, args.step)[0]
-                if side == "fast":
-                    print(f"{v} at {preset}: the fast setting's first step (compiling) took {seconds:.0f} s")
+                if side.startswith("fast"):
+                    print(f"{v} at {preset}: the {side} side's first step (compiling) took {seconds:.0f} s")
                     run(model, opt, tokens, args.step)
         for _ in range(args.rounds):
             for v, pair in pairs.items():
@@ -322,11 +336,12 @@ def write_record(args, root: Path, presets: list[dict]) -> None:
     command = (
         "python benchmarks/bench_reference.py --reference REFERENCE "
         + " ".join(f"--{k} {getattr(args, k)}" for k in ("presets", "variants", "rounds", "threads", "step"))
-        + "".join(f" --{k}" for k in ("plain", "fast") if getattr(args, k, False))
+        + "".join(f" --{k.replace('_', '-')}" for k in ("plain", "fast", "fast_memory") if getattr(args, k, False))
         + (f" --reference-commit {args.reference_commit}" if getattr(args, "reference_commit", "") else "")
     )
     settings = {
-        k: getattr(args, k, False) for k in ("presets", "variants", "rounds", "threads", "step", "plain", "fast")
+        k: getattr(args, k, False)
+        for k in ("presets", "variants", "rounds", "threads", "step", "plain", "fast", "fast_memory")
     }
     commit = head.stdout.strip() or getattr(args, "reference_commit", "")
     if commit and not head.stdout.strip():

@@ -157,3 +157,55 @@ def test_bf16_autocast_around_a_compiled_model():
     assert compiled.dtype == eager.dtype == torch.bfloat16
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+class MatmulRecorder(TorchDispatchMode):
+    """The operand dtypes of every matrix product (after autocast's casts)."""
+
+    def __init__(self):
+        super().__init__()
+        self.products: list[torch.dtype] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.split(".")[0] in ("mm", "addmm", "bmm", "baddbmm"):
+            self.products.append(args[-1].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+def _memory_gates(products_in_autocast: bool, autocast: bool):
+    """SSM_CONTROL's selective memory (at micro): its (forget, update) gates on one input, and the
+    operand dtypes of the matrix products that formed them."""
+    model = build_model(
+        "SSM_CONTROL", preset="micro", vocab_size=VOCAB, memory_products_in_autocast=products_in_autocast
+    )
+    memory = next(m for m in model.modules() if type(m).__name__ == "SelectiveMemory")
+    g = torch.Generator().manual_seed(3)
+    c = model.config
+    prev_read = torch.randn(2, 16, c.d_read, generator=g)
+    e = torch.randn(2, 16, c.d_token, generator=g)
+    recorder = MatmulRecorder()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), recorder:
+        forget, update = memory.gates(prev_read, memory.token_part(e), packed=memory.packed_gates())
+    return forget, update, recorder.products
+
+
+def test_the_memory_products_are_float32_under_autocast_unless_asked():
+    reference = _memory_gates(False, autocast=False)
+    kept = _memory_gates(False, autocast=True)
+    assert set(kept[2]) == {torch.float32} and len(kept[2]) == 3  # token part, state part, the packed gates
+    assert torch.equal(kept[0], reference[0]) and torch.equal(kept[1], reference[1])
+
+
+def test_the_memory_products_in_autocast_run_in_bf16_and_keep_float32_gates():
+    reference = _memory_gates(True, autocast=False)  # outside an autocast the setting changes nothing
+    assert torch.equal(reference[0], _memory_gates(False, autocast=False)[0])
+    forget, update, products = _memory_gates(True, autocast=True)
+    assert set(products) == {torch.bfloat16} and len(products) == 3
+    assert forget.dtype == update.dtype == torch.float32
+    # the gates differ from float32 by the pre-activations' bf16 round-off only: within a few bf16 steps
+    # of the gate's own slope, far finer than the gate rounded to bf16 (the reference implementation's bf16)
+    assert 0 < (forget - reference[0]).abs().max() <= 8 * BF16_EPS * 0.25
+    assert (update - reference[1]).abs().max() <= 8 * BF16_EPS
+    decay = 1 - reference[0]  # how fast memory fades: the quantity a rounded gate would distort
+    rounded = 1 - reference[0].bfloat16().float()
+    assert ((1 - forget) - decay).abs().max() < (rounded - decay).abs().max()

@@ -8,6 +8,7 @@ widths and initialisations.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -314,21 +315,33 @@ class SelectiveMemory(nn.Module):
     ``gates`` returns (f, u = w * c) for all positions; the scan itself is
     ``drmlab.ops.linear_scan`` (associative, never dividing by cumulative products).
     Under a reduced-precision autocast the token part, the gates and the scan stay in float32
-    (or wider): a forget gate rounded to bf16 (8 bits) would compound over the recurrence.
+    (or wider): a forget gate rounded to bf16 (8 bits) would compound over the recurrence. With
+    ``memory_products_in_autocast`` the matrix products follow the autocast (bf16 operands) and their
+    outputs are widened to float32 before silu, sigmoid and tanh: the gates are still float32, computed
+    from pre-activations with bf16's round-off (``docs/drm.md`` appendix A.4.7).
     """
 
     def __init__(self, c: DRMConfig):
         super().__init__()
         self.d_read, self.forget_bias, self.scale = c.d_read, c.memory_forget_bias, c.memory_scale
+        self.products_in_autocast = c.memory_products_in_autocast
         self.in_proj = nn.Linear(c.d_read + c.d_token, c.memory_hidden)
         self.forget = nn.Linear(c.memory_hidden, c.d_state)
         self.write = nn.Linear(c.memory_hidden, c.d_state)
         self.candidate = nn.Linear(c.memory_hidden, c.d_state)
 
+    def _products(self, x: torch.Tensor):
+        """Where the matrix products run: autocast switched off (float32 products), or left as it is
+        (``memory_products_in_autocast``)."""
+        if self.products_in_autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=x.device.type, enabled=False)
+
     def token_part(self, e: torch.Tensor) -> torch.Tensor:
         dtype = torch.promote_types(e.dtype, torch.float32)
-        with torch.autocast(device_type=e.device.type, enabled=False):
-            return F.linear(e.to(dtype), self.in_proj.weight[:, self.d_read :].to(dtype), self.in_proj.bias.to(dtype))
+        with self._products(e):
+            w = self.in_proj.weight[:, self.d_read :]
+            return F.linear(e.to(dtype), w.to(dtype), self.in_proj.bias.to(dtype)).to(dtype)
 
     def state_weight(self, width: int | None = None) -> torch.Tensor:
         """The columns of W_h that multiply the previous state (its first ``width`` when given)."""
@@ -359,18 +372,19 @@ class SelectiveMemory(nn.Module):
         dtype = torch.promote_types(torch.promote_types(prev_read.dtype, token_part.dtype), torch.float32)
         w_state = state_weight if state_weight is not None else self.state_weight(width)
         if packed is not None:
-            with torch.autocast(device_type=prev_read.device.type, enabled=False):
-                h = F.silu(F.linear(prev_read.to(dtype), w_state.to(dtype)) + token_part.to(dtype))
-                pre_f, pre_w, pre_c = F.linear(h, packed[0].to(dtype), packed[1].to(dtype)).chunk(3, dim=-1)
+            with self._products(prev_read):
+                h = F.silu(F.linear(prev_read.to(dtype), w_state.to(dtype)).to(dtype) + token_part.to(dtype))
+                pre = F.linear(h, packed[0].to(dtype), packed[1].to(dtype)).to(dtype)
+                pre_f, pre_w, pre_c = pre.chunk(3, dim=-1)
                 return torch.sigmoid(pre_f), torch.sigmoid(pre_w) * torch.tanh(pre_c)
 
         def linear(x, layer):
             if width is not None:
-                return F.linear(x, layer.weight[:width].to(dtype), layer.bias[:width].to(dtype))
-            return F.linear(x, layer.weight.to(dtype), layer.bias.to(dtype))
+                return F.linear(x, layer.weight[:width].to(dtype), layer.bias[:width].to(dtype)).to(dtype)
+            return F.linear(x, layer.weight.to(dtype), layer.bias.to(dtype)).to(dtype)
 
-        with torch.autocast(device_type=prev_read.device.type, enabled=False):
-            h = F.silu(F.linear(prev_read.to(dtype), w_state.to(dtype)) + token_part.to(dtype))
+        with self._products(prev_read):
+            h = F.silu(F.linear(prev_read.to(dtype), w_state.to(dtype)).to(dtype) + token_part.to(dtype))
             f = torch.sigmoid(linear(h, self.forget) + self.forget_bias)
             u = torch.sigmoid(linear(h, self.write)) * torch.tanh(linear(h, self.candidate))
         return f, u

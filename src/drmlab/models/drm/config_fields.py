@@ -70,6 +70,10 @@ class DRMConfig(DRMConfigChecks):
     memory_hidden: int = 64
     memory_scale: float = 0.1
     memory_forget_bias: float = 2.0
+    # under a reduced-precision autocast: False keeps the memory's matrix products in float32 too; True
+    # runs them in the autocast dtype (bf16 operands) and widens their outputs to float32 before the
+    # gates' nonlinearities, so the gates and the scan stay float32 (docs/drm.md appendix A.4.7)
+    memory_products_in_autocast: bool = False
     # refinement layers (variant G)
     refinement_layers: int = 0
     refinement_scale: float = 0.1
