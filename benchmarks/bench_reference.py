@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from drmlab.models import build_model
 from drmlab.ops.fusion import plain_reference
+from drmlab.training.compiling import compile_model
 from drmlab.training.config import TrainConfig
 from drmlab.training.fast import use_persistent_compile_cache
 from drmlab.training.optim import build_optimizer
@@ -281,12 +282,12 @@ def main() -> None:
                     pairs[variant]["plain"] = (plain, trainer_optimizer(plain), plain_step)
             if args.fast:
                 fast = copy.deepcopy(ours)
-                compiled = torch.compile(fast, fullgraph=True)
+                compiled = compile_model(fast)
                 pairs[variant]["fast"] = (compiled, trainer_optimizer(fast), fast_step)
             if args.fast_memory:  # the same weights, the memory's products in bf16 too
                 fast_memory = build_model(variant, preset=preset, memory_products_in_autocast=True)
                 fast_memory.load_state_dict(ours.state_dict())
-                compiled = torch.compile(fast_memory, fullgraph=True)
+                compiled = compile_model(fast_memory)
                 pairs[variant]["fast_memory"] = (compiled, trainer_optimizer(fast_memory), fast_step)
         times = {(v, side): [] for v in pairs for side in sides}
         for v, pair in pairs.items():  # warm-up (compiles the fast side: its first steps are not timed)
@@ -307,7 +308,7 @@ def main() -> None:
         print(
             f"{'variant':<26}{'params':>12}{'ours tok/s':>12}{'ref tok/s':>12}{'ours/ref':>10}"
             f"{'ours cpu':>12}{'ref cpu':>12}{'ours/ref':>10}{'f64 gap':>10}"
-            + "".join(f"{side + '/ref':>12}" for side in extra)
+            + "".join(f"{side + '/ref':>17}" for side in extra)
         )
         rows = {}
         for v, pair in pairs.items():
@@ -317,7 +318,7 @@ def main() -> None:
             print(
                 f"{v:<26}{params:>12,}{wall['ours']:>12,.0f}{wall['ref']:>12,.0f}{wall['ours'] / wall['ref']:>10.2f}"
                 f"{cpu['ours']:>12,.0f}{cpu['ref']:>12,.0f}{cpu['ours'] / cpu['ref']:>10.2f}{pair['gap']:>10.1e}"
-                + "".join(f"{wall[side] / wall['ref']:>12.2f}" for side in extra)
+                + "".join(f"{wall[side] / wall['ref']:>17.2f}" for side in extra)
             )
             rows[v] = {"params": params, "wall_tokens_per_s": wall, "cpu_tokens_per_s": cpu, "f64_gap": pair["gap"]}
         presets.append({"preset": preset, "batch": tokens.shape[0], "seq_len": tokens.shape[1] - 1, "variants": rows})

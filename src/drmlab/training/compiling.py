@@ -23,6 +23,10 @@ import torch
 __all__ = ["CompileError", "compile_model", "compile_errors", "graph_break_reason", "DEFAULT_BACKEND"]
 
 DEFAULT_BACKEND = "inductor"
+# A process that trains several models (a study, a benchmark) compiles the same ``forward`` once per model
+# configuration; Dynamo's default limit of 8 per code object would make the ninth a hard failure under
+# ``fullgraph=True``. Raised to at least this when a model is compiled.
+RECOMPILE_LIMIT = 64
 
 
 class CompileError(RuntimeError):
@@ -31,7 +35,12 @@ class CompileError(RuntimeError):
 
 def compile_model(model: torch.nn.Module, backend: str = DEFAULT_BACKEND) -> torch.nn.Module:
     """``torch.compile(model, fullgraph=True, backend=backend)``.  Compilation happens at the first
-    call; wrap that call in :func:`compile_errors` for a one-line error."""
+    call; wrap that call in :func:`compile_errors` for a one-line error. Raises Dynamo's recompile limit
+    to :data:`RECOMPILE_LIMIT` (a study compiles one forward per model)."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(model, fullgraph=True, backend=backend)
 
 
