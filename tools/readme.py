@@ -221,18 +221,23 @@ def _bench_models_table(studies: dict[str, dict]) -> str:
     )
 
 
-def _bench_reference_table(studies: dict[str, dict]) -> str:
+def _bench_reference_table(studies: dict[str, dict], name: str = "bench-reference") -> str:
     """Training tokens/s against the upstream reference implementation (benchmarks/bench_reference.py):
     per preset and variant, ours and the reference's rate in thread CPU time and their ratio, the
-    wall-clock ratio beside it, where the record has them drmlab with its fused kernels off and its fast
-    setting (each against the reference, CPU time), and the float64 gap of the pair."""
-    presets = studies["bench-reference"]["presets"]
+    wall-clock ratio beside it, where the record has them drmlab with its fused kernels off, its fast
+    setting and the fast setting with the memory's products in bf16 (each against the reference, CPU
+    time), and the float64 gap of the pair."""
+    presets = studies[name]["presets"]
     extra = [
         side
-        for side in ("plain", "fast")
+        for side in ("plain", "fast", "fast_memory")
         if all(side in v["cpu_tokens_per_s"] for p in presets for v in p["variants"].values())
     ]
-    titles = {"plain": "fused off / reference", "fast": "**--fast** / reference"}
+    titles = {
+        "plain": "fused off / reference",
+        "fast": "**--fast** / reference",
+        "fast_memory": "--fast, memory products in bf16 / reference",
+    }
     rows = []
     for p in presets:
         for name, v in p["variants"].items():
@@ -706,6 +711,7 @@ BLOCK_RENDERERS = {
     "compare-tiny": _cross_family_table,
     "bench-models": _bench_models_table,
     "bench-reference": _bench_reference_table,
+    "bench-fast-memory": functools.partial(_bench_reference_table, name="bench-fast-memory"),
     "bench-decode": _bench_decode_table,
     "bench-solvers": _bench_solvers_table,
     "zoology-cpu": _zoology_table,
