@@ -298,6 +298,13 @@ def test_a_specialisation_at_sixteen_pairs_end_to_end(base_run, corpus_file, cac
     wider = build_model("ASM_CM", preset="micro", vocab_size=256, seed=0).eval()
     assert md.state_nbytes(wider(tokens, return_state=True).state) > state_bytes  # micro's own 8 is wider
     assert f"task: 16 pairs; decoding state per sequence (fast_weight_dim 4): L = 80: {state_bytes:,} B" in printed
+    # reading the run back takes the pair count it was specialised at, and says so
+    read = tmp_path / "read"
+    argv = ["mqar", "--protocol", "distance", "--ckpt", str(out), "--lengths", "96", "--n-eval", "2"]
+    assert main([*argv, "--eval-batch", "2", "--out", str(read)]) == 0
+    printed = capsys.readouterr().out
+    assert f"pairs 16: the pair count {out} was specialised at" in printed
+    assert json.loads((read / "results.json").read_text())["protocol"]["pairs"] == 16
 
 
 def test_continuing_under_another_pair_count_is_refused(base_run, corpus_file, cache_dir, tmp_path, capsys):
@@ -350,3 +357,14 @@ def test_an_asm_cm_base_keeps_its_memory_width():
         recipe.student_overrides(config, "distill", 16)
     jnd = {"model": "J_NO_DIRECTION", "preset": "micro", "vocab_size": 256, "overrides": {}}
     assert recipe.student_overrides(jnd, "distill", 32) == {"fast_weight_dim": 32}
+
+
+def test_ckpts_specialised_at_different_pair_counts_need_pairs(tmp_path, capsys):
+    for name, settings in (("a", {"pairs": 16}), ("b", {}), ("plain", None)):  # b: from before --pairs (8)
+        (tmp_path / name).mkdir()
+        config = {"model": "ASM_CM"} if settings is None else {"model": "ASM_CM", "specialise": {"settings": settings}}
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    argv = ["mqar", "--protocol", "distance", "--out", str(tmp_path / "o")]
+    assert main([*argv, "--ckpt", str(tmp_path / "a"), "--ckpt", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "different pair counts" in err and "give --pairs" in err

@@ -205,7 +205,7 @@ def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="P",
         help=f"key-value pairs per example, 1 to {DISTANCE_MAX_PAIRS} (the byte vocabulary's {DISTANCE_MAX_PAIRS} "
-        f"key ids; default {DISTANCE_PAIRS}): the control is 5 x P tokens (40, 80, 160 at 8, 16, 32), each "
+        f"key ids; default {DISTANCE_PAIRS}, or with --ckpt the count its run was specialised at): the control is 5 x P tokens (40, 80, 160 at 8, 16, 32), each "
         "length scores P queries per sequence, and the no-binding levels follow P (docs/mqar.md section 8.2)",
     )
     group.add_argument(
@@ -315,6 +315,28 @@ def fixed_defaults(args: argparse.Namespace) -> None:
     args.out = args.out or DEFAULT_OUT
 
 
+def _specialised_pairs(ckpts: list[str]) -> int | None:
+    """The pair count the runs in ``ckpts`` were specialised at (``drmlab specialise --pairs``, in each
+    run's config.json), said in one line; None when none was specialised. Runs specialised at different
+    counts are refused: give --pairs."""
+    from drmlab.runs import read_json
+
+    found = {}
+    for ckpt in ckpts:
+        path = Path(ckpt) / "config.json"
+        settings = (read_json(path).get("specialise") or {}).get("settings") if path.is_file() else None
+        if settings is not None:
+            found[ckpt] = settings.get("pairs", DISTANCE_PAIRS)  # runs from before --pairs were at 8
+    if len(set(found.values())) > 1:
+        counts = ", ".join(f"{ckpt}: {pairs}" for ckpt, pairs in found.items())
+        raise ValueError(f"--ckpt runs specialised at different pair counts ({counts}): give --pairs")
+    if not found:
+        return None
+    pairs = next(iter(found.values()))
+    print(f"pairs {pairs}: the pair count {', '.join(found)} was specialised at (--pairs to read at another)")
+    return pairs
+
+
 def run_distance(args: argparse.Namespace) -> int:
     """``--protocol distance``: a :class:`~drmlab.experiments.mqar.distance.DistanceSpec` for its ``run_study``."""
     from drmlab.experiments.mqar import distance_report
@@ -335,6 +357,8 @@ def run_distance(args: argparse.Namespace) -> int:
         key: getattr(args, key)
         for key in ("steps", "batch_size", "lr", "n_eval", "eval_batch", "eval_seed", "chunk", "pairs")
     }
+    if given["pairs"] is None and args.ckpt:
+        given["pairs"] = _specialised_pairs(args.ckpt)
     spec = DistanceSpec(  # a flag not given takes the spec's default (the DISTANCE_* values above)
         models=models,
         seeds=common.parse_seeds(args.seeds or DISTANCE_SEEDS),
