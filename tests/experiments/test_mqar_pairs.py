@@ -234,11 +234,6 @@ def corpus_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
-
-
-@pytest.fixture(scope="module")
 def base_run(corpus_file, cache_dir, tmp_path_factory):
     """A J_NO_DIRECTION micro run trained for 2 steps."""
     out = tmp_path_factory.mktemp("runs") / "base"
@@ -248,36 +243,11 @@ def base_run(corpus_file, cache_dir, tmp_path_factory):
     return out
 
 
-def _specialise(base_run, out, corpus_file, cache_dir, *flags) -> list[str]:
-    return [
-        "specialise",
-        "--base",
-        str(base_run),
-        "--out",
-        str(out),
-        "--seed",
-        "0",
-        "--eval-sequences",
-        "4",
-        "--eval-tokens",
-        "1000",
-        "--checkpoint-every",
-        "0",
-        "--device",
-        "cpu",
-        "--cache-dir",
-        str(cache_dir),
-        "--data",
-        str(corpus_file),
-        *flags,
-    ]
-
-
-def test_a_specialisation_at_sixteen_pairs_end_to_end(base_run, corpus_file, cache_dir, tmp_path, capsys):
+def test_a_specialisation_at_sixteen_pairs_end_to_end(base_run, specialise_argv, tmp_path, capsys):
     from drmlab.runs import load_run_model
 
     out = tmp_path / "p16"
-    argv = _specialise(base_run, out, corpus_file, cache_dir, "--curriculum", "80:2,96:1")
+    argv = specialise_argv(base_run, out, "--curriculum", "80:2,96:1")
     assert main([*argv, "--pairs", "16", "--fast-weight-dim", "4"]) == 0
     printed = capsys.readouterr().out
     result = json.loads((out / recipe.RESULT_FILE).read_text())
@@ -307,7 +277,9 @@ def test_a_specialisation_at_sixteen_pairs_end_to_end(base_run, corpus_file, cac
     assert json.loads((read / "results.json").read_text())["protocol"]["pairs"] == 16
 
 
-def test_continuing_under_another_pair_count_is_refused(base_run, corpus_file, cache_dir, tmp_path, capsys):
+def test_continuing_under_another_pair_count_is_refused(
+    base_run, corpus_file, cache_dir, specialise_argv, tmp_path, capsys
+):
     from drmlab.data import load_corpus
 
     out = tmp_path / "killed"
@@ -325,7 +297,7 @@ def test_continuing_under_another_pair_count_is_refused(base_run, corpus_file, c
         checkpoint_every=1,
         stop_after_step=1,
     )
-    argv = _specialise(base_run, out, corpus_file, cache_dir, "--curriculum", "80:2,96:1")
+    argv = specialise_argv(base_run, out, "--curriculum", "80:2,96:1")
     assert main(argv) == 2  # --pairs 8 now
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "settings.pairs: 16 in the run, 8 now" in err, err

@@ -42,11 +42,6 @@ def corpus_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
-
-
-@pytest.fixture(scope="module")
 def corpus(corpus_file, cache_dir):
     from drmlab.data import load_corpus
 
@@ -264,7 +259,7 @@ def test_specialised_run_is_an_ordinary_run(finished, base_run):
 
 
 def test_a_killed_run_continues_to_the_same_weights(
-    finished, base_run, corpus, cache_dir, corpus_file, tmp_path, monkeypatch, capsys
+    finished, base_run, corpus, specialise_argv, tmp_path, monkeypatch, capsys
 ):
     from drmlab.cli import main
     from drmlab.runs import load_run_model
@@ -283,29 +278,9 @@ def test_a_killed_run_continues_to_the_same_weights(
         job(base_run, corpus, out).run()
     assert json.loads((out / "checkpoint.json").read_text())["step"] == 3
     monkeypatch.setattr(recipe.MixedBatches, "global_batch", real_batch)
-    argv = [
-        "specialise",
-        "--base",
-        str(base_run),
-        "--out",
-        str(out),
-        "--curriculum",
-        "40:3,72:2",
-        "--seed",
-        "0",
-        "--eval-sequences",
-        str(EVAL_SEQUENCES),
-        "--eval-tokens",
-        str(EVAL_TOKENS),
-        "--checkpoint-every",
-        "0",
-        "--device",
-        "cpu",
-        "--cache-dir",
-        str(cache_dir),
-        "--data",
-        str(corpus_file),
-    ]
+    argv = specialise_argv(
+        base_run, out, "--curriculum", "40:3,72:2", eval_sequences=EVAL_SEQUENCES, eval_tokens=EVAL_TOKENS
+    )
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "continuing" in captured.err and "| after stage |" in captured.out
