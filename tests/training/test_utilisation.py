@@ -4,6 +4,7 @@ known answer, linear in the batch for every registered model, undone after count
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -82,6 +83,30 @@ def test_the_gemm_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
 def test_the_measured_peak_is_a_rate_of_the_right_size():
     gflops = utilisation.measure_gemm_gflops(torch.device("cpu"), torch.float32, size=128)
     assert 0.01 < gflops < 1e5
+
+
+def test_a_peak_measured_beside_other_work_is_not_understated(monkeypatch):
+    """Another process on the same cores stretches the wall clock, not this process's CPU time: with a wall
+    clock running three times too fast the measured peak stays near the unstretched one (a wall-clock
+    measurement would fall to a third of it)."""
+    size = 256
+    quiet = utilisation.measure_gemm_gflops(torch.device("cpu"), torch.float32, size=size)
+    real, origin = time.perf_counter, time.perf_counter()
+    monkeypatch.setattr(time, "perf_counter", lambda: origin + 3 * (real() - origin))
+    busy = utilisation.measure_gemm_gflops(torch.device("cpu"), torch.float32, size=size)
+    assert busy > 0.5 * quiet
+
+
+def test_a_peak_cached_before_the_cpu_time_rule_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRMLAB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(utilisation, "measure_gemm_gflops", lambda device, dtype: 150.0)
+    gemm_peak_gflops(torch.device("cpu"), torch.float32)
+    path = next(tmp_path.rglob(utilisation.CACHE_NAME))
+    entries = json.loads(path.read_text())
+    (key,) = entries
+    path.write_text(json.dumps({key.removesuffix("|cpu-time"): 84.6}))  # an old entry, measured by the wall clock
+    again = gemm_peak_gflops(torch.device("cpu"), torch.float32)
+    assert again["gflops"] == 150.0 and again["cached"] is False
 
 
 def test_rows_summary_and_config_carry_the_utilisation(tmp_path, monkeypatch):
