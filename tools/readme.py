@@ -650,18 +650,26 @@ def _full_budget_paired_table(studies: dict[str, dict]) -> str:
 
 def _headline_table(studies: dict[str, dict]) -> str:
     """The README's one results table: the protocol at tiny (each model at its swept rate, 5M tokens), bits per
-    byte over its seeds and training tokens/s, best first."""
+    byte over its seeds and training tokens/s, best first, and beside it the same protocol at small where
+    protocol-small is committed (a model still training there says so; one not in it, "-")."""
     study = studies["protocol-tiny"]
+    small = studies.get("protocol-small")
     rows = []
     for model, m in sorted(study["models"].items(), key=lambda kv: mean_std(_seed_values(kv[1]["per_seed"]))[0]):
         speed = mean_std([r["tokens_per_s"] for r in study["runs"] if r["model"] == model])[0]
-        rows.append([model, f"{m['params']:,}", _sci(m["lr"]), _bpb_cells(m)[0], f"{speed:,.0f}"])
+        row = [model, f"{m['params']:,}", _sci(m["lr"]), _bpb_cells(m)[0], f"{speed:,.0f}"]
+        if small is not None:
+            s = small["models"].get(model)
+            if s is not None:
+                row += [f"{s['params']:,}", _sci(s["lr"]), _bpb_cells(s)[0]]
+            else:
+                row += ["training" if model in small["study"]["models"] else "-"] + ["-"] * 2
+        rows.append(row)
     n = len(study["study"]["seeds"])
-    return _table(
-        ["model", "params", "lr (swept)", f"val bits/byte, {n} seeds", "train tok/s (1 thread)"],
-        ["---", "---:", "---:", "---", "---:"],
-        rows,
-    )
+    header = ["model", "params", "lr (swept)", f"val bits/byte, {n} seeds", "train tok/s (1 thread)"]
+    if small is not None:
+        header += ["small: params", "small: lr", f"small: val bits/byte, {len(small['study']['seeds'])} seeds"]
+    return _table(header, ["---", "---:", "---:", "---", "---:"] + ["---:", "---:", "---"][: len(header) - 5], rows)
 
 
 # the protocol at each preset, smallest first (a preset not yet studied is left out)
