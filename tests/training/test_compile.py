@@ -311,22 +311,23 @@ def test_graph_break_reason_names_a_data_dependent_branch():
     assert graph_break_reason(RuntimeError("plain\nsecond line. More.")) == "plain: second line."
 
 
-def test_a_process_compiles_more_models_than_dynamos_default_limit(monkeypatch):
+def test_a_process_compiles_more_models_than_dynamos_default_limit():
     """A study compiles one forward per model configuration: past Dynamo's recompile limit the next model
     would be a hard failure under fullgraph=True; compile_model raises the limit first."""
     import torch._dynamo
 
     from drmlab.training.compiling import RECOMPILE_LIMIT, compile_model
 
-    torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     x = torch.randint(0, VOCAB, (1, 8))
     models = [build_model("J", "micro", vocab_size=VOCAB, d_token=16 + 8 * k) for k in range(3)]
-    with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):  # what happens without the raised limit
+    # torch's own patch (pytest's monkeypatch cannot restore a Dynamo config entry)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        torch._dynamo.reset()
+        with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):  # what happens without the raised limit
+            for model in models:
+                torch.compile(model, fullgraph=True, backend="eager")(x)
+        torch._dynamo.reset()
         for model in models:
-            torch.compile(model, fullgraph=True, backend="eager")(x)
-    torch._dynamo.reset()
-    for model in models:
-        compile_model(model, backend="eager")(x)
-    assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT
+            compile_model(model, backend="eager")(x)
+        assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT
     torch._dynamo.reset()
