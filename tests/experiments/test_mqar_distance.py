@@ -234,6 +234,19 @@ def test_the_study_end_to_end_on_micro(tmp_path, capsys, monkeypatch):
     assert entry["lengths"]["72"]["correct"] == saved["lengths"]["72"]["correct"]
     assert entry["lengths"]["72"]["mode"] == "prefill 16 + steps"
 
+    # the same run moved elsewhere: its reads are the same checkpoint's (the files' sha256), so none is redone
+    import shutil
+
+    from drmlab.experiments.mqar import distance
+
+    moved = tmp_path / "moved" / run_dir.name
+    shutil.copytree(run_dir, moved)
+    # nothing is read now: the entry can only be the stored reads, reused
+    monkeypatch.setattr(distance, "_read_lengths", lambda study, runtime, model, result, path: None)
+    argv = ["mqar", "--protocol", "distance", "--ckpt", str(moved), "--lengths", "72", "--n-eval", "4"]
+    assert main([*argv, "--chunk", "16", "--read-all", "--out", str(tmp_path / "evals")]) == 0
+    assert json.loads((tmp_path / "evals" / "results.json").read_text())["entries"][0] == entry
+
 
 @pytest.mark.parametrize(
     "argv, message",

@@ -327,9 +327,17 @@ def _device_of(device) -> torch.device:
     return resolve_device(str(device) if isinstance(device, torch.device) else device)
 
 
+def _same_reading(spec):
+    """What makes two reads of a checkpoint the same: its pointer (the files' sha256) and the pair count,
+    not the folder it was read from (a moved or copied run reuses its reads)."""
+    spec = with_default_pairs(spec)
+    return {k: v for k, v in spec.items() if k != "ckpt"} if isinstance(spec, dict) else spec
+
+
 def evaluate_ckpt(study: DistanceStudy, runtime: Runtime, out: Path, ckpt: str | Path) -> dict:
     """Read every length with the weights of the run directory ``ckpt`` (no training); its result,
-    kept in ``OUT/evals/<name>/result.json`` and reused while the checkpoint is the same."""
+    kept in ``OUT/evals/<name>/result.json`` and reused while the checkpoint is the same (wherever its folder
+    now lies)."""
     from drmlab.runs import RunDir
 
     run = RunDir(ckpt)
@@ -345,7 +353,7 @@ def evaluate_ckpt(study: DistanceStudy, runtime: Runtime, out: Path, ckpt: str |
     path = out / "evals" / name / "result.json"
     spec = jsonable({"ckpt": str(Path(ckpt).resolve()), "checkpoint": pointer, "pairs": study.pairs})
     result = json.loads(path.read_text()) if path.is_file() else None
-    if result is None or with_default_pairs(result.get("spec")) != spec:
+    if result is None or _same_reading(result.get("spec")) != _same_reading(spec):
         result = {
             "label": f"{name} (ckpt)",
             "kind": "ckpt",
