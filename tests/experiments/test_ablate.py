@@ -124,6 +124,9 @@ def test_study_runs_resumes_and_writes_results(corpus_file, tmp_path, monkeypatc
     bad[bad.index("1k")] = "2k"
     assert main(bad) == 2
     assert "other settings" in capsys.readouterr().err
+    # ... and so is a setting for a model whose runs have started without it
+    assert main([*argv, "--set", "J.d_state=16"]) == 2
+    assert "J settings: none in the study, {'d_state': 16} now (its runs have started)" in capsys.readouterr().err
 
 
 def test_bad_arguments(corpus_file, tmp_path, capsys):

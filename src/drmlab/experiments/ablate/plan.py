@@ -153,6 +153,15 @@ def study_record(study: Study, data_meta: dict) -> dict:
     }
 
 
+def _has_started(out: Path, model: str) -> bool:
+    """Whether any sweep run or paired run of ``model`` has begun in the study at ``out``."""
+    from drmlab.models.registry import spec_path_name
+
+    name = spec_path_name(model)
+    started = [*(out / "runs").glob(f"{name}-seed*"), *(out / "tuning").glob(f"{name}-lr*")]
+    return any((p / "config.json").is_file() for p in started)
+
+
 def record_study(out: Path, study: Study, data_meta: dict) -> None:
     """Write ``out/study.json``; a study already there must have the same settings (it may gain
     models and seeds, and its lr grid may change until the first paired run starts)."""
@@ -189,6 +198,9 @@ def record_study(out: Path, study: Study, data_meta: dict) -> None:
             before = saved.get("model_overrides", {}).get(model)
             if before is not None and before != overrides:
                 problems.append(f"{model} settings: {before!r} in the study, {overrides!r} now")
+            elif before is None and overrides and _has_started(out, model):
+                # a model may gain settings only before it trains: its runs so far were made without them
+                problems.append(f"{model} settings: none in the study, {overrides!r} now (its runs have started)")
         if problems:
             raise ValueError(
                 f"{out} holds a study with other settings (give it another output folder): " + "; ".join(problems)
