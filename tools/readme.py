@@ -811,7 +811,7 @@ def scales_figure_inputs(studies: dict[str, dict]) -> dict:
 def _draw_scales(inputs: dict, path: Path, metadata: dict) -> None:
     from drmlab.experiments.ablate.scales import plot_bits_per_byte_by_size
 
-    title = "The protocol at each preset: each model at its swept rate, 5,005,312 tokens, 3 seeds"
+    title = "The protocol at each preset\n(each model at its swept rate, 5,005,312 tokens, 3 seeds)"
     plot_bits_per_byte_by_size(inputs["points"], path, title, metadata=metadata)
 
 
