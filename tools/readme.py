@@ -79,6 +79,12 @@ def _seed_values(per_seed: dict[str, float]) -> list[float]:
     return [per_seed[s] for s in sorted(per_seed, key=int)]
 
 
+def seeds_done(study: dict, model: str) -> tuple[int, int]:
+    """(paired seeds finished, seeds the study asks for) of ``model`` in a collected ablation record."""
+    m = study["models"].get(model)
+    return (0 if m is None else len(m["per_seed"])), len(study["study"]["seeds"])
+
+
 def _bpb_cells(record: dict) -> tuple[str, str]:
     """("mean +- std", "s1 / s2 / s3") of a record's bits per byte over its seeds (``per_seed``: the
     collect step's CE per seed; ``ce_per_seed`` in a transcribed record)."""
@@ -562,6 +568,12 @@ def _protocol_table(studies: dict[str, dict], name: str = "protocol-tiny") -> st
     study = studies[name]
     rows = []
     for model, m in sorted(study["models"].items(), key=lambda kv: mean_std(_seed_values(kv[1]["per_seed"]))[0]):
+        done, wanted = seeds_done(study, model)
+        if done < wanted:  # its paired seeds so far, no mean
+            cells = [f"{v / LN2:.4f}" for v in _seed_values(m["per_seed"])] + ["-"] * (wanted - done)
+            rows.append([model, f"{m['params']:,}", _sci(m["lr"]), f"{done} of {wanted} seeds", " / ".join(cells)])
+            rows[-1] += ["-"] * 3
+            continue
         runs = sorted((r for r in study["runs"] if r["model"] == model), key=lambda r: r["seed"])
         marks = sorted({tokens for r in runs for tokens, _, _ in r["milestones"]})
         at = [mean_std([next(b for t, _, b in r["milestones"] if t == mark) for r in runs])[0] for mark in marks]
@@ -660,10 +672,13 @@ def _headline_table(studies: dict[str, dict]) -> str:
         row = [model, f"{m['params']:,}", _sci(m["lr"]), _bpb_cells(m)[0], f"{speed:,.0f}"]
         if small is not None:
             s = small["models"].get(model)
-            if s is not None:
+            done, wanted = seeds_done(small, model)
+            if s is not None and done == wanted:
                 row += [f"{s['params']:,}", _sci(s["lr"]), _bpb_cells(s)[0]]
+            elif model in small["study"]["models"]:
+                row += [f"training ({done} of {wanted} seeds)", "-", "-"]
             else:
-                row += ["training" if model in small["study"]["models"] else "-"] + ["-"] * 2
+                row += ["-"] * 3
         rows.append(row)
     n = len(study["study"]["seeds"])
     header = ["model", "params", "lr (swept)", f"val bits/byte, {n} seeds", "train tok/s (1 thread)"]

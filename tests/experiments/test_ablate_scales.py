@@ -21,9 +21,10 @@ def _entry(candidate: str, baseline: str, gain: float, promoted: bool) -> dict:
 
 def _record(params: dict[str, int], bpb: dict[str, float], promoted: dict[tuple[str, str], bool]) -> dict:
     """A collected record with these models and, per ordered pair, whether the gate promoted it."""
-    models = {m: {"params": params[m], "bpb_mean": bpb[m], "bpb_std": 0.01} for m in params}
+    seeds = {"1": 0.0, "2": 0.0, "3": 0.0}
+    models = {m: {"params": params[m], "bpb_mean": bpb[m], "bpb_std": 0.01, "per_seed": seeds} for m in params}
     gate = [_entry(a, b, bpb[b] - bpb[a], promoted.get((a, b), False)) for a in params for b in params if a != b]
-    return {"study": {"models": list(params)}, "models": models, "gate": gate}
+    return {"study": {"models": list(params), "seeds": [1, 2, 3]}, "models": models, "gate": gate}
 
 
 def test_one_record_against_itself_holds_everywhere_and_reads_the_gate():
@@ -57,6 +58,16 @@ def test_a_model_not_finished_at_every_scale_is_left_out():
     assert [(r["a"], r["b"]) for r in rows] == [("A", "B")]
     points = scales.bits_per_byte_by_size({"small": small, "large": partial})
     assert [p["params"] for p in points["A"]] == [10, 20] and [p["scale"] for p in points["C"]] == ["small"]
+
+
+def test_a_model_part_way_through_its_seeds_is_neither_judged_nor_drawn():
+    params = {"A": 10, "B": 10}
+    small = _record(params, {"A": 2.0, "B": 2.1}, {("A", "B"): True})
+    large = _record({"A": 20, "B": 20}, {"A": 1.9, "B": 1.8}, {})
+    large["models"]["B"]["per_seed"] = {"1": 1.25}  # 1 of 3 seeds: its gate entries say "not promoted" for now
+    assert scales.finished_models(large) == ["A"]
+    assert scales.verdicts({"small": small, "large": large}) == []
+    assert [p["scale"] for p in scales.bits_per_byte_by_size({"small": small, "large": large})["B"]] == ["small"]
 
 
 def test_the_plot_draws_each_model_over_its_sizes(tmp_path):

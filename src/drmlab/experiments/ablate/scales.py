@@ -25,9 +25,10 @@ def _gate_entries(record: dict) -> dict[tuple[str, str], dict]:
 
 
 def finished_models(record: dict) -> list[str]:
-    """The models of ``record`` with paired results, in the study's order."""
-    order = record["study"]["models"]
-    return [m for m in order if m in (record.get("models") or {})]
+    """The models of ``record`` whose paired runs are all finished (every seed of the study), in the study's
+    order; a model part-way through its seeds is not judged or drawn yet."""
+    models, wanted = record.get("models") or {}, len(record["study"].get("seeds") or [])
+    return [m for m in record["study"]["models"] if m in models and len(models[m].get("per_seed", {})) >= wanted]
 
 
 def pair_verdict(record: dict, a: str, b: str) -> dict | None:
@@ -58,7 +59,7 @@ def verdicts(records: dict[str, dict]) -> list[dict]:
     labels = list(records)
     if not labels:
         return []
-    common = [m for m in finished_models(records[labels[0]]) if all(m in records[s].get("models", {}) for s in labels)]
+    common = [m for m in finished_models(records[labels[0]]) if all(m in finished_models(records[s]) for s in labels)]
     rows = []
     for i, a in enumerate(common):
         for b in common[i + 1 :]:
