@@ -59,7 +59,8 @@ def verdicts(records: dict[str, dict]) -> list[dict]:
     labels = list(records)
     if not labels:
         return []
-    common = [m for m in finished_models(records[labels[0]]) if all(m in finished_models(records[s]) for s in labels)]
+    finished = [set(finished_models(records[label])) for label in labels]
+    common = [m for m in finished_models(records[labels[0]]) if all(m in done for done in finished)]
     rows = []
     for i, a in enumerate(common):
         for b in common[i + 1 :]:
