@@ -15,6 +15,8 @@ import importlib
 import os
 import sys
 
+from drmlab.training.pauses import counting_pauses
+
 # Torch's CPU threads (GNU OpenMP) spin while they wait for each other; on a machine shared with other busy
 # processes a spinning thread holds a core the others need, and two default runs on 2 cores each kept ~10%
 # of their solo speed. Sleeping waits (read by OpenMP when torch loads, so set before any verb imports it;
@@ -60,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with counting_pauses():  # Ctrl-Z / SIGTSTP: the time suspended is left out of every run's times
+            return int(args.func(args) or 0)
     except BrokenPipeError:  # the reader went away (``drmlab inspect --list | head``): nothing left to say
         sys.stdout = open(os.devnull, "w")
         return 0

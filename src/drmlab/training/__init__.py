@@ -1,7 +1,8 @@
 """Training: the config (``config``), batch sources (``batches``), AdamW and schedules (``optim``),
 torchrun plumbing (``distributed``), ``torch.compile`` and its one-line errors (``compiling``), the
 loss (``losses``) and the loop (``trainer``, with its parts: ``run_config``, ``resume``, ``stops``,
-``evaluating``, ``checkpointing``, ``measuring``, ``finishing``). Run directories and checkpoints are
+``evaluating``, ``checkpointing``, ``measuring``, ``finishing``), and the clock that leaves a
+suspension out of a run's times (``pauses``). Run directories and checkpoints are
 :mod:`drmlab.runs`.
 
 Names are loaded on first use, so ``drmlab.training.config`` can be read without importing torch.

@@ -36,6 +36,7 @@ class Checkpoints:
                     "tokens": step * self.cfg.tokens_per_step,
                     "elapsed": self.elapsed(),
                     "train_seconds": self.train_seconds_before + self.train_seconds,
+                    "paused_seconds": self.paused_seconds(),
                     "world_size": self.info.world_size,
                     **({"metrics": self.log.committed()} if self.log is not None and self.log.path else {}),
                 },

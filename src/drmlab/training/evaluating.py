@@ -7,13 +7,13 @@ evaluation (:data:`Evaluate`) at each token milestone.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from drmlab.training import distributed as dist_utils
+from drmlab.training import pauses
 from drmlab.training.diagnostics import WINDOWS as DIAGNOSTIC_WINDOWS
 from drmlab.training.diagnostics import evaluation_diagnostics
 from drmlab.training.stops import NonFiniteLossError
@@ -60,7 +60,7 @@ class Evaluations:
     def milestone_evaluation(self, step: int) -> None:
         """The final evaluation (the whole rescoring) at a milestone, as a ``milestone`` metrics row."""
         if self.main or self.sharded:
-            t0 = time.perf_counter()
+            t0 = pauses.now()
             result = self.evaluate(self.model, self.device, False)
             if self.main:
                 self.log.log(
@@ -69,7 +69,7 @@ class Evaluations:
                         "step": step,
                         "tokens": step * self.cfg.tokens_per_step,
                         **{f"val_{k}": v for k, v in result.items() if k in ("ce", "bpb", "targets")},
-                        "eval_seconds": time.perf_counter() - t0,
+                        "eval_seconds": pauses.now() - t0,
                         "elapsed": self.elapsed(),
                     }
                 )

@@ -6,9 +6,9 @@ study's summary entries; then the run's lock and process group are released.
 from __future__ import annotations
 
 import math
-import time
 
 from drmlab.training import distributed as dist_utils
+from drmlab.training import pauses
 from drmlab.training.stops import NonFiniteLossError
 
 
@@ -33,6 +33,7 @@ class Finishing:
             "final_loss": final_loss,
             "tokens_per_s": (session_tokens / self.train_seconds) if self.train_seconds > 0 else None,
             "train_seconds": self.train_seconds_before + self.train_seconds,
+            "paused_seconds": self.paused_seconds(),
             "world_size": self.info.world_size,
         }
         steps_now = last_step - self.start_step
@@ -44,12 +45,12 @@ class Finishing:
             summary["last_sampled_val_ce"] = eval_rows[-1]["val_ce"]
         if self.evaluate is not None and summary["finished"]:
             if main or self.sharded:  # a sharded forward needs every process; process 0 reports
-                t0 = time.perf_counter()
+                t0 = pauses.now()
                 result = self.evaluate(self.model, self.device, self.bar is not None)
                 summary.update(
                     {f"val_{k}": v for k, v in result.items() if k in ("ce", "bpb", "ppl", "targets", "bytes")}
                 )
-                summary["eval_seconds"] = time.perf_counter() - t0
+                summary["eval_seconds"] = pauses.now() - t0
                 if summary.get("val_ce") is not None and not math.isfinite(summary["val_ce"]):
                     raise NonFiniteLossError(
                         f"the final evaluation gave a non-finite CE ({summary['val_ce']}) after {self._where(last_step)}: "

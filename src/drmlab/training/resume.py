@@ -159,6 +159,7 @@ class Resuming:
         self.start_step = self.last_ckpt_step = int(state["step"])
         self.elapsed_before = float(state.get("elapsed", 0.0))
         self.train_seconds_before = float(state.get("train_seconds", 0.0))
+        self.paused_seconds_before = float(state.get("paused_seconds", 0.0))
         if main:
             lost_rows = run.truncate_metrics(self.start_step, state.get("metrics"))
             if lost_rows:  # resumable (the checkpoint holds the state), but the record has a hole: say so

@@ -61,6 +61,7 @@ import torch
 from drmlab.ops.self_check import backend_checks
 from drmlab.runs import MetricsLog, RunDir
 from drmlab.training import distributed as dist_utils
+from drmlab.training import pauses
 from drmlab.training.batches import BatchSource, LMWindows, eval_sample
 from drmlab.training.checkpointing import Checkpoints
 from drmlab.training.compile_report import CompileReport, describe
@@ -71,6 +72,7 @@ from drmlab.training.finishing import Finishing
 from drmlab.training.losses import IGNORE_INDEX, lm_loss, lm_loss_fn, targets_loss  # noqa: F401 (re-exported)
 from drmlab.training.measuring import Measurements
 from drmlab.training.optim import build_optimizer, lr_at
+from drmlab.training.pauses import counting_pauses
 from drmlab.training.pieces import TrainPieces
 from drmlab.training.resume import (  # noqa: F401 (re-exported)
     DATA_IDENTITY,
@@ -144,7 +146,8 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
             else None
         )
         self.start_step, self.last_ckpt_step = 0, None
-        self.elapsed_before = self.train_seconds_before = self.train_seconds = 0.0
+        self.elapsed_before = self.train_seconds_before = self.train_seconds = self.paused_seconds_before = 0.0
+        self.paused_at_start = pauses.paused_seconds()
         self.quiet, self.bar, self.net, self.log, self.lock = quiet, None, None, None, None
         self.progress_seconds, self.last_progress = progress_seconds, time.perf_counter()
         vocab = getattr(getattr(model, "config", None), "vocab_size", None)
@@ -202,20 +205,25 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
                     **({"lost_rows": lost_rows} if lost_rows else {}),
                 }
             )
-        self.t_start = time.perf_counter()
+        self.t_start = pauses.now()
         if main and not self.quiet and sys.stderr.isatty():
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=self.cfg.total_steps, initial=self.start_step, unit="step", dynamic_ncols=True)
 
     def elapsed(self) -> float:
-        return self.elapsed_before + time.perf_counter() - self.t_start
+        """Seconds of this run so far, its earlier sessions' included; time suspended (SIGTSTP) left out."""
+        return self.elapsed_before + pauses.now() - self.t_start
+
+    def paused_seconds(self) -> float:
+        """Seconds this run has spent suspended by SIGTSTP, its earlier sessions' included."""
+        return self.paused_seconds_before + pauses.paused_seconds() - self.paused_at_start
 
     # -- one optimizer step
     def train_step(self, step: int) -> dict:
         """Micro-batches, gradient clipping and the non-finite guard; the optimizer update. Returns the row."""
         cfg, dev, info = self.cfg, self.device, self.info
-        t0 = time.perf_counter()
+        t0 = pauses.now()
         lr = lr_at(step, cfg)
         rates = {}
         for group, base, name in zip(self.optimizer.param_groups, self.base_lrs, self.group_names):
@@ -251,7 +259,7 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
         if self.compile_report is not None and not self.compile_report.done:  # its first steps only
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
-            self.compile_report.observe(time.perf_counter() - t0)
+            self.compile_report.observe(pauses.now() - t0)
         loss_value = float(dist_utils.all_reduce_mean(total, info))
         for key, value in sums.items():
             entries[key] = float(dist_utils.all_reduce_mean(value, info))
@@ -278,7 +286,7 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
         self._check_divergence(step, loss_value)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        dt = time.perf_counter() - t0
+        dt = pauses.now() - t0
         self.train_seconds += dt
         return {
             "kind": "train",
@@ -422,20 +430,21 @@ def train(
     last_step = cfg.total_steps if stop_after_step is None else min(cfg.total_steps, stop_after_step)
     final_loss = None
     try:
-        trainer.start(resume, overwrite)
-        with stop_on_signals(trainer):
-            if trainer.start_step == 0 and cfg.eval_every_steps:
-                trainer.sampled_evaluation(0)
-            trainer.run_hooks(trainer.start_step, missing_only=trainer.start_step > 0)
-            for step in range(trainer.start_step + 1, last_step + 1):
-                row = trainer.train_step(step)
-                final_loss = row["loss"]
-                trainer.after_step(row, last_step)
-        if trainer.bar is not None:
-            trainer.bar.close()
-        trainer.log.close()
-        with stop_on_signals(trainer, during="the final evaluation"):
-            return trainer.finish(last_step, final_loss)
+        with counting_pauses():  # a suspension (SIGTSTP) is left out of the run's times
+            trainer.start(resume, overwrite)
+            with stop_on_signals(trainer):
+                if trainer.start_step == 0 and cfg.eval_every_steps:
+                    trainer.sampled_evaluation(0)
+                trainer.run_hooks(trainer.start_step, missing_only=trainer.start_step > 0)
+                for step in range(trainer.start_step + 1, last_step + 1):
+                    row = trainer.train_step(step)
+                    final_loss = row["loss"]
+                    trainer.after_step(row, last_step)
+            if trainer.bar is not None:
+                trainer.bar.close()
+            trainer.log.close()
+            with stop_on_signals(trainer, during="the final evaluation"):
+                return trainer.finish(last_step, final_loss)
     except NonFiniteLossError as exc:
         trainer.record_stop("diverged" if isinstance(exc, DivergenceError) else "non-finite", str(exc))
         trainer.close()

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from drmlab.experiments.spec import Runtime, Spec
 from drmlab.experiments.stats import mean, mean_std
 from drmlab.naming import suggest
 from drmlab.runs import jsonable
+from drmlab.training import pauses
 from drmlab.training.batches import FixedSetBatches
 from drmlab.training.run_info import RunInfo
 
@@ -261,7 +261,7 @@ def run_one(
         x_train, y_train = (None, None) if fresh else train_set(task, seed)
         x_test, y_test = test_set(task, seed)
     batches = FreshMQARBatches(task, cfg.batch_size) if fresh else FixedSetBatches(x_train, y_train, cfg.batch_size)
-    t0 = time.perf_counter()
+    t0 = pauses.now()
     summary = train(
         model,
         batches,
@@ -280,7 +280,7 @@ def run_one(
         quiet=runtime.quiet,
         tensorboard=runtime.tensorboard,
     )
-    wall = time.perf_counter() - t0
+    wall = pauses.now() - t0
     test = accuracy(model, x_test, y_test)
     train_acc = {"acc": None} if fresh else accuracy(model, x_train, y_train)
     result = {

@@ -66,6 +66,7 @@ from drmlab.experiments.mqar.zoology_task import (  # noqa: F401 (re-exported)
 )
 from drmlab.naming import suggest
 from drmlab.runs import jsonable
+from drmlab.training import pauses
 from drmlab.training.run_info import RunInfo
 
 MQAR_PROTOCOLS = ("fixed", "distance", "zoology")
@@ -188,7 +189,7 @@ def run_cell(
         )
         done = result["epochs"][-1]["epoch"] if result["epochs"] else 0
         while done < target:
-            t0 = time.perf_counter()
+            t0 = pauses.now()
             try:
                 summary = train(
                     model,
@@ -211,7 +212,7 @@ def run_cell(
                     log(f"zoology {label}: diverged ({result['why']})")
                 return result
             resume = True
-            t1 = time.perf_counter()
+            t1 = pauses.now()
             test = query_accuracy(model, xt, yt)
             epoch = summary["steps"] // per_epoch
             loss = summary["final_loss"]
@@ -233,10 +234,10 @@ def run_cell(
                     "loss": loss,
                     "test_acc": test["acc"],
                     "train_seconds": t1 - t0,
-                    "eval_seconds": time.perf_counter() - t1,
+                    "eval_seconds": pauses.now() - t1,
                 }
             )
-            result["wall_seconds"] += time.perf_counter() - t0
+            result["wall_seconds"] += pauses.now() - t0
             result["params"] = summary["params"]
             done = epoch
             stop = test["acc"] > r.early_stop
