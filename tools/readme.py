@@ -38,6 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from drmlab.experiments.ablate.scales import seeds_done
 from drmlab.experiments.stats import mean_std
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,12 +78,6 @@ def missing_fields(study: dict) -> list[str]:
 
 def _seed_values(per_seed: dict[str, float]) -> list[float]:
     return [per_seed[s] for s in sorted(per_seed, key=int)]
-
-
-def seeds_done(study: dict, model: str) -> tuple[int, int]:
-    """(paired seeds finished, seeds the study asks for) of ``model`` in a collected ablation record."""
-    m = study["models"].get(model)
-    return (0 if m is None else len(m["per_seed"])), len(study["study"]["seeds"])
 
 
 def _bpb_cells(record: dict) -> tuple[str, str]:

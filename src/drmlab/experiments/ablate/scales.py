@@ -24,11 +24,22 @@ def _gate_entries(record: dict) -> dict[tuple[str, str], dict]:
     return {(g["candidate"], g["baseline"]): g for g in record.get("gate") or []}
 
 
+def seeds_done(record: dict, model: str) -> tuple[int, int]:
+    """(paired seeds finished, seeds the study asks for) of ``model`` in a collected ablation record."""
+    m = (record.get("models") or {}).get(model)
+    return (0 if m is None else len(m.get("per_seed", {}))), len(record["study"].get("seeds") or [])
+
+
 def finished_models(record: dict) -> list[str]:
     """The models of ``record`` whose paired runs are all finished (every seed of the study), in the study's
     order; a model part-way through its seeds is not judged or drawn yet."""
-    models, wanted = record.get("models") or {}, len(record["study"].get("seeds") or [])
-    return [m for m in record["study"]["models"] if m in models and len(models[m].get("per_seed", {})) >= wanted]
+    models = record.get("models") or {}
+    return [m for m in record["study"]["models"] if m in models and _finished(seeds_done(record, m))]
+
+
+def _finished(done_wanted: tuple[int, int]) -> bool:
+    done, wanted = done_wanted
+    return done >= wanted
 
 
 def pair_verdict(record: dict, a: str, b: str) -> dict | None:
