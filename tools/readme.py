@@ -18,8 +18,9 @@ values, bits per byte from nats (divided by ln 2), ratios of two measurements --
   (:func:`drmlab.experiments.probes.compare.plot`), and ``docs/figures/protocol-scales.png``, bits per
   byte against parameters at each preset of the protocol
   (:func:`drmlab.experiments.ablate.scales.plot_bits_per_byte_by_size`), each with the SHA-256 of the
-  values it was drawn from in its PNG metadata (``drmlab-source``), so a check needs no particular
-  matplotlib version.
+  values it was drawn from and of its drawing functions' source (:func:`drawing_source`) in its PNG
+  metadata (``drmlab-source``), so a check needs no particular matplotlib version; a change to a helper
+  the drawing functions call is not seen (delete the PNG, then ``--write``).
 
 The claims the pages' prose makes about these results are tests over the same files
 (``tests/studies/``), which also find each number they check in the study's sections of the pages.
@@ -825,11 +826,27 @@ def _draw_scales(inputs: dict, path: Path, metadata: dict) -> None:
     plot_bits_per_byte_by_size(inputs["points"], path, title, metadata=metadata)
 
 
-# name -> (the PNG, what it draws from the committed studies, how it draws them)
+# name -> (the PNG, what it draws from the committed studies, how it draws them, the drmlab function that draws)
 FIGURES = {
-    "compare-tiny": (FIGURE_PATH, compare_figure_inputs, _draw_compare),
-    "protocol-scales": (Path("docs") / "figures" / "protocol-scales.png", scales_figure_inputs, _draw_scales),
+    "compare-tiny": (FIGURE_PATH, compare_figure_inputs, _draw_compare, "drmlab.experiments.probes.compare:plot"),
+    "protocol-scales": (
+        Path("docs") / "figures" / "protocol-scales.png",
+        scales_figure_inputs,
+        _draw_scales,
+        "drmlab.experiments.ablate.scales:plot_bits_per_byte_by_size",
+    ),
 }
+
+
+def drawing_source(name: str) -> str:
+    """The source of figure ``name``'s drawing: this tool's function and the drmlab function it calls (a
+    change to either makes the committed PNG stale, as a change to its values does)."""
+    import importlib
+    import inspect
+
+    _, _, draw, target = FIGURES[name]
+    module, function = target.split(":")
+    return inspect.getsource(draw) + inspect.getsource(getattr(importlib.import_module(module), function))
 
 
 def figure_inputs(studies: dict[str, dict], name: str = "compare-tiny") -> dict:
@@ -838,8 +855,10 @@ def figure_inputs(studies: dict[str, dict], name: str = "compare-tiny") -> dict:
 
 
 def figure_source(studies: dict[str, dict], name: str = "compare-tiny") -> str:
-    """SHA-256 of the figure's inputs, the tag its PNG carries."""
-    return hashlib.sha256(json.dumps(figure_inputs(studies, name), sort_keys=True).encode()).hexdigest()
+    """SHA-256 of the figure's inputs and of its drawing's source (:func:`drawing_source`), the tag its PNG
+    carries."""
+    text = json.dumps(figure_inputs(studies, name), sort_keys=True) + "\n" + drawing_source(name)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def png_text(path: str | Path) -> dict[str, str]:
@@ -900,10 +919,10 @@ def check(root: str | Path = ROOT) -> list[str]:
     blocks = render_blocks(studies)
     for page in PAGES:
         problems += _page_problems(page, find_blocks((root / page).read_text()), blocks)
-    for name, (path, _, _) in FIGURES.items():
+    for name, (path, *_) in FIGURES.items():
         if not figure_is_current(studies, root / path, name):
             problems.append(
-                f"figure {path}: not drawn from docs/studies as they are (run `python tools/readme.py --write`)"
+                f"figure {path}: not drawn from docs/studies and its drawing code as they are (run `python tools/readme.py --write`)"
             )
     return problems
 
@@ -931,7 +950,7 @@ def write(root: str | Path = ROOT) -> list[str]:
         if stale:
             (root / page).write_text(replace_blocks(text, blocks))
             changed += [f"{page}: {name}" for name in stale]
-    for name, (path, _, _) in FIGURES.items():
+    for name, (path, *_) in FIGURES.items():
         if not figure_is_current(studies, root / path, name):
             (root / path).parent.mkdir(parents=True, exist_ok=True)
             (root / path).write_bytes(render_figure(studies, name))

@@ -99,6 +99,17 @@ def test_each_figure_was_drawn_from_the_committed_values_and_redraws_identically
     assert rt.png_text(path)[rt.FIGURE_KEY] == "sha256:" + rt.figure_source(studies, name)
 
 
+@pytest.mark.parametrize("name", ["compare-tiny", "protocol-scales"])
+def test_a_change_to_a_figures_drawing_makes_its_png_stale(studies, monkeypatch, name):
+    """The tag covers the drawing's source as well as its values: a PNG drawn by other code is not current."""
+    path = ROOT / rt.FIGURES[name][0]
+    assert rt.figure_is_current(studies, path, name)
+    source = rt.drawing_source(name)
+    assert "def plot" in source and "def _draw_" in source  # this tool's function and the drmlab one
+    monkeypatch.setattr(rt, "drawing_source", lambda n: source.replace("(", "( ", 1))
+    assert not rt.figure_is_current(studies, path, name)
+
+
 def test_the_scales_figure_draws_every_preset_with_a_finished_model(studies):
     from drmlab.experiments.ablate.scales import finished_models
 
