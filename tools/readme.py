@@ -587,6 +587,42 @@ def _protocol_table(studies: dict[str, dict], name: str = "protocol-tiny") -> st
     )
 
 
+def _precision_table(studies: dict[str, dict], fast: str = "protocol-small", plain: str = "protocol-small-fp32") -> str:
+    """The float32 check beside a protocol run with ``--fast`` (issue 34 item 1): per model of the float32
+    record, both runs at the seeds they share (seed 1), the same rate, their bits per byte, the difference
+    (``--fast`` less float32; negative: ``--fast`` lower) and each run's own tokens/s."""
+    header = [
+        "model",
+        "lr",
+        "seed",
+        "--fast bits/byte",
+        "float32 bits/byte",
+        "--fast - float32",
+        "tok/s --fast / float32",
+    ]
+    align = ["---", "---:", "---:", "---:", "---:", "---:", "---:"]
+    if plain not in studies:
+        return _table(header, align, [["not run yet", *["-"] * 6]])
+    rows = []
+    for model in studies[plain]["study"]["models"]:
+        for seed in studies[plain]["study"]["seeds"]:
+            runs = [
+                next((r for r in studies[name]["runs"] if r["model"] == model and r["seed"] == seed), None)
+                for name in (fast, plain)
+            ]
+            if None in runs:
+                rows.append([model, "-", str(seed), *["-"] * 4])
+                continue
+            lrs = {studies[name]["models"][model]["lr"] for name in (fast, plain)}
+            if len(lrs) != 1:
+                raise ValueError(f"{plain}: {model} ran at another rate than in {fast} ({sorted(lrs)})")
+            (a, b), (sa, sb) = [r["val_bpb"] for r in runs], [r["tokens_per_s"] for r in runs]
+            rows.append(
+                [model, _sci(lrs.pop()), str(seed), f"{a:.4f}", f"{b:.4f}", f"{a - b:+.4f}", f"{sa:,.0f} / {sb:,.0f}"]
+            )
+    return _table(header, align, rows)
+
+
 def _protocol_sweep_table(studies: dict[str, dict], name: str = "protocol-tiny") -> str:
     """The learning-rate sweep of a protocol study (docs/drm.md section A.7.1): tuning CE per model and
     rate, the chosen rate (:func:`drmlab.experiments.lr_sweep.choose`) in bold, edge flagged."""
@@ -721,6 +757,7 @@ BLOCK_RENDERERS = {
     "protocol-tiny-sweep": _protocol_sweep_table,
     "protocol-small": functools.partial(_protocol_table, name="protocol-small"),
     "protocol-small-sweep": functools.partial(_protocol_sweep_table, name="protocol-small"),
+    "protocol-small-fp32": _precision_table,
     "protocol-scales": _scales_table,
     "protocol-tiny-fullbudget": _full_budget_sweep_table,
     "protocol-tiny-fullbudget-paired": _full_budget_paired_table,

@@ -235,3 +235,23 @@ def test_the_tool_is_not_part_of_the_package():
     assert "readme" not in VERBS
     assert not (ROOT / "src" / "drmlab" / "cli" / "readme.py").exists()
     assert not (ROOT / "src" / "drmlab" / "experiments" / "readme_tables.py").exists()
+
+
+def test_the_float32_check_sets_each_model_beside_its_fast_run_at_the_same_seed_and_rate(studies):
+    assert "| not run yet |" in rt._precision_table(studies)  # no float32 record committed yet
+    fast = studies["protocol-small"]
+    j = next(r for r in fast["runs"] if r["model"] == "J" and r["seed"] == 1)
+    plain = {
+        "study": {"models": ["J", "GPT2"], "seeds": [1]},
+        "models": {"J": {"lr": fast["models"]["J"]["lr"]}},
+        "runs": [dict(j, val_bpb=j["val_bpb"] + 0.0125, tokens_per_s=1234.0)],
+    }
+    table = rt._precision_table({"protocol-small": fast, "protocol-small-fp32": plain})
+    assert (
+        f"| J | 4e-3 | 1 | {j['val_bpb']:.4f} | {j['val_bpb'] + 0.0125:.4f} | -0.0125 | "
+        f"{j['tokens_per_s']:,.0f} / 1,234 |" in table
+    )
+    assert "| GPT2 | - | 1 | - | - | - | - |" in table  # not run in both yet
+    plain["models"]["J"]["lr"] = 1e-3  # a float32 run at another rate is no check of precision
+    with pytest.raises(ValueError, match="J ran at another rate"):
+        rt._precision_table({"protocol-small": fast, "protocol-small-fp32": plain})
