@@ -3,7 +3,8 @@
 * :func:`curves` -- a run's ``metrics.jsonl`` rows reduced to what its plots draw: the training loss
   (step, tokens, loss) and the sampled validation CE (step, tokens, val_ce), each at most
   :data:`MAX_POINTS` points taken from the rows themselves (first and last kept, evenly spaced
-  between), as columns. A results file with these curves is enough to redraw a study's figures; the
+  between), as columns, the losses rounded to :data:`CURVE_DECIMALS` places (far finer than a plot
+  draws; the run's own numbers -- final CE, milestones -- keep every digit). A results file with these curves is enough to redraw a study's figures; the
   raw logs stay in the study's run directories.
 * :func:`provenance` -- the command, the commit of the code and the date that produced a result,
   with the settings it was produced under. No machine paths beyond what the command itself names.
@@ -23,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 MAX_POINTS = 64
+CURVE_DECIMALS = 4  # nats: 1e-4 is under a pixel of any loss plot, and a third of the characters of a float64
 WIDTH = 120
 TRAIN_KEYS = ("step", "tokens", "loss")
 EVAL_KEYS = ("step", "tokens", "val_ce")
@@ -40,10 +42,18 @@ def downsample(rows: list[dict], keys: tuple[str, ...], max_points: int = MAX_PO
 
 def curves(rows: list[dict], max_points: int = MAX_POINTS) -> dict[str, dict[str, list]]:
     """A run's curves from its metrics rows: ``{"train": {step, tokens, loss}, "eval": {step, tokens,
-    val_ce}}``, each downsampled to ``max_points``."""
+    val_ce}}``, each downsampled to ``max_points``, the losses rounded to :data:`CURVE_DECIMALS` places."""
     train = [r for r in rows if r.get("kind") == "train" and r.get("loss") is not None]
     evals = [r for r in rows if r.get("kind") == "eval" and r.get("val_ce") is not None]
-    return {"train": downsample(train, TRAIN_KEYS, max_points), "eval": downsample(evals, EVAL_KEYS, max_points)}
+    return {
+        "train": _rounded(downsample(train, TRAIN_KEYS, max_points), "loss"),
+        "eval": _rounded(downsample(evals, EVAL_KEYS, max_points), "val_ce"),
+    }
+
+
+def _rounded(columns: dict[str, list], key: str) -> dict[str, list]:
+    columns[key] = [None if v is None else round(float(v), CURVE_DECIMALS) for v in columns[key]]
+    return columns
 
 
 def source_commit() -> str | None:
