@@ -7,8 +7,8 @@ running buffer and stores only y, the last state and the state entering every se
 steps; the backward recomputes one segment at a time and runs the adjoint recurrence (formulas
 in the C file).  Memory O(B T (E + N E / K)); sequences are split over
 ``torch.get_num_threads()`` threads.  float32 uses a vectorisable exp (within 1.35 ulp;
-torch.exp: 1.03).  :mod:`drmlab.ops.ckernels` builds and loads the kernel; :func:`prepare` binds
-its symbols.
+torch.exp: 1.03).  :mod:`drmlab.ops.ckernels` builds and loads the kernel, for this processor
+(``native=True``); :func:`prepare` binds its symbols.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def prepare(lib: ctypes.CDLL) -> None:
     lib.drm_expf_array.restype, lib.drm_expf_array.argtypes = None, [p, p, i]
 
 
-KERNEL = ckernels.register(ckernels.CKernel("selective_scan", SOURCE, prepare))
+KERNEL = ckernels.register(ckernels.CKernel("selective_scan", SOURCE, prepare, native=True))
 
 
 def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
