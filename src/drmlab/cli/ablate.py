@@ -24,6 +24,7 @@ examples:
   drmlab ablate --models J,GPT2 --set J.d_state=64 --set lr=1e-3
   drmlab ablate --models J,GPT2 --lr-grid 5e-4,1e-3,2e-3,4e-3 --tune-tokens 1M   # each at its own best lr
   drmlab ablate --models J --seeds 1 --lr-grid 4e-3,8e-3 --sweep-only   # tune at the full budget, no paired runs
+  drmlab ablate --out studies/dir --status          # where that study stands; writes nothing
 
   With --lr-grid every model first trains once per rate (first seed, --tune-tokens tokens), is scored
   on a slice held out of the training split, and runs its seeds at its best rate.
@@ -75,6 +76,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="continue a study begun on another machine: take the finished runs and sweep runs of its "
         "results.json (copied from its --out) and train only the rest",
     )
+    parser.add_argument(
+        "--status",
+        action="store_true",
+        help="say where the study in --out stands (each run done, training now and by whom, stopped part-way or "
+        "not begun; the training hours left) and exit; writes nothing",
+    )
     common.add_tensorboard_argument(parser, "each run's directory (OUT/runs/MODEL-seedS)")
     common.add_runtime_arguments(parser)
     parser.set_defaults(func=run)
@@ -98,6 +105,13 @@ def split_settings(assignments: dict, models: list[str]) -> tuple[dict, dict[str
 def run(args: argparse.Namespace) -> int:
     from drmlab.experiments.ablate import protocol, report
     from drmlab.experiments.spec import StudySpec
+
+    if args.status:
+        from drmlab.experiments.ablate.status import format_status, study_status
+
+        out = Path(args.out or f"studies/ablate-{args.preset}")
+        print(format_status(out, study_status(out)))
+        return 0
 
     common.check_sweep_only(args)
     runtime = common.runtime(args, log=common.log_to_stderr)  # --tensorboard checked, --threads applied

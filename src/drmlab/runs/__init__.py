@@ -38,7 +38,7 @@ from .layout import (
     run_owning,
 )
 from .loading import load_run_model, non_finite_parameters
-from .lock import RunLock, RunLockedError
+from .lock import RunLock, RunLockedError, lock_holder
 from .metrics import MetricsLog, read_metrics
 from .rundir import RunDir
 
@@ -64,6 +64,7 @@ __all__ = [
     "RunLock",
     "RunLockedError",
     "jsonable",
+    "lock_holder",
     "load_run_model",
     "non_finite_parameters",
     "read_json",

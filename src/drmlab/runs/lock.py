@@ -71,6 +71,25 @@ class RunLock:
             self.handle = None
 
 
+def lock_holder(path: Path) -> str | None:
+    """Who holds the lock file at ``path`` (``process 12 on host since ...``), or None when no live process
+    does; writes nothing. It asks for a shared lock for an instant: a writer starting at that instant is
+    told the run is in use, as it would be by any other look."""
+    try:
+        handle = open(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise disk_error(exc, path) from None
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return _holder(handle.read().strip())
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        return None
+
+
 def _holder(text: str) -> str:
     """The lock file's ``text`` as words: ``process 12 on host since 2026-01-01 10:00:00 +0000``."""
     try:

@@ -1,0 +1,162 @@
+"""Where an ablation study stands (``drmlab ablate --status``; docs/drm.md section A.7.2), read from its folder
+without writing to it.
+
+Every run the study plans (its sweep runs, then its paired runs, numbered as ``drmlab ablate`` numbers them)
+is one of: ``done`` (its summary: the CE, its tokens/s), ``diverged`` (a sweep run scored as missing),
+``training`` (another process holds its lock: which one, and how far it is), ``stopped`` (a checkpoint part-way,
+which the next ``drmlab ablate`` resumes) or ``not begun``. The training time left is estimated from the
+tokens each unfinished run still has to train, at the mean tokens/s of that model's finished runs (its
+paired runs, else its sweep runs, else its runs in progress): one process's hours, evaluations not counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from drmlab.experiments.ablate.protocol import Job
+from drmlab.experiments.ablate.study import STUDY_FILE
+
+STATES = ("done", "diverged", "training", "stopped", "not begun")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunStatus:
+    """One planned run: its job, its state (one of :data:`STATES`), its budget and what its folder says."""
+
+    job: Job
+    state: str
+    budget: int  # tokens
+    tokens: int = 0  # trained so far (the budget when done)
+    val_ce: float | None = None
+    tokens_per_s: float | None = None
+    holder: str | None = None  # who trains it now
+
+
+def _planned_jobs(record: dict) -> list[Job]:
+    grid = record.get("lr_grid") or []
+    return [Job("tune", m, lr) for m in record["models"] for lr in grid] + [
+        Job("run", m, s) for s in record["seeds"] for m in record["models"]
+    ]
+
+
+def _last_train_row(run) -> dict | None:
+    if not run.metrics_path.is_file():
+        return None
+    rows = [r for r in run.read_metrics() if r.get("kind") == "train"]
+    return rows[-1] if rows else None
+
+
+def _budget(record: dict, tuning: bool) -> int:
+    """The tokens a run of the study trains: its budget in whole optimizer steps, as the trainer counts them."""
+    from drmlab.training.config import TRAIN_KEYS, TrainConfig
+
+    values = {k: v for k, v in record["train"].items() if k in TRAIN_KEYS}
+    if tuning and record.get("tune_tokens"):
+        values.update(tokens=record["tune_tokens"], milestones=None)
+    cfg = TrainConfig(**values)
+    return cfg.total_steps * cfg.tokens_per_step
+
+
+def run_status(out: Path, job: Job, record: dict) -> RunStatus:
+    """What the folder of ``job`` in the study at ``out`` says, without writing to it."""
+    from drmlab.runs import LOCK_FILE, RunDir, lock_holder
+
+    budget = _budget(record, job.tuning)
+    path = job.path(out)
+    run = RunDir(path)
+    if not path.is_dir():
+        return RunStatus(job, "not begun", budget)
+    done = run.finished_summary()
+    if done is not None:
+        return RunStatus(
+            job, "done", budget, int(done.get("tokens") or budget), done.get("val_ce"), done.get("tokens_per_s")
+        )
+    summary = run.read_summary() or {}
+    if job.tuning and summary.get("stopped") in ("non-finite", "diverged"):
+        return RunStatus(job, "diverged", budget, int(summary.get("tokens") or 0))
+    row = _last_train_row(run)
+    tokens = int(row["tokens"]) if row else 0
+    rate = row.get("tok_s") if row else None
+    holder = lock_holder(path / LOCK_FILE)
+    if holder is not None:
+        return RunStatus(job, "training", budget, tokens, tokens_per_s=rate, holder=holder)
+    return RunStatus(job, "stopped" if run.has_checkpoint() else "not begun", budget, tokens, tokens_per_s=rate)
+
+
+def study_status(out: str | Path) -> list[RunStatus]:
+    """Every planned run of the study at ``out``, in ``drmlab ablate``'s order. Raises ValueError naming the
+    folder when it holds no study."""
+    from drmlab.runs import read_json
+
+    out = Path(out)
+    if not (out / STUDY_FILE).is_file():
+        raise ValueError(f"{out} holds no study ({STUDY_FILE} is missing): start one with drmlab ablate --out {out}")
+    record = read_json(out / STUDY_FILE)
+    return [run_status(out, job, record) for job in _planned_jobs(record)]
+
+
+def model_rates(rows: list[RunStatus]) -> dict[str, float]:
+    """Per model, the mean tokens/s of its finished paired runs, else of its finished sweep runs, else the
+    latest of its runs in progress."""
+    rates = {}
+    for model in dict.fromkeys(r.job.model for r in rows):
+        mine = [r for r in rows if r.job.model == model and r.tokens_per_s]
+        for timed in (
+            [r for r in mine if r.state == "done" and not r.job.tuning],
+            [r for r in mine if r.state == "done" and r.job.tuning],
+            [r for r in mine if r.state in ("training", "stopped")],
+        ):
+            if timed:
+                rates[model] = sum(r.tokens_per_s for r in timed) / len(timed)
+                break
+    return rates
+
+
+def hours_left(rows: list[RunStatus]) -> tuple[float, list[str]]:
+    """(one process's training hours left at :func:`model_rates`, the models with no finished run to time)."""
+    rates, seconds, untimed = model_rates(rows), 0.0, []
+    for r in rows:
+        if r.state in ("done", "diverged"):
+            continue
+        if r.job.model not in rates:
+            untimed.append(r.job.model)
+            continue
+        seconds += max(r.budget - r.tokens, 0) / rates[r.job.model]
+    return seconds / 3600, list(dict.fromkeys(untimed))
+
+
+def format_status(out: str | Path, rows: list[RunStatus]) -> str:
+    """The status as lines: one per run, then the counts and the hours left."""
+    lines, total = [], len(rows)
+    width = max((len(_what(r.job)) for r in rows), default=0)
+    for i, r in enumerate(rows, 1):
+        number = f"[{i}/{total}]"
+        lines.append(f"{number:>{2 * len(str(total)) + 3}} {_what(r.job):<{width}}  {_detail(r)}")
+    counts = {s: sum(r.state == s for r in rows) for s in STATES}
+    sweep = sum(r.job.tuning for r in rows)
+    head = f"{out}: {total} runs ({sweep} sweep, {total - sweep} paired); " + ", ".join(
+        f"{n} {s}" for s, n in counts.items() if n
+    )
+    hours, untimed = hours_left(rows)
+    tail = f"training left: about {hours:.1f} one-process hours at the tokens/s of each model's runs so far"
+    tail += " (evaluations not counted"
+    tail += f"; not timed yet: {', '.join(untimed)})" if untimed else ")"
+    return "\n".join([head, *lines, tail])
+
+
+def _what(job: Job) -> str:
+    return f"sweep {job.model} lr {job.value:g}" if job.tuning else f"{job.model} seed {job.value}"
+
+
+def _detail(r: RunStatus) -> str:
+    if r.state == "done":
+        rate = f", {r.tokens_per_s:,.0f} tok/s" if r.tokens_per_s else ""
+        return f"done: CE {r.val_ce:.4f}{rate}" if r.val_ce is not None else f"done{rate}"
+    progress = f"{r.tokens:,} of {r.budget:,} tokens ({100 * r.tokens / r.budget:.0f}%)"
+    if r.state == "training":
+        rate = f", {r.tokens_per_s:,.0f} tok/s" if r.tokens_per_s else ""
+        return f"training now, {progress}{rate}, by {r.holder}"
+    if r.state == "stopped":
+        return f"stopped at {progress}; the next drmlab ablate resumes it"
+    return r.state

@@ -1,0 +1,99 @@
+"""``drmlab ablate --status``: where a study stands, read from its folder without writing to it."""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from drmlab.cli import main
+from drmlab.experiments.ablate.status import hours_left, study_status
+from drmlab.runs import LOCK_FILE, RunDir, lock_holder
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """A micro study of GPT2 (one layer): a sweep of two rates, seed 1 finished, seed 2 stopped after one step."""
+    from drmlab.training import trainer
+
+    root = tmp_path_factory.mktemp("status")
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n\n".join((stdlib / n).read_text() for n in ("textwrap.py", "bisect.py", "colorsys.py")))
+    out = root / "study"
+    argv = ["ablate", "--models", "GPT2", "--seeds", "1,2", "--preset", "micro", "--tokens", "1k"]
+    argv += ["--lr-grid", "1e-3,2e-3", "--tune-tokens", "512", "--out", str(out), "--data", str(corpus)]
+    argv += ["--cache-dir", str(root / "cache"), "--eval-tokens", "1k", "--quiet", "--set", "GPT2.n_layer=1"]
+    real_train, calls = trainer.train, []
+
+    def stop_the_fourth(*args, **kwargs):  # the sweep's two runs, seed 1, then seed 2 stopped after a step
+        calls.append(1)
+        if len(calls) == 4:
+            real_train(*args, **dict(kwargs, stop_after_step=1))
+            raise KeyboardInterrupt
+        return real_train(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trainer, "train", stop_the_fourth)
+        assert main(argv) == 130
+    return out
+
+
+def _files(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+def test_each_run_is_done_stopped_or_training_and_nothing_is_written(study, capsys):
+    before = _files(study)
+    assert main(["ablate", "--status", "--out", str(study)]) == 0
+    text = capsys.readouterr().out
+    assert _files(study) == before  # a look, not a write
+    assert text.splitlines()[0] == f"{study}: 4 runs (2 sweep, 2 paired); 3 done, 1 stopped"
+    rows = study_status(study)
+    assert [r.state for r in rows] == ["done", "done", "done", "stopped"]
+    stopped = rows[-1]
+    trained = [m for m in RunDir(study / "runs" / "GPT2-seed2").read_metrics() if m.get("kind") == "train"]
+    assert stopped.tokens == trained[-1]["tokens"] and 0 < stopped.tokens < stopped.budget == 1024
+    lines = {line.split("  ")[0].strip(): line for line in text.splitlines()[1:-1]}
+    share = f"{100 * stopped.tokens / 1024:.0f}%"
+    assert (
+        f"stopped at {stopped.tokens:,} of 1,024 tokens ({share}); the next drmlab ablate resumes it"
+        in (lines["[4/4] GPT2 seed 2"])
+    )
+    assert lines["[1/4] sweep GPT2 lr 0.001"].endswith(
+        f"done: CE {rows[0].val_ce:.4f}, {rows[0].tokens_per_s:,.0f} tok/s"
+    )
+
+    # held by a live process: this one, through the run's own lock
+    lock = RunDir(study / "runs" / "GPT2-seed2").lock()
+    try:
+        held = study_status(study)[-1]
+        assert held.state == "training" and f"process {os.getpid()} on " in held.holder
+    finally:
+        lock.release()
+    assert study_status(study)[-1].state == "stopped"
+
+
+def test_the_hours_left_are_the_tokens_left_at_the_models_finished_paired_rate(study):
+    rows = study_status(study)
+    rate = rows[2].tokens_per_s  # seed 1: the only finished paired run
+    hours, untimed = hours_left(rows)
+    assert untimed == [] and hours == pytest.approx((1024 - rows[3].tokens) / rate / 3600)
+
+
+def test_a_folder_without_a_study_is_one_line(tmp_path, capsys):
+    assert main(["ablate", "--status", "--out", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "holds no study (study.json is missing)" in err
+    assert not (tmp_path / "none").exists()
+
+
+def test_lock_holder_names_a_live_holder_and_nothing_else(tmp_path):
+    path = tmp_path / "run" / LOCK_FILE
+    assert lock_holder(path) is None  # no lock file
+    lock = RunDir(tmp_path / "run").lock()
+    assert f"process {os.getpid()}" in lock_holder(path)
+    lock.release()
+    assert lock_holder(path) is None  # the file stays, its lock is gone
