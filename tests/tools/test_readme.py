@@ -96,7 +96,7 @@ def test_each_figure_was_drawn_from_the_committed_values_and_redraws_identically
     assert first == second and first[:8] == b"\x89PNG\r\n\x1a\n"
     path = tmp_path / "figure.png"
     path.write_bytes(first)
-    assert rt.png_text(path)[rt.FIGURE_KEY] == "sha256:" + rt.figure_source(studies, name)
+    assert rt.figures.png_text(path)[rt.figures.FIGURE_KEY] == "sha256:" + rt.figures.figure_source(studies, name)
 
 
 @pytest.mark.parametrize("name", ["compare-tiny", "protocol-scales"])
@@ -104,18 +104,18 @@ def test_a_change_to_a_figures_drawing_makes_its_png_stale(studies, monkeypatch,
     """The tag covers the drawing's source as well as its values: a PNG drawn by other code is not current."""
     path = ROOT / rt.FIGURES[name][0]
     assert rt.figure_is_current(studies, path, name)
-    source = rt.drawing_source(name)
+    source = rt.figures.drawing_source(name)
     assert "def plot" in source and "def _draw_" in source  # this tool's function and the drmlab one
-    monkeypatch.setattr(rt, "drawing_source", lambda n: source.replace("(", "( ", 1))
+    monkeypatch.setattr(rt.figures, "drawing_source", lambda n: source.replace("(", "( ", 1))
     assert not rt.figure_is_current(studies, path, name)
 
 
 def test_the_scales_figure_draws_every_preset_with_a_finished_model(studies):
     from drmlab.experiments.ablate.scales import finished_models
 
-    points = rt.figure_inputs(studies, "protocol-scales")["points"]
+    points = rt.figures.figure_inputs(studies, "protocol-scales")["points"]
     assert {p["scale"] for pts in points.values() for p in pts} == {
-        preset for preset, record in rt.protocol_records(studies).items() if finished_models(record)
+        preset for preset, record in rt.tables.protocol_records(studies).items() if finished_models(record)
     }
     assert points["J"][0] == {
         "scale": "tiny",
@@ -128,7 +128,7 @@ def test_the_scales_figure_draws_every_preset_with_a_finished_model(studies):
 def test_a_protocol_still_running_names_the_models_it_has_not_finished(studies):
     record = json.loads(json.dumps(studies["protocol-tiny"]))
     del record["models"]["GPT2"], record["models"]["MAMBA"]
-    table = rt._protocol_table({"protocol-tiny": record})
+    table = rt.tables._protocol_table({"protocol-tiny": record})
     assert "| still training: MAMBA, GPT2 |" in table and "| J |" in table
 
 
@@ -165,7 +165,7 @@ def test_a_changed_study_value_flows_into_table_and_figure(tmp_path):
     assert any(p.startswith("docs/results-in-full.md block compare-tiny:") for p in problems)
     assert any(p.startswith("figure ") for p in problems)
     assert sorted(rt.write(root)) == sorted(
-        ["docs/results.md: compare-tiny", "docs/results-in-full.md: compare-tiny", str(rt.FIGURE_PATH)]
+        ["docs/results.md: compare-tiny", "docs/results-in-full.md: compare-tiny", str(rt.figures.FIGURE_PATH)]
     )
     assert rt.check(root) == []
     assert "| 26.5% +- 0.3 |" in (root / rt.RESULTS_PATH).read_text()
@@ -238,7 +238,7 @@ def test_the_tool_is_not_part_of_the_package():
 
 
 def test_the_float32_check_sets_each_model_beside_its_fast_run_at_the_same_seed_and_rate(studies):
-    assert "| not run yet |" in rt._precision_table(studies)  # no float32 record committed yet
+    assert "| not run yet |" in rt.tables._precision_table(studies)  # no float32 record committed yet
     fast = studies["protocol-small"]
     j = next(r for r in fast["runs"] if r["model"] == "J" and r["seed"] == 1)
     plain = {
@@ -246,7 +246,7 @@ def test_the_float32_check_sets_each_model_beside_its_fast_run_at_the_same_seed_
         "models": {"J": {"lr": fast["models"]["J"]["lr"]}},
         "runs": [dict(j, val_bpb=j["val_bpb"] + 0.0125, tokens_per_s=1234.0)],
     }
-    table = rt._precision_table({"protocol-small": fast, "protocol-small-fp32": plain})
+    table = rt.tables._precision_table({"protocol-small": fast, "protocol-small-fp32": plain})
     assert (
         f"| J | 4e-3 | 1 | {j['val_bpb']:.4f} | {j['val_bpb'] + 0.0125:.4f} | -0.0125 | "
         f"{j['tokens_per_s']:,.0f} / 1,234 |" in table
@@ -254,4 +254,4 @@ def test_the_float32_check_sets_each_model_beside_its_fast_run_at_the_same_seed_
     assert "| GPT2 | - | 1 | - | - | - | - |" in table  # not run in both yet
     plain["models"]["J"]["lr"] = 1e-3  # a float32 run at another rate is no check of precision
     with pytest.raises(ValueError, match="J ran at another rate"):
-        rt._precision_table({"protocol-small": fast, "protocol-small-fp32": plain})
+        rt.tables._precision_table({"protocol-small": fast, "protocol-small-fp32": plain})

@@ -1,0 +1,114 @@
+"""The figures ``tools/readme.py`` draws from the committed study records (:data:`FIGURES`), each tagged in
+its PNG metadata with the SHA-256 of its values and of its drawing code's source, so that a check needs no
+particular matplotlib version. Not part of the installed package; it imports drmlab as a library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+
+from readme_tables import cross_family_rows, protocol_records
+
+FIGURE_PATH = Path("docs") / "figures" / "compare-tiny.png"
+FIGURE_KEY = "drmlab-source"
+
+
+def compare_figure_inputs(studies: dict[str, dict]) -> dict:
+    """What the compare-tiny figure draws: the cross-family rows with both bits per byte and MQAR accuracy
+    (as fractions, as ``drmlab compare`` plots them), the MQAR kv and the no-binding levels."""
+    rows = [
+        {
+            "model": r["model"],
+            "bpb_mean": r["bpb_mean"],
+            "bpb_std": r["bpb_std"],
+            "acc_mean": r["acc_mean"] / 100,
+            "acc_std": r["acc_std"] / 100,
+        }
+        for r in cross_family_rows(studies)
+        if "bpb_mean" in r and r["has_mqar"]
+    ]
+    return {"rows": rows, "kv": studies["mqar-tiny"]["protocol"]["kv"], "levels": studies["mqar-tiny"]["levels"]}
+
+
+def _draw_compare(inputs: dict, path: Path, metadata: dict) -> None:
+    from drmlab.experiments.probes.compare import plot
+
+    plot(inputs["rows"], path, inputs["kv"], inputs["levels"], metadata=metadata)
+
+
+def scales_figure_inputs(studies: dict[str, dict]) -> dict:
+    """What the protocol-scales figure draws: per model its bits per byte and parameters at each preset."""
+    from drmlab.experiments.ablate.scales import bits_per_byte_by_size
+
+    return {"points": bits_per_byte_by_size(protocol_records(studies))}
+
+
+def _draw_scales(inputs: dict, path: Path, metadata: dict) -> None:
+    from drmlab.experiments.ablate.scales import plot_bits_per_byte_by_size
+
+    title = "The protocol at each preset\n(each model at its swept rate, 5,005,312 tokens, 3 seeds)"
+    plot_bits_per_byte_by_size(inputs["points"], path, title, metadata=metadata)
+
+
+# name -> (the PNG, what it draws from the committed studies, how it draws them, the drmlab function that draws)
+FIGURES = {
+    "compare-tiny": (FIGURE_PATH, compare_figure_inputs, _draw_compare, "drmlab.experiments.probes.compare:plot"),
+    "protocol-scales": (
+        Path("docs") / "figures" / "protocol-scales.png",
+        scales_figure_inputs,
+        _draw_scales,
+        "drmlab.experiments.ablate.scales:plot_bits_per_byte_by_size",
+    ),
+}
+
+
+def drawing_source(name: str) -> str:
+    """The source of figure ``name``'s drawing: this tool's function and the drmlab function it calls (a
+    change to either makes the committed PNG stale, as a change to its values does)."""
+    import importlib
+    import inspect
+
+    _, _, draw, target = FIGURES[name]
+    module, function = target.split(":")
+    return inspect.getsource(draw) + inspect.getsource(getattr(importlib.import_module(module), function))
+
+
+def figure_inputs(studies: dict[str, dict], name: str = "compare-tiny") -> dict:
+    """The values figure ``name`` is drawn from."""
+    return FIGURES[name][1](studies)
+
+
+def figure_source(studies: dict[str, dict], name: str = "compare-tiny") -> str:
+    """SHA-256 of the figure's inputs and of its drawing's source (:func:`drawing_source`), the tag its PNG
+    carries."""
+    text = json.dumps(figure_inputs(studies, name), sort_keys=True) + "\n" + drawing_source(name)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def png_text(path: str | Path) -> dict[str, str]:
+    """The text metadata of the PNG file at ``path``."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return dict(getattr(image, "text", {}))
+
+
+def render_figure(studies: dict[str, dict], name: str = "compare-tiny") -> bytes:
+    """Figure ``name``'s PNG, drawn from the committed values and tagged with :func:`figure_source`.
+    Deterministic for a given matplotlib."""
+    inputs = figure_inputs(studies, name)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "figure.png"
+        FIGURES[name][2](inputs, path, {FIGURE_KEY: "sha256:" + figure_source(studies, name)})
+        return path.read_bytes()
+
+
+def figure_is_current(studies: dict[str, dict], path: str | Path, name: str = "compare-tiny") -> bool:
+    """Whether the PNG at ``path`` was drawn from the committed values as they are now."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    return png_text(path).get(FIGURE_KEY) == "sha256:" + figure_source(studies, name)
