@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -14,18 +13,14 @@ from drmlab.runs import LOCK_FILE, RunDir, lock_holder
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
+def study(tmp_path_factory, corpus_file, cache_dir):
     """A micro study of GPT2 (one layer): a sweep of two rates, seed 1 finished, seed 2 stopped after one step."""
     from drmlab.training import trainer
 
-    root = tmp_path_factory.mktemp("status")
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    corpus = root / "corpus.txt"
-    corpus.write_text("\n\n".join((stdlib / n).read_text() for n in ("textwrap.py", "bisect.py", "colorsys.py")))
-    out = root / "study"
+    out = tmp_path_factory.mktemp("status") / "study"
     argv = ["ablate", "--models", "GPT2", "--seeds", "1,2", "--preset", "micro", "--tokens", "1k"]
-    argv += ["--lr-grid", "1e-3,2e-3", "--tune-tokens", "512", "--out", str(out), "--data", str(corpus)]
-    argv += ["--cache-dir", str(root / "cache"), "--eval-tokens", "1k", "--quiet", "--set", "GPT2.n_layer=1"]
+    argv += ["--lr-grid", "1e-3,2e-3", "--tune-tokens", "512", "--out", str(out), "--data", str(corpus_file)]
+    argv += ["--cache-dir", str(cache_dir), "--eval-tokens", "1k", "--quiet", "--set", "GPT2.n_layer=1"]
     real_train, calls = trainer.train, []
 
     def stop_the_fourth(*args, **kwargs):  # the sweep's two runs, seed 1, then seed 2 stopped after a step
