@@ -40,6 +40,8 @@ def finished(corpus_file, tmp_path_factory):
     runtime = Runtime(cache_dir=str(out.parent / "cache"))
     results = ablate.run_study(_spec(corpus_file), runtime, out)
     assert results["complete"] and all(r["milestones"] and r["curves"]["eval"]["val_ce"] for r in results["runs"])
+    # each run's wall time: its steps, its milestone and final evaluations
+    assert all(r["wall_seconds"] > r["train_seconds"] > 0 for r in results["runs"])
     return out, json.loads((out / "results.json").read_text())
 
 

@@ -80,3 +80,5 @@ def test_a_run_suspended_mid_step_leaves_the_suspension_out_of_its_times(tmp_pat
     second = next(r for r in rows if r["step"] == 2)
     assert cfg.tokens_per_step / second["tok_s"] < SUSPENDED * 0.5  # the suspended step's own time
     assert rows[-1]["elapsed"] < wall - summary["paused_seconds"] + 1e-3
+    # the run's wall time: every step and the final evaluation, the suspension left out
+    assert summary["train_seconds"] <= summary["elapsed"] < wall - summary["paused_seconds"] + 1e-3

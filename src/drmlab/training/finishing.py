@@ -1,6 +1,6 @@
-"""The end of a run: its summary (summary.json: counts, rate, utilisation, the last sampled validation CE),
-the final evaluation of a finished run (its ``val_*`` entries, refused when non-finite or diverged) and a
-study's summary entries; then the run's lock and process group are released.
+"""The end of a run: its summary (summary.json: counts, rate, utilisation, the last sampled validation CE, the
+wall time ``elapsed``), the final evaluation of a finished run (its ``val_*`` entries, refused when
+non-finite or diverged) and a study's summary entries; then the run's lock and process group are released.
 """
 
 from __future__ import annotations
@@ -60,6 +60,9 @@ class Finishing:
             dist_utils.barrier(self.info)
         if self.pieces.summary_extras is not None and summary["finished"] and main:
             summary.update(self.pieces.summary_extras(summary))
+        # the run's wall time: start to the end of its final evaluation, earlier sessions and evaluations
+        # included, time suspended left out (pauses)
+        summary["elapsed"] = self.elapsed()
         if self.run is not None and main:
             summary["out_dir"] = str(self.run.path)
             self.run.write_summary(summary)

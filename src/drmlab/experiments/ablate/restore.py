@@ -73,6 +73,8 @@ def restore_study(record: dict, out: str | Path) -> dict[str, int]:
     counts = {"restored": 0, "kept": 0, "left": 0}
     for run in record["runs"]:
         summary = {k: run[k] for k in SUMMARY_KEYS} | {"finished": True, "restored": True}
+        if run.get("wall_seconds") is not None:  # the first machine's wall time, as its summary had it
+            summary["elapsed"] = run["wall_seconds"]
         counts[_write_run(run_dir(out, run["model"], run["seed"]), summary, _metrics_rows(run))] += 1
     for model, sweep in (record.get("lr_sweep") or {}).items():
         diverged = {lr_sweep.lr_label(float(lr)) for lr in sweep.get("diverged") or []}

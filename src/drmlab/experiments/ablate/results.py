@@ -73,6 +73,7 @@ def collect_runs(out: str | Path, study: dict) -> list[dict]:
                     "curves": curves(rows),
                     "milestones": milestones,
                 }
+                | ({"wall_seconds": summary["elapsed"]} if summary.get("elapsed") is not None else {})
             )
     return runs
 
