@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from drmlab.cli import main
-from drmlab.experiments.ablate.status import hours_left, study_status
+from drmlab.experiments.ablate.protocol import Job
+from drmlab.experiments.ablate.status import _evals_to_come, hours_left, study_status
 from drmlab.runs import LOCK_FILE, RunDir, lock_holder
 
 
@@ -71,11 +72,22 @@ def test_each_run_is_done_stopped_or_training_and_nothing_is_written(study, caps
     assert study_status(study)[-1].state == "stopped"
 
 
-def test_the_hours_left_are_the_tokens_left_at_the_models_finished_paired_rate(study):
+def test_the_hours_left_are_the_tokens_and_evaluations_left_at_the_models_own_pace(study):
     rows = study_status(study)
-    rate = rows[2].tokens_per_s  # seed 1: the only finished paired run
-    hours, untimed = hours_left(rows)
-    assert untimed == [] and hours == pytest.approx((1024 - rows[3].tokens) / rate / 3600)
+    first, stopped = rows[2], rows[3]  # seed 1, the only finished paired run; seed 2, stopped part-way
+    (final_eval,) = first.eval_seconds  # no milestones in this study: the final evaluation only
+    assert stopped.evals_to_come == 1 and first.evals_to_come == 0
+    train, evaluate, no_rate, no_eval = hours_left(rows)
+    assert no_rate == no_eval == []
+    assert train == pytest.approx((1024 - stopped.tokens) / first.tokens_per_s / 3600)
+    assert evaluate == pytest.approx(final_eval / 3600)
+
+
+def test_a_paired_run_still_has_the_milestones_above_its_tokens_and_its_final_evaluation():
+    record = {"train": {"milestones": [1_000_000, 2_000_000]}}
+    assert _evals_to_come(record, Job("run", "J", 1), 0) == 3
+    assert _evals_to_come(record, Job("run", "J", 1), 1_007_616) == 2  # past the first milestone
+    assert _evals_to_come(record, Job("tune", "J", 1e-3), 0) == 1  # a sweep run is scored once, at its end
 
 
 def test_a_folder_without_a_study_is_one_line(tmp_path, capsys):

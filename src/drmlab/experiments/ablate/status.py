@@ -6,7 +6,8 @@ is one of: ``done`` (its summary: the CE, its tokens/s), ``diverged`` (a sweep r
 ``training`` (another process holds its lock: which one, and how far it is), ``stopped`` (a checkpoint part-way,
 which the next ``drmlab ablate`` resumes) or ``not begun``. The training time left is estimated from the
 tokens each unfinished run still has to train, at the mean tokens/s of that model's finished runs (its
-paired runs, else its sweep runs, else its runs in progress): one process's hours, evaluations not counted.
+paired runs, else its sweep runs, else its runs in progress), and the evaluations each still has to make (its
+milestones and its final one) at the mean time of that model's evaluations so far: one process's hours.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class RunStatus:
     val_ce: float | None = None
     tokens_per_s: float | None = None
     holder: str | None = None  # who trains it now
+    eval_seconds: tuple[float, ...] = ()  # its whole-stream evaluations so far (milestones, the final one)
+    evals_to_come: int = 0  # the whole-stream evaluations it still has to make (milestones, the final one)
 
 
 def _planned_jobs(record: dict) -> list[Job]:
@@ -40,11 +43,16 @@ def _planned_jobs(record: dict) -> list[Job]:
     ]
 
 
-def _last_train_row(run) -> dict | None:
-    if not run.metrics_path.is_file():
-        return None
-    rows = [r for r in run.read_metrics() if r.get("kind") == "train"]
-    return rows[-1] if rows else None
+def _metrics(run) -> list[dict]:
+    return run.read_metrics() if run.metrics_path.is_file() else []
+
+
+def _eval_seconds(rows: list[dict], summary: dict | None) -> tuple[float, ...]:
+    """The seconds of a run's milestone evaluations and of its final one, as far as it has them."""
+    found = [r["eval_seconds"] for r in rows if r.get("kind") == "milestone" and r.get("eval_seconds")]
+    if summary is not None and summary.get("eval_seconds"):
+        found.append(summary["eval_seconds"])
+    return tuple(found)
 
 
 def _budget(record: dict, tuning: bool) -> int:
@@ -58,6 +66,12 @@ def _budget(record: dict, tuning: bool) -> int:
     return cfg.total_steps * cfg.tokens_per_step
 
 
+def _evals_to_come(record: dict, job: Job, tokens: int) -> int:
+    """The final evaluation, and for a paired run the milestones it has not reached."""
+    milestones = [] if job.tuning else (record["train"].get("milestones") or [])
+    return 1 + sum(m > tokens for m in milestones)
+
+
 def run_status(out: Path, job: Job, record: dict) -> RunStatus:
     """What the folder of ``job`` in the study at ``out`` says, without writing to it."""
     from drmlab.runs import LOCK_FILE, RunDir, lock_holder
@@ -66,22 +80,24 @@ def run_status(out: Path, job: Job, record: dict) -> RunStatus:
     path = job.path(out)
     run = RunDir(path)
     if not path.is_dir():
-        return RunStatus(job, "not begun", budget)
-    done = run.finished_summary()
+        return RunStatus(job, "not begun", budget, evals_to_come=_evals_to_come(record, job, 0))
+    done, rows = run.finished_summary(), _metrics(run)
     if done is not None:
+        tokens = int(done.get("tokens") or budget)
         return RunStatus(
-            job, "done", budget, int(done.get("tokens") or budget), done.get("val_ce"), done.get("tokens_per_s")
+            job, "done", budget, tokens, done.get("val_ce"), done.get("tokens_per_s"), None, _eval_seconds(rows, done)
         )
     summary = run.read_summary() or {}
     if job.tuning and summary.get("stopped") in ("non-finite", "diverged"):
         return RunStatus(job, "diverged", budget, int(summary.get("tokens") or 0))
-    row = _last_train_row(run)
+    trained = [r for r in rows if r.get("kind") == "train"]
+    row = trained[-1] if trained else None
     tokens = int(row["tokens"]) if row else 0
     rate = row.get("tok_s") if row else None
     holder = lock_holder(path / LOCK_FILE)
-    if holder is not None:
-        return RunStatus(job, "training", budget, tokens, tokens_per_s=rate, holder=holder)
-    return RunStatus(job, "stopped" if run.has_checkpoint() else "not begun", budget, tokens, tokens_per_s=rate)
+    evals = _eval_seconds(rows, None)
+    state = "training" if holder is not None else ("stopped" if run.has_checkpoint() else "not begun")
+    return RunStatus(job, state, budget, tokens, None, rate, holder, evals, _evals_to_come(record, job, tokens))
 
 
 def study_status(out: str | Path) -> list[RunStatus]:
@@ -113,17 +129,33 @@ def model_rates(rows: list[RunStatus]) -> dict[str, float]:
     return rates
 
 
-def hours_left(rows: list[RunStatus]) -> tuple[float, list[str]]:
-    """(one process's training hours left at :func:`model_rates`, the models with no finished run to time)."""
-    rates, seconds, untimed = model_rates(rows), 0.0, []
+def eval_seconds(rows: list[RunStatus]) -> dict[tuple[str, bool], float]:
+    """Per (model, sweep run or not), the mean seconds of one whole-stream evaluation of its runs so far."""
+    timed: dict[tuple[str, bool], list[float]] = {}
+    for r in rows:
+        timed.setdefault((r.job.model, r.job.tuning), []).extend(r.eval_seconds)
+    return {key: sum(v) / len(v) for key, v in timed.items() if v}
+
+
+def hours_left(rows: list[RunStatus]) -> tuple[float, float, list[str], list[str]]:
+    """(training hours, evaluation hours, models whose training is not timed, models whose evaluations are
+    not timed) one process has left: each unfinished run's tokens at :func:`model_rates`, and its evaluations
+    still to come at :func:`eval_seconds`. What cannot be timed yet is named, not counted."""
+    rates, evals = model_rates(rows), eval_seconds(rows)
+    train, evaluate, no_rate, no_eval = 0.0, 0.0, [], []
     for r in rows:
         if r.state in ("done", "diverged"):
             continue
-        if r.job.model not in rates:
-            untimed.append(r.job.model)
-            continue
-        seconds += max(r.budget - r.tokens, 0) / rates[r.job.model]
-    return seconds / 3600, list(dict.fromkeys(untimed))
+        if r.job.model in rates:
+            train += max(r.budget - r.tokens, 0) / rates[r.job.model]
+        else:
+            no_rate.append(r.job.model)
+        per_eval = evals.get((r.job.model, r.job.tuning))
+        if per_eval is not None:
+            evaluate += r.evals_to_come * per_eval
+        else:
+            no_eval.append(r.job.model)
+    return train / 3600, evaluate / 3600, list(dict.fromkeys(no_rate)), list(dict.fromkeys(no_eval))
 
 
 def format_status(out: str | Path, rows: list[RunStatus]) -> str:
@@ -138,10 +170,13 @@ def format_status(out: str | Path, rows: list[RunStatus]) -> str:
     head = f"{out}: {total} runs ({sweep} sweep, {total - sweep} paired); " + ", ".join(
         f"{n} {s}" for s, n in counts.items() if n
     )
-    hours, untimed = hours_left(rows)
-    tail = f"training left: about {hours:.1f} one-process hours at the tokens/s of each model's runs so far"
-    tail += " (evaluations not counted"
-    tail += f"; not timed yet: {', '.join(untimed)})" if untimed else ")"
+    train, evaluate, no_rate, no_eval = hours_left(rows)
+    tail = (
+        f"left: about {train + evaluate:.1f} one-process hours ({train:.1f} training, {evaluate:.1f} evaluating), "
+        "at the tokens/s and evaluation times of each model's runs so far"
+    )
+    tail += f"; not counted, no run timed yet: the training of {', '.join(no_rate)}" if no_rate else ""
+    tail += f"; not counted, no evaluation timed yet: those of {', '.join(no_eval)}" if no_eval else ""
     return "\n".join([head, *lines, tail])
 
 
