@@ -104,3 +104,15 @@ def test_lock_holder_names_a_live_holder_and_nothing_else(tmp_path):
     assert f"process {os.getpid()}" in lock_holder(path)
     lock.release()
     assert lock_holder(path) is None  # the file stays, its lock is gone
+
+
+def test_a_held_run_past_its_budget_is_in_its_final_evaluation():
+    from drmlab.experiments.ablate.status import RunStatus, _detail
+
+    job = Job("run", "J", 1)
+    assert _detail(RunStatus(job, "training", 1024, 1024, holder="process 7")).startswith(
+        "trained, its final evaluation running now"
+    )
+    assert _detail(RunStatus(job, "training", 1024, 512, holder="process 7")).startswith(
+        "training now, 512 of 1,024 tokens (50%)"
+    )

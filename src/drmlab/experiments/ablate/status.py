@@ -189,6 +189,8 @@ def _detail(r: RunStatus) -> str:
         rate = f", {r.tokens_per_s:,.0f} tok/s" if r.tokens_per_s else ""
         return f"done: CE {r.val_ce:.4f}{rate}" if r.val_ce is not None else f"done{rate}"
     progress = f"{r.tokens:,} of {r.budget:,} tokens ({100 * r.tokens / r.budget:.0f}%)"
+    if r.state == "training" and r.tokens >= r.budget:
+        return f"trained, its final evaluation running now, by {r.holder}"
     if r.state == "training":
         rate = f", {r.tokens_per_s:,.0f} tok/s" if r.tokens_per_s else ""
         return f"training now, {progress}{rate}, by {r.holder}"
