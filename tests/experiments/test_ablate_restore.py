@@ -42,6 +42,8 @@ def finished(corpus_file, tmp_path_factory):
     assert results["complete"] and all(r["milestones"] and r["curves"]["eval"]["val_ce"] for r in results["runs"])
     # each run's wall time: its steps, its milestone and final evaluations
     assert all(r["wall_seconds"] > r["train_seconds"] > 0 for r in results["runs"])
+    # and each evaluation's seconds: the milestone's (512 tokens), then the final one's
+    assert all(len(r["eval_seconds"]) == 2 and min(r["eval_seconds"]) > 0 for r in results["runs"])
     return out, json.loads((out / "results.json").read_text())
 
 
@@ -60,6 +62,22 @@ def test_a_restored_study_collects_to_the_record_and_trains_nothing(corpus_file,
     again = ablate.run_study(_spec(corpus_file), Runtime(cache_dir=str(tmp_path / "cache"), log=lines.append), out)
     assert _numbers(again) == _numbers(record)
     assert restore_study(record, out) == {"restored": 0, "kept": 4 + 2 * 2, "left": 2}  # the diverged: left
+
+
+def test_a_restored_study_times_its_evaluations_still_to_come(corpus_file, finished, tmp_path):
+    """--status after --restore counts the evaluations left at the first machine's evaluation times."""
+    from drmlab.experiments.ablate.status import eval_seconds, study_status
+
+    _, record = finished
+    out = tmp_path / "moved"
+    restore_study(dict(record, runs=[r for r in record["runs"] if r["seed"] == 1]), out)
+    rows = study_status(out)
+    restored = {(r.job.model, r.job.value): r.eval_seconds for r in rows if r.state == "done" and not r.job.tuning}
+    assert restored == {(r["model"], 1): tuple(r["eval_seconds"]) for r in record["runs"] if r["seed"] == 1}
+    timed = eval_seconds(rows)
+    for model in ("SSM_CONTROL", "GPT2"):  # each model's mean over its restored evaluations
+        mine = [s for r in record["runs"] if r["model"] == model and r["seed"] == 1 for s in r["eval_seconds"]]
+        assert timed[(model, False)] == pytest.approx(sum(mine) / len(mine))
 
 
 def test_what_the_record_had_not_finished_trains_on_the_new_machine(corpus_file, finished, tmp_path):

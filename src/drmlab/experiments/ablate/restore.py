@@ -5,7 +5,8 @@ so the study skips them and trains only the rest.
 
 A restored run folder holds ``summary.json`` (marked ``"restored": true``) and a ``metrics.jsonl`` of the
 run's collected curves (at most :data:`~drmlab.experiments.results.MAX_POINTS` rows each, which the
-collection takes as they are) and milestones: collecting the study again gives the record's numbers for
+collection takes as they are) and milestones, with each evaluation's seconds where the record has them (so
+``--status`` times the evaluations still to come): collecting the study again gives the record's numbers for
 those runs. It has no checkpoint (nothing to resume, export or rescore from); a half-finished run is not
 in a record and trains again from its start.
 """
@@ -28,8 +29,11 @@ def _metrics_rows(run: dict) -> list[dict]:
     for kind, values in (("train", run["curves"]["train"]), ("eval", run["curves"]["eval"])):
         keys = list(values)
         rows += [{"kind": kind, **dict(zip(keys, point))} for point in zip(*(values[k] for k in keys))]
-    rows += [{"kind": "milestone", "tokens": t, "val_ce": ce, "val_bpb": bpb} for t, ce, bpb in run["milestones"]]
-    return rows
+    marks = [{"kind": "milestone", "tokens": t, "val_ce": ce, "val_bpb": bpb} for t, ce, bpb in run["milestones"]]
+    timed = run.get("eval_seconds") or []
+    if len(timed) == len(marks) + 1:  # each milestone's evaluation time, then the final one's (summary)
+        marks = [m | {"eval_seconds": s} for m, s in zip(marks, timed)]
+    return rows + marks
 
 
 def _write_run(folder: Path, summary: dict, rows: list[dict]) -> str:
@@ -75,6 +79,8 @@ def restore_study(record: dict, out: str | Path) -> dict[str, int]:
         summary = {k: run[k] for k in SUMMARY_KEYS} | {"finished": True, "restored": True}
         if run.get("wall_seconds") is not None:  # the first machine's wall time, as its summary had it
             summary["elapsed"] = run["wall_seconds"]
+        if len(run.get("eval_seconds") or []) == len(run["milestones"]) + 1:  # and its final evaluation's time
+            summary["eval_seconds"] = run["eval_seconds"][-1]
         counts[_write_run(run_dir(out, run["model"], run["seed"]), summary, _metrics_rows(run))] += 1
     for model, sweep in (record.get("lr_sweep") or {}).items():
         diverged = {lr_sweep.lr_label(float(lr)) for lr in sweep.get("diverged") or []}

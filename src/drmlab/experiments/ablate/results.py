@@ -59,7 +59,12 @@ def collect_runs(out: str | Path, study: dict) -> list[dict]:
             if summary is None:
                 continue
             rows = run.read_metrics()
-            milestones = [(r["tokens"], r["val_ce"], r["val_bpb"]) for r in rows if r.get("kind") == "milestone"]
+            marks = [r for r in rows if r.get("kind") == "milestone"]
+            milestones = [(r["tokens"], r["val_ce"], r["val_bpb"]) for r in marks]
+            # the seconds of each evaluation (milestones, then the final one), where the run timed them all:
+            # a study continued from this record (--restore) counts its evaluations still to come from them
+            timed = [r.get("eval_seconds") for r in marks] + [summary.get("eval_seconds")]
+            evals = {"eval_seconds": timed} if all(t is not None for t in timed) else {}
             runs.append(
                 {
                     "model": model,
@@ -74,6 +79,7 @@ def collect_runs(out: str | Path, study: dict) -> list[dict]:
                     "milestones": milestones,
                 }
                 | ({"wall_seconds": summary["elapsed"]} if summary.get("elapsed") is not None else {})
+                | evals
             )
     return runs
 
