@@ -41,6 +41,12 @@ small), for a J_NO_DIRECTION base under distill; an ASM_CM base keeps its own. B
 specialise.json (settings) and config.json (fast_weight_dim among the overrides); continuing a run
 under another value is refused.
 
+--fast: the teacher's and the student's training forwards in bf16 autocast where the device multiplies
+bf16 natively (--bf16 forces it); the losses, the stage reads and the rescoring stay float32, and the
+fast-weight memory's state and recurrence stay float32 inside it. No torch.compile here: the curriculum
+changes the batch shapes at every stage. Recorded in specialise.json (settings.bf16); continuing a run
+with the other setting is refused.
+
 --recipe interleaved (upstream's PMCS-64 memory specialisation): the base's own model, every stage's
 steps counted as MQAR batches taken in order, one plain language step (4 windows of 256, CE, no teacher)
 after every 4th; every parameter at --lr (default 3e-4), weight decay 0.01, constant, clip 1.0 (the
@@ -138,6 +144,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="cap on the validation tokens rescored before and after, or all (default: the base run's)",
     )
     parser.add_argument(
+        "--bf16", action="store_true", default=None, help="the training forwards (teacher and student) in bf16 autocast"
+    )
+    parser.add_argument(
+        "--fast",
+        action="store_true",
+        default=None,
+        help="the fast setting here: --bf16 where this device multiplies bf16 natively (else float32, said in one "
+        "line) and the fused kernels; no torch.compile (the curriculum changes the batch shapes stage by stage)",
+    )
+    parser.add_argument(
         "--checkpoint-every",
         type=int,
         default=100,
@@ -164,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
     common.accept_edited_config(args, args.base)
     common.say_recovered_checkpoint(args.base)
     common.apply_threads(args)
+    bf16 = fast_bf16(args)
     pairs = args.pairs
     curriculum = (
         recipe.default_curriculum(pairs) if args.curriculum is None else recipe.parse_curriculum(args.curriculum, pairs)
@@ -180,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
         args.eval_sequences,
         pairs,
         args.fast_weight_dim,
+        bf16,
     )
     base_config = recipe.check_base(args.base, args.recipe)
     recipe.student_overrides(base_config, args.recipe, args.fast_weight_dim)
@@ -210,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
             eval_tokens=eval_tokens,
             pairs=pairs,
             fast_weight_dim=args.fast_weight_dim,
+            bf16=bf16,
             device=args.device,
             checkpoint_every=args.checkpoint_every,
             overwrite=args.overwrite,
@@ -225,6 +244,20 @@ def run(args: argparse.Namespace) -> int:
     print(format_result(result))
     print(f"results in {args.out}/: specialise.json, summary.json, config.json, metrics.jsonl, checkpoints/")
     return 0
+
+
+def fast_bf16(args: argparse.Namespace) -> bool:
+    """Whether the training forwards run in bf16: --bf16, or --fast where the device multiplies bf16 natively
+    (:func:`drmlab.training.fast.bf16_unavailable`; elsewhere one line says it specialises in float32)."""
+    if args.bf16 or not args.fast:
+        return bool(args.bf16)
+    from drmlab.devices import resolve_device
+    from drmlab.training.fast import bf16_unavailable
+
+    why = bf16_unavailable(resolve_device(args.device))
+    if why is not None:
+        print(f"drmlab: --fast: {why}: specialising in float32 with the fused kernels", file=sys.stderr)
+    return why is None
 
 
 def format_result(result: dict) -> str:

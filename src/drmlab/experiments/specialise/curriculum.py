@@ -111,7 +111,9 @@ class Settings:
     ``curriculum`` counts optimizer steps per stage under ``distill`` and MQAR batches under
     ``interleaved``; ``lr`` is the interleaved recipe's one rate (``backbone_lr`` and ``memory_lr``
     are the distill recipe's two groups); ``pairs`` the MQAR task's pair count (docs/mqar.md 8.2);
-    ``fast_weight_dim`` the width of a new memory (None: the model's default or the base's own)."""
+    ``fast_weight_dim`` the width of a new memory (None: the model's default or the base's own); ``bf16``
+    the teacher's and the student's forwards under a bf16 autocast (``drmlab specialise --fast``; the
+    losses, the weights and the optimizer stay float32)."""
 
     curriculum: list  # [[length, steps], ...] after scaling
     seed: int
@@ -131,6 +133,7 @@ class Settings:
     lr: float | None = None  # interleaved: the one rate of every parameter
     pairs: int = mqar_distance.PAIRS
     fast_weight_dim: int | None = None
+    bf16: bool = False
 
     @classmethod
     def interleaved(
@@ -194,6 +197,8 @@ class Settings:
             raise ValueError(f"--eval-sequences must be a positive integer, got {self.eval_sequences!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"--seed must be a non-negative integer, got {self.seed!r}")
+        if not isinstance(self.bf16, bool):
+            raise ValueError(f"bf16 must be true or false, got {self.bf16!r}")
         return self
 
     @property
@@ -252,11 +257,12 @@ def recipe_settings(
     eval_sequences=None,
     pairs: int = mqar_distance.PAIRS,
     fast_weight_dim: int | None = None,
+    bf16: bool = False,
 ) -> Settings:
     """The validated :class:`Settings` of ``recipe`` with these rates, pair count and memory width:
     another recipe's rates, a rate out of range or a bad curriculum is one ValueError (the CLI calls
     this before reading the corpus, so a refusal is immediate)."""
-    kw = {"eval_sequences": eval_sequences, "pairs": pairs, "fast_weight_dim": fast_weight_dim}
+    kw = {"eval_sequences": eval_sequences, "pairs": pairs, "fast_weight_dim": fast_weight_dim, "bf16": bf16}
     if recipe == "interleaved":
         settings = Settings.interleaved([list(st) for st in stages], seed, lr, backbone_lr, memory_lr, **kw)
     else:

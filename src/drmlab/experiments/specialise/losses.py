@@ -58,11 +58,16 @@ def mqar_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 class SpecialiseLoss:
     """``(student, (inputs, targets), step) -> (loss, row entries)``: the language loss against the
     frozen ``teacher`` or the MQAR loss, by the coin of ``step`` (the batch source's); both models at
-    ``step=None``; plus the student's ``loss_aux`` when it gives one. The row gets ``ce``, ``kd``
+    ``step=None``; plus the student's ``loss_aux`` when it gives one. Under ``settings.bf16`` both
+    forwards run in a bf16 autocast and the losses widen the logits to float32. The row gets ``ce``, ``kd``
     (None on an MQAR batch), ``stage``, ``batch`` (language or mqar) and ``batch_tokens``."""
 
     def __init__(self, teacher: nn.Module, batches: MixedBatches, settings: Settings):
         self.teacher, self.batches, self.settings = teacher, batches, settings
+
+    def _forward(self, model: nn.Module, inputs: torch.Tensor):
+        with torch.autocast(device_type=inputs.device.type, dtype=torch.bfloat16, enabled=self.settings.bf16):
+            return model(inputs, step=None)
 
     def __call__(self, model: nn.Module, batch: tuple, step: int) -> tuple[torch.Tensor, dict]:
         s = self.settings
@@ -70,17 +75,17 @@ class SpecialiseLoss:
         language = self.batches.is_language(s.seed, step)
         if language and s.kd_weight:
             with torch.no_grad():
-                teacher_logits = self.teacher(inputs, step=None).logits
-            out = model(inputs, step=None)
+                teacher_logits = self._forward(self.teacher, inputs).logits
+            out = self._forward(model, inputs)
             loss, ce, kl = language_loss(
                 out.logits, teacher_logits, targets, temperature=s.temperature, kd_weight=s.kd_weight
             )
         elif language:  # no distillation (the interleaved recipe): the plain next-token CE
-            out = model(inputs, step=None)
+            out = self._forward(model, inputs)
             loss = ce = next_token_ce(out.logits, targets)
             kl = None
         else:
-            out = model(inputs, step=None)
+            out = self._forward(model, inputs)
             loss = ce = mqar_loss(out.logits, targets)
             kl = None
         aux = out.aux.get("loss_aux") if out.aux else None

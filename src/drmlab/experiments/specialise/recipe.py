@@ -151,6 +151,7 @@ class Specialisation:
             eval_batch_size=self.rescore_batch,
             checkpoint_every=self.checkpoint_every * seq,
             divergence_steps=0,
+            bf16=s.bf16,  # recorded in config.json; the loss piece runs the autocast
         ).validate()
 
     def run_info(self) -> RunInfo:
@@ -444,6 +445,7 @@ def specialise(
     eval_tokens: int | None = None,
     pairs: int = mqar_distance.PAIRS,
     fast_weight_dim: int | None = None,
+    bf16: bool = False,
     device="auto",
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
     overwrite: bool = False,
@@ -456,7 +458,8 @@ def specialise(
     defaults to the base run's. ``recipe`` is ``distill`` (rates ``backbone_lr`` and ``memory_lr``,
     default 1e-5 and 1e-4) or ``interleaved`` (one rate ``lr``, default 3e-4). ``pairs``: the MQAR task's
     pair count (``curriculum`` None: the default curriculum fitted to it, :func:`default_curriculum`);
-    ``fast_weight_dim``: the new memory's width (a J_NO_DIRECTION base under ``distill``). The result
+    ``fast_weight_dim``: the new memory's width (a J_NO_DIRECTION base under ``distill``); ``bf16``: the
+    forwards under a bf16 autocast (``--fast``). The result
     (specialise.json); ``stop_after_step`` stops early with a checkpoint (an interruption, for tests)."""
     from drmlab.devices import resolve_device
 
@@ -466,7 +469,9 @@ def specialise(
     base_model = load_base(base, dev, recipe)
     if seed is None:
         seed = int((base_model[1].get("train") or {}).get("seed", 0))
-    settings = recipe_settings(recipe, stages, seed, lr, backbone_lr, memory_lr, eval_sequences, pairs, fast_weight_dim)
+    settings = recipe_settings(
+        recipe, stages, seed, lr, backbone_lr, memory_lr, eval_sequences, pairs, fast_weight_dim, bf16
+    )
     job = Specialisation(
         base,
         out,
