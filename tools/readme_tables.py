@@ -343,6 +343,30 @@ def _zoology_table(studies: dict[str, dict]) -> str:
     return _table(header, ["---"] + ["---"] * len(columns) + ["---:"], rows)
 
 
+def _zoology_budget_table(studies: dict[str, dict]) -> str:
+    """The Zoology study at CPU budget, costed before it runs (benchmarks/zoology_budget.py): per model and
+    (length, width) the one-thread hours of the probe and the chosen rate's run, the faster of float32 and
+    bf16 autocast, no early stop; the last row adds each column up."""
+    rows_in = studies["zoology-budget"]["rows"]
+    columns = list(dict.fromkeys((r["seq_len"], r["width"]) for r in rows_in))
+
+    def hours(r: dict) -> float:
+        return min(r[k]["probe_h"] + r[k]["rest_h"] for k in ("float32", "bf16") if k in r)
+
+    rows = []
+    for name in dict.fromkeys(r["model"] for r in rows_in):
+        mine = {(r["seq_len"], r["width"]): r for r in rows_in if r["model"] == name}
+        cells = []
+        for col in columns:
+            r = mine.get(col)
+            cells.append("-" if r is None else ("n/a" if "na" in r else f"{hours(r):.1f} h ({r['params']:,})"))
+        rows.append([name, *cells])
+    totals = [sum(hours(r) for r in rows_in if (r["seq_len"], r["width"]) == col and "na" not in r) for col in columns]
+    rows.append(["all models", *(f"**{t:.1f} h**" for t in totals)])
+    header = ["model", *(f"L {L}, width {w}: hours (params)" for L, w in columns)]
+    return _table(header, ["---"] + ["---:"] * len(columns), rows)
+
+
 def _mqar_cells(reads: dict[str, dict], lengths: list[int]) -> str:
     """``a / b / c / d`` percentages of the mean accuracy per length over the seeds read."""
     cells = []
@@ -712,6 +736,7 @@ BLOCK_RENDERERS = {
     "bench-decode": _bench_decode_table,
     "bench-solvers": _bench_solvers_table,
     "zoology-cpu": _zoology_table,
+    "zoology-budget": _zoology_budget_table,
     "pmcs-tiny": _pmcs_table,
     "asm-cm-controls": _asm_cm_controls_table,
     "geometry-tiny": _geometry_table,

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import pytest
 from study_results import load, stated
 
 said = stated("zoology-cpu")
@@ -36,3 +37,29 @@ def test_the_cell_is_the_best_finished_rate_and_says_the_sweep_is_incomplete():
     cell = load("zoology-cpu")["cells"]["ATTENTION w64 L64"]
     assert cell["status"] == "incomplete" and cell["lr"] == 0.01 and cell["acc"] == _runs()[0.01]["test_acc"]
     assert cell["state_bytes"] == 2 * 2 * 64 * 64 * 4  # 2 layers x (keys, values) x 64 tokens x width x float32
+
+
+def test_the_budgets_cost_adds_up_from_its_cells_and_the_text_quotes_it():
+    """docs/studies/zoology-budget: the hours per length are the sum of the cells' faster dtype, the
+    slowest cell's one run is its 16 epochs, and the text quotes the totals."""
+    record = load("zoology-budget")
+    said = stated("zoology-budget")
+    rows = record["rows"]
+    assert {(r["seq_len"], r["width"]) for r in rows} == {(64, 64), (64, 128), (256, 64), (256, 128)}
+    assert len(rows) == 4 * 6 and not any("na" in r for r in rows)
+
+    def hours(r):
+        return min(r[k]["probe_h"] + r[k]["rest_h"] for k in ("float32", "bf16"))
+
+    by_length = {L: sum(hours(r) for r in rows if r["seq_len"] == L) for L in (64, 256)}
+    summary = record["summary"]
+    assert summary["hours_no_early_stop"]["L64"] == by_length[64]
+    assert summary["hours_no_early_stop"]["L256"] == by_length[256]
+    for value in (by_length[64] + by_length[256], by_length[64], by_length[256]):
+        said(f"{value:.1f}")
+    slowest = max(rows, key=lambda r: min(r[k]["probe_h"] / 4 + r[k]["rest_h"] for k in ("float32", "bf16")))
+    assert (slowest["model"], slowest["seq_len"], slowest["width"]) == ("SSM_CONTROL", 256, 128)
+    said(f"{summary['longest_run_h']:.1f}")
+    for r in rows:  # the probe is 4 rates x 2 epochs, the rest 14 epochs, at the same step time
+        for k in ("float32", "bf16"):
+            assert r[k]["probe_h"] / r[k]["rest_h"] == pytest.approx(8 / 14)
