@@ -66,7 +66,8 @@ def is_driver(argv: list[str]) -> bool:
 def study_processes() -> list[int]:
     """The pids of the study processes and drivers on this machine (not this one)."""
     pids = [int(p.name) for p in Path("/proc").glob("[0-9]*") if int(p.name) != os.getpid()]
-    return sorted(pid for pid in pids if is_drmlab_study(_cmdline(pid)) or is_driver(_cmdline(pid)))
+    commands = {pid: _cmdline(pid) for pid in pids}  # read once: a process may end between two reads
+    return sorted(pid for pid, argv in commands.items() if is_drmlab_study(argv) or is_driver(argv))
 
 
 def _family(pid: int) -> list[int]:
