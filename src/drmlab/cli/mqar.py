@@ -68,6 +68,7 @@ ZOOLOGY_ONLY = {
     "collect": "--collect",
     "probe_epochs": "--probe-epochs",
     "fast": "--fast",
+    "status": "--status",
 }
 
 
@@ -190,6 +191,13 @@ def add_distance_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=None,
         help="train nothing: write the report (zoology.md, results.json) of the runs already finished in OUT",
+    )
+    zoo.add_argument(
+        "--status",
+        action="store_true",
+        default=None,
+        help="train nothing, write nothing: where the study in OUT stands (each run's state, epochs and test "
+        "accuracy, who trains it) and the hours it has left; give the options the study runs with",
     )
     zoo.add_argument(
         "--restore",
@@ -419,13 +427,29 @@ def run_zoology(args: argparse.Namespace) -> int:
     }
     out = Path(args.out or ZOOLOGY_OUT)
     common.refuse_run_output(out, "--out")
+    models = common.split_list(args.models, "models") if args.models else zoology.DEFAULT_MODELS
+    widths = common.parse_int_list(args.widths, "widths") if args.widths else zoology.WIDTHS
+    seq_lens = common.parse_int_list(args.seq_lens, "seq-lens") if args.seq_lens else None
+    given = {key: value for key, value in given.items() if value is not None}
+    if args.status:
+        from drmlab.experiments.mqar import zoology_status
+
+        if not (out / "runs").is_dir():
+            raise ValueError(
+                f"{out} holds no Zoology study (no runs/): start one with drmlab mqar --protocol zoology --out {out}"
+            )
+        study = zoology.plan_study(
+            models, widths, seq_lens, preset=args.preset, seed=seeds[0], settings=settings, **given
+        )
+        print(zoology_status.format_zoology_status(study, out, zoology_status.zoology_status(study, out)))
+        return 0
     if args.restore:
         restored = zoology.restore_runs(args.restore, out)
         runtime.log(f"restored {len(restored)} finished runs from {args.restore} into {out / 'runs'}")
     zoology.run_zoology_study(
-        common.split_list(args.models, "models") if args.models else zoology.DEFAULT_MODELS,
-        common.parse_int_list(args.widths, "widths") if args.widths else zoology.WIDTHS,
-        common.parse_int_list(args.seq_lens, "seq-lens") if args.seq_lens else None,
+        models,
+        widths,
+        seq_lens,
         out=out,
         preset=args.preset,
         seed=seeds[0],
@@ -434,7 +458,7 @@ def run_zoology(args: argparse.Namespace) -> int:
         quiet=runtime.quiet,
         log=runtime.log,
         collect_only=bool(args.collect),
-        **{key: value for key, value in given.items() if value is not None},
+        **given,
     )
     print((out / "zoology.md").read_text(), end="")
     print(f"wrote {out / 'zoology.md'}, zoology.json, results.json")

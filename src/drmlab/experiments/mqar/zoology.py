@@ -100,6 +100,37 @@ def cached_data(study: ZoologyStudy, seq_len: int, kv: int):
     return _DATA_CACHE[key]
 
 
+def run_spec(study: ZoologyStudy, name: str, width: int, seq_len: int, kv: int, lr: float) -> tuple[dict, str | None]:
+    """(the spec a run trains under, None), or ({}, the reason) where the model cannot hold the setting
+    (n/a). A saved result under another spec is trained again."""
+    registry, kw, why = protocol_overrides(name, study.preset, width, seq_len, study.model_overrides, study.recipe)
+    if why is not None:
+        return {}, why
+    r = study.recipe
+    spec = {
+        "model": name,
+        "registry_model": registry,
+        "preset": study.preset,
+        "overrides": kw,
+        "zoology_attention": name == ATTENTION,
+        "dropout": r.dropout if name == ATTENTION else 0.0,
+        "task": {
+            "vocab_size": r.vocab_size,
+            "power_a": r.power_a,
+            "seq_len": seq_len,
+            "kv": kv,
+            "n_train": r.n_train,
+            "n_test": r.n_test,
+            "data_seed": r.data_seed,
+        },
+        "epochs": r.epochs,
+        "early_stop": r.early_stop,
+        "head_at_queries_only": True,
+        "train": dataclasses.asdict(study.train_config(seq_len, lr)),
+    }
+    return jsonable(spec), None
+
+
 def run_cell(
     study: ZoologyStudy,
     name: str,
@@ -125,34 +156,12 @@ def run_cell(
 
     label = run_name(name, width, seq_len, lr)
     base = {"model": name, "width": width, "seq_len": seq_len, "kv": kv, "lr": lr}
-    registry, kw, why = protocol_overrides(name, study.preset, width, seq_len, study.model_overrides, study.recipe)
+    spec, why = run_spec(study, name, width, seq_len, kv, lr)
     if why is not None:
         return dict(base, status="n/a", why=why)
+    registry, kw = spec["registry_model"], spec["overrides"]
     cfg = study.train_config(seq_len, lr)
     r = study.recipe
-    spec = jsonable(
-        {
-            "model": name,
-            "registry_model": registry,
-            "preset": study.preset,
-            "overrides": kw,
-            "zoology_attention": name == ATTENTION,
-            "dropout": r.dropout if name == ATTENTION else 0.0,
-            "task": {
-                "vocab_size": r.vocab_size,
-                "power_a": r.power_a,
-                "seq_len": seq_len,
-                "kv": kv,
-                "n_train": r.n_train,
-                "n_test": r.n_test,
-                "data_seed": r.data_seed,
-            },
-            "epochs": r.epochs,
-            "early_stop": r.early_stop,
-            "head_at_queries_only": True,
-            "train": dataclasses.asdict(cfg),
-        }
-    )
     target = r.epochs if until is None else min(until, r.epochs)
     run_dir = out / "runs" / label
     path = run_dir / "result.json"
