@@ -121,3 +121,19 @@ def test_cli_status_writes_nothing_and_refuses_an_empty_folder(study, tmp_path, 
     assert main([*argv[:-3], "--out", str(tmp_path / "nothing"), "--status"]) == 2
     err = capsys.readouterr().err
     assert "holds no Zoology study" in err and err.count("\n") == 1
+
+
+def test_a_result_written_before_a_train_setting_existed_is_still_the_same_run(study, tmp_path):
+    """A committed run stays reusable when TrainConfig grows: a setting missing from its spec takes its
+    default; a setting it recorded with another value still makes it a run of other settings."""
+    from drmlab.experiments.mqar.zoology_probe import finished_for, same_spec
+
+    spec, _ = zoology.run_spec(study, "ATTENTION", 64, 64, 4, GRID[0])
+    older = json.loads(json.dumps(spec))
+    added = [k for k, v in spec["train"].items() if v is None][0]  # a setting whose default is None
+    del older["train"][added]
+    saved = {"spec": older, "status": "done"}
+    assert older != spec and same_spec(saved, spec) and finished_for(saved, spec, 4)
+    older["train"]["weight_decay"] = 0.5
+    assert not same_spec(saved, spec) and not finished_for(saved, spec, 4)
+    assert not same_spec(None, spec)

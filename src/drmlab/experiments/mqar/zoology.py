@@ -41,7 +41,7 @@ from drmlab.experiments.mqar.zoology_plan import (  # noqa: F401 (re-exported)
     parse_rates,
     plan_study,
 )
-from drmlab.experiments.mqar.zoology_probe import finished_for, probe_score, runs_after_the_probe
+from drmlab.experiments.mqar.zoology_probe import finished_for, probe_score, runs_after_the_probe, same_spec
 from drmlab.experiments.mqar.zoology_recipe import (  # noqa: F401 (re-exported)
     BATCH_SIZES,
     LR_GRID,
@@ -179,7 +179,7 @@ def run_cell(
         if finished_for(saved, spec, target):
             return dict(saved, reused=True)
         run = RunDir(run_dir)
-        resume = saved is not None and saved.get("spec") == spec and run.has_checkpoint()
+        resume = same_spec(saved, spec) and run.has_checkpoint()
         result = saved if resume else dict(base, status="training", spec=spec, epochs=[], wall_seconds=0.0)
         result["status"] = "training"  # a probed run going on is training until its next stop
         if not resume:

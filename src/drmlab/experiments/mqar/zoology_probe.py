@@ -8,10 +8,30 @@ from drmlab.experiments import lr_sweep
 from drmlab.experiments.mqar.zoology_plan import ZoologyStudy
 
 
+def same_spec(saved: dict | None, spec: dict) -> bool:
+    """Whether a saved result ran under ``spec``: equal, once the train settings added to
+    :class:`~drmlab.training.config.TrainConfig` since it was written take their defaults (each new setting
+    defaults to the behaviour before it, so a committed run stays reusable as the trainer grows)."""
+    if not isinstance(saved, dict):
+        return False
+    if saved.get("spec") == spec:
+        return True
+    import dataclasses
+
+    from drmlab.training.config import TrainConfig
+
+    old = saved.get("spec")
+    if not isinstance(old, dict) or not isinstance(old.get("train"), dict):
+        return False
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+    train = {**{k: v for k, v in defaults.items() if k not in old["train"]}, **old["train"]}
+    return dict(old, train=train) == spec
+
+
 def finished_for(saved: dict | None, spec: dict, epochs: int) -> bool:
-    """Whether a saved result ran under ``spec`` and needs no more training for ``epochs`` epochs: done,
-    diverged, or probed at least that far."""
-    if saved is None or saved.get("spec") != spec:
+    """Whether a saved result ran under ``spec`` (:func:`same_spec`) and needs no more training for
+    ``epochs`` epochs: done, diverged, or probed at least that far."""
+    if not same_spec(saved, spec):
         return False
     return saved.get("status") in ("done", "diverged") or (
         saved.get("status") == "probed" and saved.get("epochs_run", 0) >= epochs

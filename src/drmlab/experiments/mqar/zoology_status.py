@@ -26,6 +26,7 @@ from pathlib import Path
 from drmlab.experiments import lr_sweep
 from drmlab.experiments.mqar.zoology import run_name, run_spec
 from drmlab.experiments.mqar.zoology_plan import ZoologyStudy
+from drmlab.experiments.mqar.zoology_probe import same_spec
 
 __all__ = ["ZoologyRunStatus", "format_zoology_status", "zoology_hours_left", "zoology_status"]
 
@@ -67,7 +68,7 @@ def run_status(study: ZoologyStudy, out: Path, name: str, width: int, seq_len: i
     label = run_name(name, width, seq_len, lr)
     saved = _read(out / "runs" / label / "result.json")
     holder = lock_holder(out / "locks" / f"{label}.lock")
-    if saved is None or saved.get("spec") != spec:
+    if not same_spec(saved, spec):
         state = "not begun" if saved is None else "other settings"
         return ZoologyRunStatus(**key, state="training" if holder else state, holder=holder)
     epochs = saved.get("epochs") or []
