@@ -4,21 +4,17 @@ the reference by commit and never by where its checkout lies."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tool_scripts import ROOT, load_script
+
 SCRIPT = ROOT / "benchmarks" / "bench_reference.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("drmlab_bench_reference", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "drmlab_bench_reference")
 
 
 def test_a_missing_reference_is_one_line_and_status_two(tmp_path):

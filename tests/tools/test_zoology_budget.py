@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from tool_scripts import ROOT, load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "zoology_budget.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("drmlab_zoology_budget", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "drmlab_zoology_budget")
 
 
 def test_cell_hours_by_hand():
