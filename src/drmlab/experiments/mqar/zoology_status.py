@@ -2,7 +2,7 @@
 section 10.9), read from its folder without writing to it: each planned run's state, its epochs and test
 accuracy, who trains it, and the one-process hours the study has left.
 
-A run's state: ``done`` (16 epochs or the early stop), ``diverged``, ``probed`` (its rate's probe is over;
+A run's state: ``done`` (all its epochs, or the early stop), ``diverged``, ``probed`` (its rate's probe is over;
 it goes on only if its cell chooses it), ``training`` (a process holds its lock), ``stopped`` (epochs saved,
 nobody holds it: the next run of the command goes on from its last epoch), ``other settings`` (a result
 of another spec: trained again from its start), ``not begun`` or ``n/a`` (the model cannot hold the
