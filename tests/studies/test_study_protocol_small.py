@@ -43,3 +43,15 @@ def test_the_scales_table_judges_only_the_pairs_finished_at_both_presets():
 def test_the_readme_quotes_the_small_verdict():
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "J_NO_DIRECTION beats J by 0.0502 nats/byte on 3 of 3 seeds" in readme
+
+
+def test_the_tie_with_the_direct_control_at_tiny_becomes_a_promotion_at_small():
+    small = gate_of(MODELS["J_NO_DIRECTION"], MODELS["J_DIRECT_CONTROL_MATCHED"])
+    tiny = gate_of(TINY["models"]["J_NO_DIRECTION"], TINY["models"]["J_DIRECT_CONTROL_MATCHED"])
+    assert small["promoted"] and (small["wins"], small["n"]) == (3, 3) and fmt(small["gain"], 4) == said("0.0198")
+    assert (
+        not tiny["promoted"]
+        and not gate_of(TINY["models"]["J_DIRECT_CONTROL_MATCHED"], TINY["models"]["J_NO_DIRECTION"])["promoted"]
+    )
+    over_j = gate_of(MODELS["J_DIRECT_CONTROL_MATCHED"], MODELS["J"])
+    assert over_j["promoted"] and over_j["wins"] == 3 and fmt(over_j["gain"], 4) == said("0.0305")
