@@ -127,6 +127,11 @@ def test_study_runs_resumes_and_writes_results(corpus_file, tmp_path, monkeypatc
     # ... and so is a setting for a model whose runs have started without it
     assert main([*argv, "--set", "J.d_state=16"]) == 2
     assert "J settings: none in the study, {'d_state': 16} now (its runs have started)" in capsys.readouterr().err
+    # ... and a study run before --fast put the memory's products in bf16 says how to continue it as it ran
+    assert main([*argv, "--set", "bf16_memory_products=true"]) == 2
+    err = capsys.readouterr().err
+    assert "bf16_memory_products: False in the study, True now" in err
+    assert "--set bf16_memory_products=false continues the study as it ran" in err
 
 
 def test_bad_arguments(corpus_file, tmp_path, capsys):

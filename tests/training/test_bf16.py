@@ -209,3 +209,31 @@ def test_the_memory_products_in_autocast_run_in_bf16_and_keep_float32_gates():
     decay = 1 - reference[0]  # how fast memory fades: the quantity a rounded gate would distort
     rounded = 1 - reference[0].bfloat16().float()
     assert ((1 - forget) - decay).abs().max() < (rounded - decay).abs().max()
+
+
+def _one_step_loss(bf16: bool, bf16_memory_products: bool):
+    """(the first logged training loss, the memory modules' switches) of one step of SSM_CONTROL at micro."""
+    import numpy as np
+
+    from drmlab.training import TrainConfig, train
+
+    model = build_model("SSM_CONTROL", preset="micro", vocab_size=VOCAB, seed=5)
+    stream = np.random.default_rng(0).integers(0, VOCAB, 4_000).astype(np.int64)
+    cfg = TrainConfig(
+        tokens=2 * 32, batch_size=2, seq_len=32, seed=5, bf16=bf16, bf16_memory_products=bf16_memory_products
+    )
+    summary = train(model, stream, None, cfg, None, device="cpu", quiet=True)
+    switches = {m.products_in_autocast for m in model.modules() if hasattr(m, "products_in_autocast")}
+    return summary["final_loss"], switches
+
+
+def test_the_train_setting_puts_the_memory_products_in_bf16_under_bf16_only():
+    """``bf16_memory_products`` (--fast's since issue 33's decision) switches the selective memory's products into
+    the autocast: the first step's loss moves by bf16 round-off; without bf16 the setting changes nothing."""
+    plain, plain_switches = _one_step_loss(bf16=True, bf16_memory_products=False)
+    fast, fast_switches = _one_step_loss(bf16=True, bf16_memory_products=True)
+    assert plain_switches == {False} and fast_switches == {True}
+    assert fast != plain and abs(fast - plain) <= 0.01 * abs(plain)  # round-off, not another model
+    float32, switches = _one_step_loss(bf16=False, bf16_memory_products=True)
+    assert switches == {False}
+    assert float32 == _one_step_loss(bf16=False, bf16_memory_products=False)[0]

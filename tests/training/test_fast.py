@@ -22,7 +22,10 @@ def cpu_flags(monkeypatch):
 def test_bf16_on_a_cpu_with_bf16_matrix_units(cpu_flags):
     cpu_flags({"avx512f", "amx_bf16"})
     assert fast.bf16_unavailable(torch.device("cpu")) is None
-    assert fast.fast_settings(torch.device("cpu")) == ({"bf16": True, "compile": True}, None)
+    assert fast.fast_settings(torch.device("cpu")) == (
+        {"bf16": True, "bf16_memory_products": True, "compile": True},
+        None,
+    )
 
 
 def test_float32_on_a_cpu_without_them_said_in_one_line(cpu_flags):
@@ -38,15 +41,19 @@ def test_apply_fast_keeps_what_the_user_gave(cpu_flags, monkeypatch, tmp_path, c
     cpu_flags({"avx512_bf16"})
     args = argparse.Namespace(fast=True, bf16=None, compile=None, device="cpu")
     common.apply_fast(args)
-    assert (args.bf16, args.compile) == (True, True)
+    assert (args.bf16, args.bf16_memory_products, args.compile) == (True, True, True)
     assert capsys.readouterr().err == ""
     args = argparse.Namespace(fast=True, bf16=False, compile=None, device="cpu")  # a value already given stays
     common.apply_fast(args)
-    assert (args.bf16, args.compile) == (False, True)
+    assert (args.bf16, args.bf16_memory_products, args.compile) == (False, False, True)
+    # a resumed run keeps the memory setting it was trained with (its config.json's, absent: off)
+    resumed = argparse.Namespace(fast=True, bf16=None, compile=None, device="cpu", resume=True)
+    common.apply_fast(resumed)
+    assert (resumed.bf16, getattr(resumed, "bf16_memory_products", None)) == (True, None)
     cpu_flags({"avx2"})
     args = argparse.Namespace(fast=True, bf16=None, compile=None, device="cpu")
     common.apply_fast(args)
-    assert (args.bf16, args.compile) == (False, True)
+    assert (args.bf16, args.bf16_memory_products, args.compile) == (False, False, True)
     assert capsys.readouterr().err.count("\n") == 1
     untouched = argparse.Namespace(fast=None, bf16=None, compile=None, device="cpu")
     common.apply_fast(untouched)

@@ -80,8 +80,9 @@ def add_bf16_argument(parser, help: str = "bf16 autocast for training") -> None:
 
 
 def apply_fast(args: argparse.Namespace) -> None:
-    """Under --fast: --bf16 (where the device has bf16 matrix units; one line where it has not) and --compile,
-    each unless given; Inductor's cache moves to drmlab's cache folder. Nothing without --fast."""
+    """Under --fast: --bf16 (where the device has bf16 matrix units; one line where it has not), the memory's
+    products in bf16 with it (``bf16_memory_products``, not for a resumed run) and --compile, each unless given;
+    Inductor's cache moves to drmlab's cache folder. Nothing without --fast."""
     if not getattr(args, "fast", None):
         return
     from drmlab.devices import resolve_device
@@ -92,6 +93,9 @@ def apply_fast(args: argparse.Namespace) -> None:
         print(f"drmlab: {note}", file=sys.stderr)
     if args.bf16 is None:
         args.bf16 = settings["bf16"]
+    # the memory's products in bf16 (docs/drm.md A.4.7): for new runs; a resumed run keeps its own setting
+    if getattr(args, "bf16_memory_products", None) is None and not getattr(args, "resume", False):
+        args.bf16_memory_products = settings.get("bf16_memory_products", False) and args.bf16
     if getattr(args, "compile", None) is None:
         args.compile = settings["compile"]
     use_persistent_compile_cache()
@@ -103,6 +107,7 @@ def train_settings(args: argparse.Namespace, assignments: dict) -> dict:
     flags = {
         "lr": args.lr,
         "bf16": args.bf16,
+        "bf16_memory_products": getattr(args, "bf16_memory_products", None),
         "compile": getattr(args, "compile", None),
         "eval_tokens": None if args.eval_tokens in (None, "all") else args.eval_tokens,
     }

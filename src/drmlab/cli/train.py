@@ -188,6 +188,7 @@ def resolve_settings(args: argparse.Namespace, saved: dict | None):
         else (0 if str(args.eval_every) == "0" else parse_tokens(args.eval_every)),
         "eval_tokens": None if str(args.eval_tokens).lower() in ("none", "all") else parse_tokens(args.eval_tokens),
         "bf16": args.bf16,
+        "bf16_memory_products": getattr(args, "bf16_memory_products", None),
         "compile": args.compile,
     }
     base = {k: v for k, v in saved.get("train", {}).items() if k in TRAIN_KEYS}

@@ -48,6 +48,9 @@ class TrainConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
     bf16: bool = False  # bf16 autocast for the training forward (weights stay fp32)
+    # under bf16: the DRM selective memory's matrix products in bf16 too (gates and scan stay float32;
+    # docs/drm.md A.4.7); --fast turns it on; without bf16 it changes nothing
+    bf16_memory_products: bool = False
     compile: bool = False  # torch.compile the training forward as one graph (fullgraph=True, inductor)
     eval_every: int | None = None  # tokens between sampled evaluations; None: tokens / 5; 0: never
     eval_windows: int = 32  # validation windows of seq_len in the sampled evaluation (fixed set)
@@ -128,7 +131,7 @@ class TrainConfig:
         number("beta1", 0, 1, open_high=True)
         number("beta2", 0, 1, open_high=True)
         number("warmup_fraction", 0, 1, optional=True)
-        for key in ("decay_all_params", "bf16", "compile"):
+        for key in ("decay_all_params", "bf16", "bf16_memory_products", "compile"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
         if self.milestones is not None:
@@ -159,6 +162,16 @@ class TrainConfig:
 TRAIN_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig))
 # A setting missing from an older record had its default (settings are only ever added with a default).
 TRAIN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+
+
+def with_train_defaults(spec):
+    """A saved run spec (a dict with a ``train`` dict of TrainConfig fields) with the train settings added
+    since it was written at their defaults: each new setting defaults to the behaviour before it, so a saved
+    run compares equal to today's spec of the same settings. Anything else is returned as it is."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("train"), dict):
+        return spec
+    added = {k: v for k, v in TRAIN_DEFAULTS.items() if k not in spec["train"]}
+    return dict(spec, train={**added, **spec["train"]}) if added else spec
 
 
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}

@@ -7,6 +7,8 @@ kernels (on by default, :mod:`drmlab.ops.fusion`).
   it multiplies float32.
 * :func:`fast_settings`: the train settings ``--fast`` stands for on a device, and the one line that says what
   it dropped there.
+* :func:`memory_products_in_bf16`: the train setting ``bf16_memory_products`` applied to a model: the selective
+  memory's matrix products follow the bf16 autocast too (``docs/drm.md`` appendix A.4.7).
 * :func:`use_persistent_compile_cache`: Inductor's compiled kernels go to drmlab's cache folder (kept across
   reboots, unlike torch's default under the temporary folder), unless ``TORCHINDUCTOR_CACHE_DIR`` is set.
 * :data:`FAST_FACTORS` and :func:`suggestion`: the speed-up ``--fast`` measured per model (one CPU thread,
@@ -26,17 +28,20 @@ __all__ = [
     "FAST_MACHINE",
     "bf16_unavailable",
     "fast_settings",
+    "memory_products_in_bf16",
     "use_persistent_compile_cache",
     "suggestion",
 ]
 
 # the measured ratio of --fast to the float32 default, training tokens/s, preset tiny, one thread, on
-# FAST_MACHINE (docs/studies/bench-reference/results.json; tests/studies holds them to it)
+# FAST_MACHINE: the memory's products in bf16 too (docs/studies/bench-fast-memory, its "fast_memory" side), and
+# for J_NO_DIRECTION, not in that record, the fast setting of before (docs/studies/bench-reference; its memory is
+# J's size, where the products in bf16 moved J's factor from 1.49 to 1.54); tests/studies holds them to it
 FAST_FACTORS: dict[str, float] = {
-    "J": 1.52,
+    "J": 1.54,
     "J_NO_DIRECTION": 1.52,
-    "SSM_CONTROL": 1.60,
-    "J_DIRECT_CONTROL_MATCHED": 1.56,
+    "SSM_CONTROL": 2.07,
+    "J_DIRECT_CONTROL_MATCHED": 1.82,
 }
 FAST_MACHINE = "preset tiny, one thread of an Intel Xeon with AMX"
 # a default run of at least this many steps prints the suggestion, for a model --fast made this much faster
@@ -73,11 +78,22 @@ def fast_settings(device: torch.device) -> tuple[dict, str | None]:
     """(the train settings ``--fast`` stands for on ``device``, a one-line note where bf16 was dropped)."""
     why = bf16_unavailable(device)
     if why is None:
-        return {"bf16": True, "compile": True}, None
+        return {"bf16": True, "bf16_memory_products": True, "compile": True}, None
     return {
         "bf16": False,
         "compile": True,
     }, f"--fast: {why}: training in float32 with torch.compile and the fused kernels"
+
+
+def memory_products_in_bf16(model: torch.nn.Module) -> int:
+    """Let every module with a ``products_in_autocast`` switch (the DRM selective memory) run its matrix
+    products in the autocast's dtype; the number of modules switched. Outside an autocast nothing changes."""
+    switched = 0
+    for module in model.modules():
+        if hasattr(module, "products_in_autocast"):
+            module.products_in_autocast = True
+            switched += 1
+    return switched
 
 
 def use_persistent_compile_cache() -> Path | None:

@@ -68,6 +68,7 @@ from drmlab.training.compile_report import CompileReport, describe
 from drmlab.training.compiling import compile_errors, compile_model
 from drmlab.training.config import TrainConfig
 from drmlab.training.evaluating import Evaluate, Evaluations, sampled_eval  # noqa: F401 (re-exported)
+from drmlab.training.fast import memory_products_in_bf16
 from drmlab.training.finishing import Finishing
 from drmlab.training.losses import IGNORE_INDEX, lm_loss, lm_loss_fn, targets_loss  # noqa: F401 (re-exported)
 from drmlab.training.measuring import Measurements
@@ -130,6 +131,8 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
         self.info, self.device = dist_utils.setup(str(device) if isinstance(device, torch.device) else device)
         self.main = self.info.is_main
         self.model = model.to(self.device)
+        if cfg.bf16 and cfg.bf16_memory_products:  # the memory's products in bf16 too (docs/drm.md A.4.7)
+            memory_products_in_bf16(self.model)
         self.config = resolved_config(self.model, cfg, run_info, self.info.world_size, self.device)
         self.sharded = fsdp and self.info.enabled  # FSDP2: every process holds 1/N of the weights
         self.config["runtime"]["data_parallel"] = "fsdp" if self.sharded else "ddp" if self.info.enabled else None

@@ -22,6 +22,15 @@ RESCORING_KEYS = ("eval_tokens", "eval_batch_size")
 CHECK_VOCAB = 256
 
 
+# train settings added after studies were recorded, and the value that leaves them out of a study's record
+ADDED_LATER = {"steps": None, "bf16_memory_products": False}
+# a train setting --fast gained after studies were run with it: how to continue such a study as it ran
+LATER_FAST = {
+    "bf16_memory_products": " (--fast includes it since issue 33's decision; --set bf16_memory_products=false "
+    "continues the study as it ran)"
+}
+
+
 def distinct_names(names, what: str) -> list[str]:
     """``names`` as a list; an empty list or a repeated name is an error naming ``what``."""
     names = [str(n).strip() for n in names]
@@ -102,8 +111,13 @@ def plan_study(spec: StudySpec) -> Study:
         models=models,
         seeds=seeds,
         preset=preset,
-        # a budget in tokens leaves ``steps`` out (None), as the records made before that setting existed do
-        train={k: v for k, v in dataclasses.asdict(cfg).items() if k != "seed" and not (k == "steps" and v is None)},
+        # settings added after the first studies are left out at their value of before (a budget in tokens:
+        # no ``steps``; float32 memory products), as the records made before them do
+        train={
+            k: v
+            for k, v in dataclasses.asdict(cfg).items()
+            if k != "seed" and not (k in ADDED_LATER and v == ADDED_LATER[k])
+        },
         model_overrides={label: kw for label, kw in overrides.items() if kw},
         data_source=spec.data,
         tokenizer=spec.tokenizer or "bytes",
@@ -193,7 +207,7 @@ def record_study(out: Path, study: Study, data_meta: dict) -> None:
         for k, v in record["train"].items():
             before = saved_train.get(k, TRAIN_DEFAULTS.get(k))  # a setting added later had its default
             if k not in RESCORING_KEYS and before != v:
-                problems.append(f"{k}: {before!r} in the study, {v!r} now")
+                problems.append(f"{k}: {before!r} in the study, {v!r} now" + LATER_FAST.get(k, ""))
         for model, overrides in study.model_overrides.items():
             before = saved.get("model_overrides", {}).get(model)
             if before is not None and before != overrides:

@@ -94,6 +94,7 @@ from drmlab.experiments.mqar.distance_task import (  # noqa: F401 (re-exported)
 )
 from drmlab.experiments.spec import Runtime
 from drmlab.runs import jsonable
+from drmlab.training.config import with_train_defaults
 from drmlab.training.run_info import RunInfo
 
 
@@ -223,7 +224,7 @@ def train_one(study: DistanceStudy, runtime: Runtime, out: Path, name: str, seed
     result = json.loads(path.read_text()) if path.is_file() else None
     run = RunDir(run_dir)
     # The run directory continues only under the same settings (result.json is written before training).
-    continue_run = result is not None and with_default_pairs(result.get("spec")) == spec
+    continue_run = result is not None and with_train_defaults(with_default_pairs(result.get("spec"))) == spec
     if not continue_run:
         result = {
             "label": f"{name} s{seed}",

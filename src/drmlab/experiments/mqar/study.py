@@ -42,6 +42,7 @@ from drmlab.naming import suggest
 from drmlab.runs import jsonable
 from drmlab.training import pauses
 from drmlab.training.batches import FixedSetBatches
+from drmlab.training.config import with_train_defaults
 from drmlab.training.run_info import RunInfo
 
 DEFAULT_MODELS = ("L1_ds64", "L4_ds64", "L4u_ds64")
@@ -239,7 +240,7 @@ def run_one(
     result_path = run_dir / "result.json"
     if result_path.is_file():
         saved = json.loads(result_path.read_text())
-        if saved.get("spec") == spec:
+        if with_train_defaults(saved.get("spec")) == spec:  # settings added since at their defaults
             if "test_by_query" not in saved:  # written before per-query accuracy: score the saved weights
                 model = build(name, study.preset, task, seed, study.width, study.model_overrides, study.arm_model)[0]
                 RunDir(run_dir).load_checkpoint(model)

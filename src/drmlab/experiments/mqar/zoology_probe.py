@@ -12,20 +12,9 @@ def same_spec(saved: dict | None, spec: dict) -> bool:
     """Whether a saved result ran under ``spec``: equal, once the train settings added to
     :class:`~drmlab.training.config.TrainConfig` since it was written take their defaults (each new setting
     defaults to the behaviour before it, so a committed run stays reusable as the trainer grows)."""
-    if not isinstance(saved, dict):
-        return False
-    if saved.get("spec") == spec:
-        return True
-    import dataclasses
+    from drmlab.training.config import with_train_defaults
 
-    from drmlab.training.config import TrainConfig
-
-    old = saved.get("spec")
-    if not isinstance(old, dict) or not isinstance(old.get("train"), dict):
-        return False
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
-    train = {**{k: v for k, v in defaults.items() if k not in old["train"]}, **old["train"]}
-    return dict(old, train=train) == spec
+    return isinstance(saved, dict) and with_train_defaults(saved.get("spec")) == spec
 
 
 def finished_for(saved: dict | None, spec: dict, epochs: int) -> bool:
