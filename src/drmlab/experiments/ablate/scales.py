@@ -105,7 +105,7 @@ def plot_bits_per_byte_by_size(
     from drmlab.experiments.plotting import pyplot
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    fig, ax = plt.subplots(figsize=(8.4, 4.6))
     markers = "osD^v<>ph*"
     for i, (model, pts) in enumerate(points.items()):
         if not pts:
@@ -118,7 +118,7 @@ def plot_bits_per_byte_by_size(
     ax.set_ylabel("validation bits per byte (lower is better)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the lines, not over them
     fig.tight_layout()
     fig.savefig(path, dpi=120, metadata=metadata)
     plt.close(fig)
