@@ -695,8 +695,9 @@ def protocol_records(studies: dict[str, dict]) -> dict[str, dict]:
 
 def _scales_table(studies: dict[str, dict]) -> str:
     """The promotion gate's verdicts at each preset side by side (drmlab.experiments.ablate.scales): per pair
-    of models finished at every preset, A's mean gain over B in nats per byte, A's paired wins, the model the
-    gate promotes (or neither), and whether that holds, flips or changes across the presets."""
+    of models finished together at two presets or more, A's mean gain over B in nats per byte, A's paired wins,
+    the model the gate promotes (or neither; "not finished" at a preset still training), and whether that
+    holds, flips or changes across the presets that judged it."""
     from drmlab.experiments.ablate.scales import NEITHER, verdicts
 
     records = protocol_records(studies)
@@ -704,11 +705,14 @@ def _scales_table(studies: dict[str, dict]) -> str:
     for r in verdicts(records):
         cells = []
         for v in r["at"].values():
+            if v is None:  # this preset has not finished the pair yet
+                cells.append("not finished")
+                continue
             promoted = {"A": r["a"], "B": r["b"], NEITHER: "neither"}[v["winner"]]
             cells.append(f"{v['gain']:+.4f}, {v['wins']} of {v['n']}: {promoted}")
         rows.append([f"{r['a']} vs {r['b']}", *cells, r["across"]])
     if not rows:
-        rows.append(["no pair is finished at every preset yet", *["-"] * len(records), "-"])
+        rows.append(["no pair is finished at two presets yet", *["-"] * len(records), "-"])
     return _table(
         ["A vs B", *(f"{preset}: A's gain, wins, promoted" for preset in records), "across the presets"],
         ["---"] + ["---"] * len(records) + ["---"],

@@ -60,6 +60,19 @@ def test_a_model_not_finished_at_every_scale_is_left_out():
     assert [p["params"] for p in points["A"]] == [10, 20] and [p["scale"] for p in points["C"]] == ["small"]
 
 
+def test_a_scale_still_training_leaves_the_verdicts_of_the_others_standing():
+    params = {"A": 10, "B": 10}
+    micro = _record({"A": 5, "B": 5}, {"A": 2.5, "B": 2.6}, {})
+    micro["models"] = {}  # its sweep done, no paired run finished
+    small = _record(params, {"A": 2.0, "B": 2.1}, {("A", "B"): True})
+    large = _record({"A": 20, "B": 20}, {"A": 1.9, "B": 1.8}, {("B", "A"): True})
+    rows = scales.verdicts({"micro": micro, "small": small, "large": large})
+    assert [(r["a"], r["b"], r["across"]) for r in rows] == [("A", "B", "flips")]
+    assert rows[0]["at"]["micro"] is None and rows[0]["at"]["small"]["winner"] == "A"
+    # one finished scale alone judges nothing across scales
+    assert scales.verdicts({"micro": micro, "small": small}) == []
+
+
 def test_a_model_part_way_through_its_seeds_is_neither_judged_nor_drawn():
     params = {"A": 10, "B": 10}
     small = _record(params, {"A": 2.0, "B": 2.1}, {("A", "B"): True})

@@ -2,14 +2,14 @@
 
 Each scale is a collected ``drmlab ablate`` record (``results.json``: ``models``, ``gate``, ``study``).
 :func:`verdicts` sets the promotion gate's verdicts of the scales side by side: for each unordered pair of
-models trained at every scale, which one the gate promotes over the other at each scale (or neither), with
-the gate's numbers, and whether that verdict holds, flips or changes from the smallest scale to the
-largest. :func:`bits_per_byte_by_size` gathers, per model, the validation bits per byte against the
+models trained at two scales or more, which one the gate promotes over the other at each scale (or
+neither), with the gate's numbers, and whether that verdict holds, flips or changes from the smallest scale
+to the largest. :func:`bits_per_byte_by_size` gathers, per model, the validation bits per byte against the
 parameter count over the scales, and :func:`plot_bits_per_byte_by_size` draws it.
 
 A pair's verdict at one scale reads the two gate entries (A over B, B over A): "A" when A is promoted,
 "B" when B is, "-" when neither (the gate's rule is in the record's ``gate_rule``). Across the scales:
-"holds" (the same verdict at every scale), "flips" (A at one scale, B at another), else "changes" (a
+"holds" (the same verdict at every scale that judged it), "flips" (A at one scale, B at another), else "changes" (a
 promotion appears or disappears).
 """
 
@@ -64,21 +64,27 @@ def across(winners: list[str]) -> str:
 
 
 def verdicts(records: dict[str, dict]) -> list[dict]:
-    """Per unordered pair of models judged at every scale (``records``: label -> record, smallest first):
-    ``a``, ``b``, ``at`` (label -> :func:`pair_verdict`) and ``across`` (:func:`across`). Pairs in the
-    order of the first record's models; a pair some scale has not judged yet is left out."""
+    """Per unordered pair of models finished together at two scales or more (at the one scale when
+    ``records`` holds one; ``records``: label -> record, smallest first): ``a``, ``b``, ``at`` (label ->
+    :func:`pair_verdict`, None at a scale where the pair is not finished yet) and ``across``
+    (:func:`across` over the scales that judged it). A scale still training (protocol-micro while
+    protocol-tiny and protocol-small are done) thus leaves the verdicts of the others standing. Pairs in
+    the order of the models in the records."""
     labels = list(records)
     if not labels:
         return []
-    finished = [set(finished_models(records[label])) for label in labels]
-    common = [m for m in finished_models(records[labels[0]]) if all(m in done for done in finished)]
+    finished = {label: set(finished_models(records[label])) for label in labels}
+    order = [m for label in labels for m in records[label]["study"]["models"]]
+    order = [m for m in dict.fromkeys(order) if any(m in done for done in finished.values())]
+    needed = min(2, len(labels))
     rows = []
-    for i, a in enumerate(common):
-        for b in common[i + 1 :]:
-            at = {label: pair_verdict(records[label], a, b) for label in labels}
-            if any(v is None for v in at.values()):
+    for i, a in enumerate(order):
+        for b in order[i + 1 :]:
+            at = {label: pair_verdict(records[label], a, b) if {a, b} <= finished[label] else None for label in labels}
+            judged = [v for v in at.values() if v is not None]
+            if len(judged) < needed:
                 continue
-            rows.append({"a": a, "b": b, "at": at, "across": across([v["winner"] for v in at.values()])})
+            rows.append({"a": a, "b": b, "at": at, "across": across([v["winner"] for v in judged])})
     return rows
 
 
