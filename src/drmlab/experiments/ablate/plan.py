@@ -22,8 +22,8 @@ RESCORING_KEYS = ("eval_tokens", "eval_batch_size")
 CHECK_VOCAB = 256
 
 
-# train settings added after studies were recorded, and the value that leaves them out of a study's record
-ADDED_LATER = {"steps": None, "bf16_memory_products": False}
+# train settings added after studies were recorded: a study's record leaves them out at their default
+ADDED_LATER = ("steps", "bf16_memory_products")
 # a train setting --fast gained after studies were run with it: how to continue such a study as it ran
 LATER_FAST = {
     "bf16_memory_products": " (--fast includes it since issue 33's decision; --set bf16_memory_products=false "
@@ -116,7 +116,7 @@ def plan_study(spec: StudySpec) -> Study:
         train={
             k: v
             for k, v in dataclasses.asdict(cfg).items()
-            if k != "seed" and not (k in ADDED_LATER and v == ADDED_LATER[k])
+            if k != "seed" and not (k in ADDED_LATER and v == TRAIN_DEFAULTS[k])
         },
         model_overrides={label: kw for label, kw in overrides.items() if kw},
         data_source=spec.data,
