@@ -727,6 +727,8 @@ BLOCK_RENDERERS = {
     "protocol-small": functools.partial(_protocol_table, name="protocol-small"),
     "protocol-small-sweep": functools.partial(_protocol_sweep_table, name="protocol-small"),
     "protocol-small-fp32": _precision_table,
+    "protocol-micro": functools.partial(_protocol_table, name="protocol-micro"),
+    "protocol-micro-sweep": functools.partial(_protocol_sweep_table, name="protocol-micro"),
     "protocol-scales": _scales_table,
     "protocol-tiny-fullbudget": _full_budget_sweep_table,
     "protocol-tiny-fullbudget-paired": _full_budget_paired_table,

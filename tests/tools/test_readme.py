@@ -117,7 +117,8 @@ def test_the_scales_figure_draws_every_preset_with_a_finished_model(studies):
     assert {p["scale"] for pts in points.values() for p in pts} == {
         preset for preset, record in rt.tables.protocol_records(studies).items() if finished_models(record)
     }
-    assert points["J"][0] == {
+    assert [p["scale"] for p in points["J"]] == ["micro", "tiny", "small"]  # smallest first, as the x axis
+    assert points["J"][1] == {
         "scale": "tiny",
         "params": 1008208,
         "bpb_mean": studies["protocol-tiny"]["models"]["J"]["bpb_mean"],
