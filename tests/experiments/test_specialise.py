@@ -515,3 +515,63 @@ def test_fast_specialises_in_bf16_where_the_cpu_has_bf16_units_and_says_when_not
     assert err == "drmlab: --fast: this CPU has no bf16 matrix units: specialising in float32 with the fused kernels\n"
     assert verb.fast_bf16(argparse.Namespace(fast=None, bf16=True, device="cpu")) is True
     assert verb.fast_bf16(argparse.Namespace(fast=None, bf16=None, device="cpu")) is False
+
+
+def test_fast_puts_the_selective_memory_s_products_in_bf16_in_both_models(base_run, corpus, tmp_path, monkeypatch):
+    """settings.bf16_memory_products (``--fast`` since issue 33's decision): the teacher's memory is switched
+    by the job, the student's by the trainer, and the run records it; without bf16 it is refused."""
+    import argparse
+
+    from drmlab.cli import specialise as verb
+
+    switches = lambda model: [m.products_in_autocast for m in model.modules() if hasattr(m, "products_in_autocast")]  # noqa: E731
+    plain = recipe.Specialisation(
+        base_run, "unused", settings(bf16=True), corpus, eval_tokens=EVAL_TOKENS, device="cpu"
+    )
+    assert switches(plain.teacher) == [False] and plain.train_config().bf16_memory_products is False
+    run = recipe.Specialisation(
+        base_run,
+        tmp_path / "products",
+        settings(bf16=True, bf16_memory_products=True),
+        corpus,
+        eval_tokens=EVAL_TOKENS,
+        device="cpu",
+        checkpoint_every=1,
+    )
+    assert switches(run.teacher) == [True] and switches(run.student) == [False]  # the student: when trained
+    real_batch = recipe.MixedBatches.global_batch
+
+    def dies_at_two(self, seed, step, micro):
+        if step == 2:
+            raise KeyboardInterrupt
+        return real_batch(self, seed, step, micro)
+
+    monkeypatch.setattr(recipe.MixedBatches, "global_batch", dies_at_two)
+    with pytest.raises(KeyboardInterrupt):
+        run.run()
+    assert switches(run.student) == [True]
+    config = json.loads((tmp_path / "products" / "config.json").read_text())
+    assert config["train"]["bf16_memory_products"] is True
+    assert config["specialise"]["settings"]["bf16_memory_products"] is True
+    with pytest.raises(ValueError, match="bf16_memory_products needs bf16"):
+        settings(bf16_memory_products=True).validate()
+    # the verb: --fast where it chose bf16, never --bf16 alone
+    assert verb.fast_memory_products(argparse.Namespace(fast=True), True) is True
+    assert verb.fast_memory_products(argparse.Namespace(fast=True), False) is False
+    assert verb.fast_memory_products(argparse.Namespace(fast=None), True) is False
+
+
+def test_a_fast_run_from_before_the_memory_products_decision_is_refused_with_the_way_to_continue_it(finished):
+    run, _, _, _ = finished
+    old = json.loads(json.dumps(run.spec()))
+    del old["settings"]["bf16_memory_products"]  # written before the setting existed
+    now = dict(old, settings=dict(old["settings"], bf16=True, bf16_memory_products=True))
+    old["settings"]["bf16"] = True
+    refusal = run._why_not_continue({"spec": old}, None, now)
+    assert refusal.startswith("a specialisation under other settings (settings.bf16_memory_products: False in the run")
+    assert refusal.endswith("--bf16 without --fast continues the run as it ran)")
+    # the other way round (a run with the products in bf16, continued with --bf16 alone): no such hint
+    back = run._why_not_continue(
+        {"spec": now}, None, old | {"settings": dict(old["settings"], bf16_memory_products=False)}
+    )
+    assert "--bf16 without --fast" not in back and "True in the run, False now" in back

@@ -42,10 +42,12 @@ specialise.json (settings) and config.json (fast_weight_dim among the overrides)
 under another value is refused.
 
 --fast: the teacher's and the student's training forwards in bf16 autocast where the device multiplies
-bf16 natively (--bf16 forces it); the losses, the stage reads and the rescoring stay float32, and the
-fast-weight memory's state and recurrence stay float32 inside it. No torch.compile here: the curriculum
-changes the batch shapes at every stage. Recorded in specialise.json (settings.bf16); continuing a run
-with the other setting is refused.
+bf16 natively, with the selective memory's products in bf16 too (as drmlab train --fast); --bf16 forces
+the autocast and leaves the memory's products in float32 (the setting of --fast before issue 33's
+decision). The losses, the stage reads and the rescoring stay float32, and the fast-weight memory's state
+and recurrence stay float32 inside the autocast. No torch.compile here: the curriculum changes the batch
+shapes at every stage. Recorded in specialise.json (settings.bf16, settings.bf16_memory_products);
+continuing a run with another setting is refused.
 
 --recipe interleaved (upstream's PMCS-64 memory specialisation): the base's own model, every stage's
 steps counted as MQAR batches taken in order, one plain language step (4 windows of 256, CE, no teacher)
@@ -150,8 +152,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--fast",
         action="store_true",
         default=None,
-        help="the fast setting here: --bf16 where this device multiplies bf16 natively (else float32, said in one "
-        "line) and the fused kernels; no torch.compile (the curriculum changes the batch shapes stage by stage)",
+        help="the fast setting here: bf16 autocast where this device multiplies bf16 natively, the selective memory's "
+        "products in bf16 too (else float32, said in one line), and the fused kernels; no torch.compile (the "
+        "curriculum changes the batch shapes stage by stage)",
     )
     parser.add_argument(
         "--checkpoint-every",
@@ -181,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
     common.say_recovered_checkpoint(args.base)
     common.apply_threads(args)
     bf16 = fast_bf16(args)
+    memory_products = fast_memory_products(args, bf16)
     pairs = args.pairs
     curriculum = (
         recipe.default_curriculum(pairs) if args.curriculum is None else recipe.parse_curriculum(args.curriculum, pairs)
@@ -198,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
         pairs,
         args.fast_weight_dim,
         bf16,
+        memory_products,
     )
     base_config = recipe.check_base(args.base, args.recipe)
     recipe.student_overrides(base_config, args.recipe, args.fast_weight_dim)
@@ -229,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
             pairs=pairs,
             fast_weight_dim=args.fast_weight_dim,
             bf16=bf16,
+            bf16_memory_products=memory_products,
             device=args.device,
             checkpoint_every=args.checkpoint_every,
             overwrite=args.overwrite,
@@ -244,6 +250,12 @@ def run(args: argparse.Namespace) -> int:
     print(format_result(result))
     print(f"results in {args.out}/: specialise.json, summary.json, config.json, metrics.jsonl, checkpoints/")
     return 0
+
+
+def fast_memory_products(args: argparse.Namespace, bf16: bool) -> bool:
+    """Whether the selective memory's products join the bf16 autocast: under --fast wherever it chose bf16
+    (issue 33's decision, as ``drmlab train --fast``); --bf16 alone keeps them in float32."""
+    return bool(bf16 and args.fast)
 
 
 def fast_bf16(args: argparse.Namespace) -> bool:

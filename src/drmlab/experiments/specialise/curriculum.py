@@ -113,7 +113,9 @@ class Settings:
     are the distill recipe's two groups); ``pairs`` the MQAR task's pair count (docs/mqar.md 8.2);
     ``fast_weight_dim`` the width of a new memory (None: the model's default or the base's own); ``bf16``
     the teacher's and the student's forwards under a bf16 autocast (``drmlab specialise --fast``; the
-    losses, the weights and the optimizer stay float32)."""
+    losses, the weights and the optimizer stay float32); ``bf16_memory_products`` the selective memory's
+    products in that autocast's bf16 too (``--fast`` since issue 33's decision, docs/drm.md A.4.7; a
+    run recorded before it reads as off)."""
 
     curriculum: list  # [[length, steps], ...] after scaling
     seed: int
@@ -134,6 +136,7 @@ class Settings:
     pairs: int = mqar_distance.PAIRS
     fast_weight_dim: int | None = None
     bf16: bool = False
+    bf16_memory_products: bool = False
 
     @classmethod
     def interleaved(
@@ -197,8 +200,11 @@ class Settings:
             raise ValueError(f"--eval-sequences must be a positive integer, got {self.eval_sequences!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"--seed must be a non-negative integer, got {self.seed!r}")
-        if not isinstance(self.bf16, bool):
-            raise ValueError(f"bf16 must be true or false, got {self.bf16!r}")
+        for name in ("bf16", "bf16_memory_products"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.bf16_memory_products and not self.bf16:
+            raise ValueError("bf16_memory_products needs bf16: the memory's products follow the bf16 autocast")
         return self
 
     @property
@@ -258,11 +264,18 @@ def recipe_settings(
     pairs: int = mqar_distance.PAIRS,
     fast_weight_dim: int | None = None,
     bf16: bool = False,
+    bf16_memory_products: bool = False,
 ) -> Settings:
     """The validated :class:`Settings` of ``recipe`` with these rates, pair count and memory width:
     another recipe's rates, a rate out of range or a bad curriculum is one ValueError (the CLI calls
     this before reading the corpus, so a refusal is immediate)."""
-    kw = {"eval_sequences": eval_sequences, "pairs": pairs, "fast_weight_dim": fast_weight_dim, "bf16": bf16}
+    kw = {
+        "eval_sequences": eval_sequences,
+        "pairs": pairs,
+        "fast_weight_dim": fast_weight_dim,
+        "bf16": bf16,
+        "bf16_memory_products": bf16_memory_products,
+    }
     if recipe == "interleaved":
         settings = Settings.interleaved([list(st) for st in stages], seed, lr, backbone_lr, memory_lr, **kw)
     else:

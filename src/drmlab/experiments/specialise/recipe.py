@@ -42,6 +42,7 @@ from drmlab.experiments.specialise.student import (  # noqa: F401 (re-exported)
 )
 from drmlab.runs import RunDir, jsonable, read_json, write_json_atomic
 from drmlab.training.config import TrainConfig
+from drmlab.training.fast import memory_products_in_bf16
 from drmlab.training.pieces import EvalHook, TrainPieces
 from drmlab.training.run_info import DataInfo, RunInfo
 
@@ -49,6 +50,11 @@ RESULT_FILE = "specialise.json"
 PROGRESS_SECONDS = 30.0
 # settings that may change when continuing a run stopped by a non-finite value (the advised fix)
 FIXES_AFTER_NON_FINITE = ("backbone_lr", "memory_lr")
+# a setting added later that a command of before now turns on: how to continue such a run as it ran
+LATER_SETTINGS = {
+    "settings.bf16_memory_products: False in the run, True now": " (--fast includes the memory's products in bf16 since issue 33's decision; "
+    "--bf16 without --fast continues the run as it ran)",
+}
 ADVICE = "Try a lower --memory-lr or --backbone-lr (the run then continues from that checkpoint)."
 
 
@@ -103,6 +109,8 @@ class Specialisation:
             self.base_config, self.teacher, settings.seed, settings.recipe, self.student_overrides
         )
         self.batches = MixedBatches(corpus.train, self.settings)
+        if settings.bf16 and settings.bf16_memory_products:  # the student's: the trainer, from train_config
+            memory_products_in_bf16(self.teacher)
         self.loss = SpecialiseLoss(self.teacher, self.batches, self.settings)
         self.result: dict = {}
 
@@ -152,6 +160,7 @@ class Specialisation:
             checkpoint_every=self.checkpoint_every * seq,
             divergence_steps=0,
             bf16=s.bf16,  # recorded in config.json; the loss piece runs the autocast
+            bf16_memory_products=s.bf16_memory_products,  # the trainer switches the student's memory
         ).validate()
 
     def run_info(self) -> RunInfo:
@@ -260,7 +269,8 @@ class Specialisation:
         if summary and summary.get("stopped") == "non-finite":
             differences = [d for d in differences if d.split(":")[0].rsplit(".", 1)[-1] not in FIXES_AFTER_NON_FINITE]
         if differences:
-            return "a specialisation under other settings (" + "; ".join(differences[:4]) + ")"
+            hint = "".join(h for d, h in LATER_SETTINGS.items() if d in differences)
+            return "a specialisation under other settings (" + "; ".join(differences[:4]) + ")" + hint
         return None
 
     def _write_result(self) -> None:
@@ -446,6 +456,7 @@ def specialise(
     pairs: int = mqar_distance.PAIRS,
     fast_weight_dim: int | None = None,
     bf16: bool = False,
+    bf16_memory_products: bool = False,
     device="auto",
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
     overwrite: bool = False,
@@ -459,7 +470,8 @@ def specialise(
     default 1e-5 and 1e-4) or ``interleaved`` (one rate ``lr``, default 3e-4). ``pairs``: the MQAR task's
     pair count (``curriculum`` None: the default curriculum fitted to it, :func:`default_curriculum`);
     ``fast_weight_dim``: the new memory's width (a J_NO_DIRECTION base under ``distill``); ``bf16``: the
-    forwards under a bf16 autocast (``--fast``). The result
+    forwards under a bf16 autocast (``--fast``), ``bf16_memory_products`` with the selective memory's
+    products in it too. The result
     (specialise.json); ``stop_after_step`` stops early with a checkpoint (an interruption, for tests)."""
     from drmlab.devices import resolve_device
 
@@ -470,7 +482,17 @@ def specialise(
     if seed is None:
         seed = int((base_model[1].get("train") or {}).get("seed", 0))
     settings = recipe_settings(
-        recipe, stages, seed, lr, backbone_lr, memory_lr, eval_sequences, pairs, fast_weight_dim, bf16
+        recipe,
+        stages,
+        seed,
+        lr,
+        backbone_lr,
+        memory_lr,
+        eval_sequences,
+        pairs,
+        fast_weight_dim,
+        bf16,
+        bf16_memory_products,
     )
     job = Specialisation(
         base,
