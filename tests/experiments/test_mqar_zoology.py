@@ -6,6 +6,7 @@ protocol's width, n/a, the unknown protocol, and a micro study end to end (reuse
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,6 +219,16 @@ def test_models_at_the_protocols_width():
     for name in ("SSM_CONTROL", "J_NO_DIRECTION", "ASM_CM"):
         assert kw(name) == {"d_token": 128, "d_state": 128, "max_seq_len": 256}
     assert kw("LOOPED:A")["n_stored"] == 2 and kw("LOOPED:C")["n_stored"] == 1
+
+
+def test_a_drm_row_keeps_the_preset_s_emitter_and_most_of_its_parameters_are_there():
+    """docs/mqar.md 10.4: at W = 64 the emitter's second layer (hidden_size 384 -> 8,192) is 3,145,728 of
+    J_NO_DIRECTION's 4,126,784 parameters, several times the attention row's 562,304."""
+    model, _, _ = zm.protocol_model("J_NO_DIRECTION", "tiny", 64, 64, 0, None, zm.RECIPE)
+    total = sum(p.numel() for p in model.parameters())
+    assert (model.config.hidden_size, model.emitter.fc2.weight.numel(), total) == (384, 3_145_728, 4_126_784)
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "mqar.md").read_text().split())
+    assert "3,145,728 of J_NO_DIRECTION's 4,126,784 parameters" in text
 
 
 def test_a_setting_the_model_cannot_hold_is_na_with_the_reason(tmp_path):
