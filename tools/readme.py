@@ -86,6 +86,7 @@ PAGES: dict[Path, tuple[str, ...]] = {
         "zoology-cpu",
         "pmcs-tiny",
         "asm-cm-controls",
+        "asm-cm-capacity",
         "geometry-tiny",
         "bench-models",
         "bench-reference",

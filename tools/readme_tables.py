@@ -434,6 +434,55 @@ def _asm_cm_controls_table(studies: dict[str, dict]) -> str:
     return _table(header, ["---", "---:", "---", "---:", "---:", "---", "---", "---", "---"], rows)
 
 
+CAPACITY_CONTROLS = (
+    ("memory_read_off", "read off"),
+    ("memory_write_off", "write off"),
+    ("keys_shuffled", "keys shuffled"),
+)
+
+
+def _asm_cm_capacity_table(studies: dict[str, dict]) -> str:
+    """ASM_CM's capacity (docs/mqar.md section 9.2, issue 34 item 3): per (pairs, fast-weight width) the
+    decoding state's bytes, the mean recall over the seeds collected at each length (the control, 5P,
+    first), the seeds at 80% or more at the longest, the first query there, each control at its longest
+    length (mean accuracy, the seeds in which it falls) and the language CE before and after; a last row
+    counts the cells still running."""
+    study = studies["asm-cm-capacity"]
+    rows = []
+    lengths = control_at = None
+    for row in study["rows"]:
+        mean, runs = row["mean"], row["runs"]
+        lengths = sorted(mean["reads"], key=int)
+        longest = lengths[-1]
+        passing = sum(r["reads"][longest]["acc"] >= 0.8 for r in runs.values())
+        cells = [str(row["pairs"]), str(row["fast_weight_dim"]), f"{row['state_bytes']:,}", str(len(mean["seeds"]))]
+        cells.append(" / ".join(f"{100 * mean['reads'][L]['acc']:.1f}" for L in lengths))
+        cells += [f"{passing} of {len(runs)}", f"{100 * mean['reads'][longest]['first_acc']:.1f}"]
+        for name, _ in CAPACITY_CONTROLS:
+            c = mean["controls"][name]
+            control_at = max((L for L in c if L.isdigit()), key=int)
+            cells.append(f"{100 * c[control_at]:.1f} (falls in {c['falls']})")
+        cells.append(f"{mean['ce_before']:.4f} -> {mean['ce_after']:.4f}")
+        rows.append(cells)
+    if study["pending"]:
+        rows.append([f"still running: {len(study['pending'])} of the plan's (pairs, width, seed) cells", *["-"] * 10])
+    reads = "MQAR %, 5P / " + " / ".join(f"{int(L):,}" for L in (lengths or ["512", "4096", "32768"])[1:])
+    longest = f"{int(lengths[-1]):,}" if lengths else "32,768"
+    at = f"{int(control_at):,}" if control_at else "4,096"
+    header = [
+        "pairs",
+        "width",
+        "state, B",
+        "seeds",
+        reads,
+        f">= 80% at {longest}",
+        f"first query at {longest}",
+        *(f"{label} at {at}, % (seeds)" for _, label in CAPACITY_CONTROLS),
+        "CE before -> after, nats/byte",
+    ]
+    return _table(header, ["---:", "---:", "---:", "---:", "---", "---:", "---:", "---", "---", "---", "---"], rows)
+
+
 def _pmcs_table(studies: dict[str, dict]) -> str:
     """Upstream's PMCS-64 comparison at preset tiny (docs/variable-rank.md section 11): per arm the
     language CE over paired seeds, the training rate, and the distance reads after the interleaved
@@ -745,5 +794,6 @@ BLOCK_RENDERERS = {
     "zoology-budget": _zoology_budget_table,
     "pmcs-tiny": _pmcs_table,
     "asm-cm-controls": _asm_cm_controls_table,
+    "asm-cm-capacity": _asm_cm_capacity_table,
     "geometry-tiny": _geometry_table,
 }
