@@ -788,6 +788,7 @@ BLOCK_RENDERERS = {
     "bench-models": _bench_models_table,
     "bench-reference": _bench_reference_table,
     "bench-fast-memory": functools.partial(_bench_reference_table, name="bench-fast-memory"),
+    "bench-fast-memory-amd": functools.partial(_bench_reference_table, name="bench-fast-memory-amd"),
     "bench-decode": _bench_decode_table,
     "bench-solvers": _bench_solvers_table,
     "zoology-cpu": _zoology_table,

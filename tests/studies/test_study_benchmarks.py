@@ -4,7 +4,7 @@ and found in the text."""
 
 from pathlib import Path
 
-from study_results import fmt, load, stated
+from study_results import fmt, load, stated, study_text
 
 said = stated(
     "bench-linear-scan",
@@ -203,3 +203,25 @@ def test_the_backend_self_check_costs_under_a_hundredth_of_a_training_step():
         fmt(d["check_ms_cold"]["cpu"], 1) == "1.5"
         and fmt(d["check_ms_cold"]["cpu"] / d["fused_step_ms"]["cpu"], 1) == "5.2"
     )
+
+
+def test_today_s_fast_on_an_amd_cpu_without_amx():
+    """docs/studies/bench-fast-memory-amd: today's --fast over the float32 default per variant at tiny, as the
+    README and docs/results-in-full.md quote it, within 0.3 of the Xeon's factors the trainer quotes."""
+    from drmlab.training.fast import FAST_FACTORS
+
+    record = load("bench-fast-memory-amd")
+    assert "AMD EPYC" in record["provenance"]["machine"] and "no AMX" in record["provenance"]["machine"]
+    (tiny,) = record["presets"]
+    gain = {
+        name: v["cpu_tokens_per_s"]["fast_memory"] / v["cpu_tokens_per_s"]["ours"]
+        for name, v in tiny["variants"].items()
+    }
+    assert set(gain) == set(FAST_FACTORS) and all(abs(gain[m] - FAST_FACTORS[m]) < 0.3 for m in gain)
+    assert max(gain, key=lambda m: abs(gain[m] - FAST_FACTORS[m])) == "SSM_CONTROL"
+    assert all(v["f64_gap"] < 1e-13 for v in tiny["variants"].values())
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    quoted = ", ".join(f"{m} {fmt(gain[m], 2)}x" for m in ("J", "J_NO_DIRECTION", "SSM_CONTROL"))
+    quoted += f" and J_DIRECT_CONTROL_MATCHED {fmt(gain['J_DIRECT_CONTROL_MATCHED'], 2)}x faster"
+    assert quoted in readme
+    assert quoted in study_text("bench-fast-memory-amd")
