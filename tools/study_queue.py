@@ -9,7 +9,7 @@ a study that two processes can share and that goes on where it stopped (``drmlab
 ``python tools/capacity_study.py run``): running the queue again, in this session or the next, then skips
 what is finished and resumes what is not. A worker runs the commands in order as subprocesses, their output
 appended to the log (``--log``, default the queue file with ``.log`` added) under a header line naming the
-command and the time. A command that ends with 0 is followed by the next; one that fails is reported in one
+command, the time and the worker's pid. A command that ends with 0 is followed by the next; one that fails is reported in one
 line and the worker goes on to the next (a later study does not wait on an earlier one), exiting 1 at the
 end naming each failure. SIGTERM or SIGINT is passed on to the running command, which checkpoints and stops;
 the worker then starts nothing more and exits 128 + the signal. ``tools/pause_studies.py`` finds the running
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shlex
 import signal
 import subprocess
@@ -70,7 +71,7 @@ class Worker:
             now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
             print(f"[{index}/{len(self.commands)}] {command}", flush=True)
             with open(self.log, "a") as out:
-                out.write(f"\n== {now}: {command}\n")
+                out.write(f"\n== {now}, worker {os.getpid()}: {command}\n")  # two workers share the log
                 out.flush()
                 self.child = subprocess.Popen(shlex.split(command), stdout=out, stderr=subprocess.STDOUT)
                 code = self.child.wait()
