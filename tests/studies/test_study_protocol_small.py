@@ -82,3 +82,19 @@ def test_the_tie_with_the_direct_control_at_tiny_becomes_a_promotion_at_small():
     )
     over_j = gate_of(MODELS["J_DIRECT_CONTROL_MATCHED"], MODELS["J"])
     assert over_j["promoted"] and over_j["wins"] == 3 and fmt(over_j["gain"], 4) == said("0.0305")
+
+
+def test_the_float32_check_so_far_sits_inside_the_seed_spread_of_the_fast_runs():
+    plain = load("protocol-small-fp32")
+    assert (
+        plain["study"]["seeds"] == [1]
+        and not plain["study"]["train"]["bf16"]
+        and not plain["study"]["train"]["compile"]
+    )
+    for model, quoted in (("J", "0.0059"), ("J_NO_DIRECTION", "0.0024")):
+        fast_run = next(r for r in SMALL["runs"] if r["model"] == model and r["seed"] == 1)
+        plain_run = next(r for r in plain["runs"] if r["model"] == model and r["seed"] == 1)
+        assert plain["models"][model]["lr"] == MODELS[model]["lr"]  # the same swept rate
+        gap = fast_run["val_bpb"] - plain_run["val_bpb"]
+        assert fmt(abs(gap), 4) == said(quoted) and abs(gap) < MODELS[model]["bpb_std"]
+        said(fmt(MODELS[model]["bpb_std"], 4))
