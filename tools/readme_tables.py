@@ -461,7 +461,7 @@ def _asm_cm_capacity_table(studies: dict[str, dict]) -> str:
         for name, _ in CAPACITY_CONTROLS:
             c = mean["controls"][name]
             control_at = max((L for L in c if L.isdigit()), key=int)
-            cells.append(f"{100 * c[control_at]:.1f} (falls in {c['falls']})")
+            cells.append(f"{100 * c[control_at]:.1f}, falls in {c['falls']} of {len(runs)}")
         cells.append(f"{mean['ce_before']:.4f} -> {mean['ce_after']:.4f}")
         rows.append(cells)
     if study["pending"]:
@@ -477,7 +477,7 @@ def _asm_cm_capacity_table(studies: dict[str, dict]) -> str:
         reads,
         f">= 80% at {longest}",
         f"first query at {longest}",
-        *(f"{label} at {at}, % (seeds)" for _, label in CAPACITY_CONTROLS),
+        *(f"{label} at {at}, %" for _, label in CAPACITY_CONTROLS),
         "CE before -> after, nats/byte",
     ]
     return _table(header, ["---:", "---:", "---:", "---:", "---", "---:", "---:", "---", "---", "---", "---"], rows)
