@@ -56,6 +56,7 @@ def spec_of(record: dict) -> StudySpec:
         tokenizer=record["tokenizer"],
         lr_grid=record["lr_grid"],
         tune_tokens=record["tune_tokens"],
+        rates=record.get("rates"),  # a study trained at another study's rates (--lr-from)
     )
 
 
