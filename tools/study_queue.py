@@ -4,7 +4,10 @@ to the next and a new session starts everything again with one line.
     python tools/study_queue.py studies/queue.txt                    # in one or two terminals
     python tools/study_queue.py studies/queue.txt --dry-run          # the commands, and nothing else
 
-The queue file holds one command per line; blank lines and ``#`` comments are skipped. Each command should be
+The queue file holds one command per line; blank lines and ``#`` comments are skipped. A worker reads it again
+before each command, so a line added (or edited) while the workers run is taken up when its turn comes: the
+next command is the first line this worker has not yet run; a file that no longer reads keeps the list it had,
+said in one line. Each command should be
 a study that two processes can share and that goes on where it stopped (``drmlab ablate``, ``drmlab mqar``,
 ``python tools/capacity_study.py run``): running the queue again, in this session or the next, then skips
 what is finished and resumes what is not. A worker runs the commands in order as subprocesses, their output
@@ -51,10 +54,12 @@ def read_queue(path: Path) -> list[str]:
 
 
 class Worker:
-    """Runs the commands in order; :meth:`stop` (the signal handler) passes the signal to the running one."""
+    """Runs the queue's commands in order, reading the file again before each; :meth:`stop` (the signal
+    handler) passes the signal to the running one."""
 
-    def __init__(self, commands: list[str], log: Path):
-        self.commands, self.log = commands, log
+    def __init__(self, queue: Path, commands: list[str], log: Path):
+        self.queue, self.commands, self.log = queue, commands, log
+        self.ran: list[str] = []  # this worker's commands, in the order it ran them
         self.child: subprocess.Popen | None = None
         self.stopped_by: int | None = None
 
@@ -63,13 +68,32 @@ class Worker:
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 
+    def next_command(self) -> tuple[int, str] | None:
+        """(its place in the queue, counted from 1; the command): the first line of the queue as it reads now
+        that this worker has not run (a line run twice in the file runs twice); None when none is left."""
+        try:
+            self.commands = read_queue(self.queue)
+        except ValueError as exc:
+            print(f"study_queue: {exc}; going on with the queue as it read before", flush=True)
+        left = list(self.ran)
+        for index, command in enumerate(self.commands, 1):
+            if command in left:
+                left.remove(command)
+            else:
+                return index, command
+        return None
+
     def run(self) -> int:
         failed = []
-        for index, command in enumerate(self.commands, 1):
-            if self.stopped_by is not None:
+        while self.stopped_by is None:
+            step = self.next_command()
+            if step is None:
                 break
+            index, command = step
+            place = f"[{index}/{len(self.commands)}]"
             now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-            print(f"[{index}/{len(self.commands)}] {command}", flush=True)
+            print(f"{place} {command}", flush=True)
+            self.ran.append(command)
             with open(self.log, "a") as out:
                 out.write(f"\n== {now}, worker {os.getpid()}: {command}\n")  # two workers share the log
                 out.flush()
@@ -77,17 +101,17 @@ class Worker:
                 code = self.child.wait()
             self.child = None
             if self.stopped_by is not None:
-                print(f"[{index}/{len(self.commands)}] stopped by signal {self.stopped_by} (exit {code})", flush=True)
+                print(f"{place} stopped by signal {self.stopped_by} (exit {code})", flush=True)
                 break
             if code != 0:
                 failed.append(f"{command} (exit {code})")
-                print(f"[{index}/{len(self.commands)}] failed with exit {code}; see {self.log}", flush=True)
+                print(f"{place} failed with exit {code}; see {self.log}", flush=True)
         if self.stopped_by is not None:
             return 128 + self.stopped_by
         if failed:
             print("failed: " + "; ".join(failed), file=sys.stderr)
             return 1
-        print(f"all {len(self.commands)} commands finished", flush=True)
+        print(f"all {len(self.ran)} commands finished", flush=True)
         return 0
 
 
@@ -106,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         for index, command in enumerate(commands, 1):
             print(f"[{index}/{len(commands)}] {command}")
         return 0
-    worker = Worker(commands, args.log or args.queue.with_name(args.queue.name + ".log"))
+    worker = Worker(args.queue, commands, args.log or args.queue.with_name(args.queue.name + ".log"))
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, worker.stop)
     return worker.run()

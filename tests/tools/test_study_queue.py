@@ -82,3 +82,22 @@ def test_sigterm_reaches_the_running_command_and_starts_nothing_more(tmp_path):
     assert worker.returncode == 128 + signal.SIGTERM
     assert trace.read_text() == "started;checkpointed"  # the second command never started
     assert "stopped by signal" in out
+
+
+def test_a_line_added_while_the_worker_runs_is_taken_up_and_a_broken_edit_keeps_the_old_list(tmp_path, capsys):
+    trace, queue = tmp_path / "trace", tmp_path / "queue.txt"
+    # the first command adds a third line to the queue (as a person would, mid-run) and repeats the second
+    added = _writes(trace, "c")
+    adds = f"open({str(queue)!r}, 'a').write({(added + chr(10))!r}); open({str(trace)!r}, 'a').write('a')"
+    first = f"{PY} -c {shlex.quote(adds)}"
+    queue.write_text(f"{first}\n{_writes(trace, 'b')}\n")
+    assert sq.main([str(queue)]) == 0
+    assert trace.read_text() == "abc"
+    assert "all 3 commands finished" in capsys.readouterr().out
+    # an edit that breaks the file: the worker goes on with the list it read before, and says so
+    trace.write_text("")
+    breaks = f"open({str(queue)!r}, 'a').write(\"bad 'quote\\n\"); open({str(trace)!r}, 'a').write('x')"
+    queue.write_text(f"{PY} -c {shlex.quote(breaks)}\n{_writes(trace, 'y')}\n")
+    assert sq.main([str(queue)]) == 0
+    assert trace.read_text() == "xy"
+    assert "going on with the queue as it read before" in capsys.readouterr().out
