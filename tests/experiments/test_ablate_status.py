@@ -55,9 +55,9 @@ def test_each_run_is_done_stopped_or_training_and_nothing_is_written(study, caps
     lines = {line.split("  ")[0].strip(): line for line in text.splitlines()[1:-1]}
     share = f"{100 * stopped.tokens / 1024:.0f}%"
     assert (
-        f"stopped at {stopped.tokens:,} of 1,024 tokens ({share}); the next drmlab ablate resumes it"
-        in (lines["[4/4] GPT2 seed 2"])
-    )
+        f"stopped, its checkpoint at {stopped.tokens:,} of 1,024 tokens ({share}); the next drmlab ablate "
+        "resumes it from there"
+    ) == lines["[4/4] GPT2 seed 2"].split("  ")[-1]
     assert lines["[1/4] sweep GPT2 lr 0.001"].endswith(
         f"done: CE {rows[0].val_ce:.4f}, {rows[0].tokens_per_s:,.0f} tok/s"
     )
@@ -70,6 +70,36 @@ def test_each_run_is_done_stopped_or_training_and_nothing_is_written(study, caps
     finally:
         lock.release()
     assert study_status(study)[-1].state == "stopped"
+
+
+def test_a_run_killed_past_its_checkpoint_resumes_from_the_checkpoint_and_says_so(study, tmp_path):
+    """A process killed without a signal (a machine's end) logged steps after its last checkpoint: the status
+    counts from the checkpoint, where a resume goes on, and says how far the lost steps had gone."""
+    import json
+    import shutil
+
+    copy = tmp_path / "study"
+    shutil.copytree(study, copy)
+    run = RunDir(copy / "runs" / "GPT2-seed2")
+    kept = study_status(copy)[-1].tokens
+    assert kept == run.read_pointer()["step"] * 256  # micro: 8 windows of 32 tokens a step
+    trained = [m for m in run.read_metrics() if m.get("kind") == "train"]
+    later = dict(trained[-1], step=trained[-1]["step"] + 1, tokens=trained[-1]["tokens"] + 256)
+    with open(run.metrics_path, "a") as out:
+        out.write(json.dumps(later) + "\n")
+    stopped = study_status(copy)[-1]
+    assert stopped.state == "stopped" and stopped.tokens == kept and stopped.trained_to == kept + 256
+    detail = [line for line in _status_lines(copy) if "GPT2 seed 2" in line][0]
+    assert f"its checkpoint at {kept:,} of 1,024 tokens" in detail
+    assert detail.endswith(f"(it trained to {kept + 256:,} after that checkpoint: those steps are trained again)")
+    train, *_ = hours_left(study_status(copy))
+    assert train == pytest.approx(hours_left(study_status(study))[0])  # the time left counts the lost steps
+
+
+def _status_lines(out: Path) -> list[str]:
+    from drmlab.experiments.ablate.status import format_status
+
+    return format_status(out, study_status(out)).splitlines()
 
 
 def test_the_hours_left_are_the_tokens_and_evaluations_left_at_the_models_own_pace(study):

@@ -226,6 +226,44 @@ def test_resume_is_bit_exact(tmp_path):
     assert summary["val_ce"] == straight["val_ce"] and summary["steps"] == 8
 
 
+@pytest.mark.parametrize("seconds", [0.0, None, 1e9])
+def test_a_checkpoint_falls_every_checkpoint_seconds_and_a_crash_resumes_from_it_bit_exact(tmp_path, seconds):
+    """Beside the cadence in steps (none here: no evaluations), a checkpoint is committed once
+    ``checkpoint_seconds`` of wall time have passed (0: after every step); a process that dies without a
+    signal after step 5 then resumes from step 5 and ends as the straight run, bit for bit. Without the
+    timed checkpoints (None, or longer than the run) such a crash leaves no checkpoint to resume."""
+    from drmlab.training.trainer import Trainer
+
+    tr, va = _data()
+    cfg = _cfg(tokens=8 * 16 * 8)
+    assert cfg.checkpoint_every_steps == 0  # no cadence in steps
+    straight_model = TinyLM(seed=5)
+    straight = train(straight_model, tr, va, cfg, tmp_path / "straight", quiet=True, checkpoint_seconds=None)
+    real_step = Trainer.train_step
+
+    def dies_at_six(self, step):
+        if step == 6:
+            raise RuntimeError("the machine went away")
+        return real_step(self, step)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Trainer, "train_step", dies_at_six)
+        with pytest.raises(RuntimeError, match="went away"):
+            train(TinyLM(seed=5), tr, va, cfg, tmp_path / "crashed", quiet=True, checkpoint_seconds=seconds)
+    if seconds != 0.0:
+        assert not RunDir(tmp_path / "crashed").has_checkpoint()
+        return
+    assert RunDir(tmp_path / "crashed").read_state()["step"] == 5
+    resumed_model = TinyLM(seed=99)
+    second = train(resumed_model, tr, va, cfg, tmp_path / "crashed", resume=True, quiet=True)
+    assert second["finished"] and second["steps"] == 8
+    losses = lambda path: [(r["step"], r["loss"]) for r in read_metrics(path) if r["kind"] == "train"]
+    assert losses(tmp_path / "straight") == losses(tmp_path / "crashed")
+    for (n, p), (_, q) in zip(straight_model.state_dict().items(), resumed_model.state_dict().items()):
+        assert torch.equal(p, q), n
+    assert second["final_loss"] == straight["final_loss"]
+
+
 def test_milestones_rescore_the_model_as_it_was_then(tmp_path):
     """A milestone row is the final evaluation of the weights after that step (the same number as
     rescoring a run stopped there), does not change training, and survives a resume."""

@@ -5,6 +5,8 @@ of a run that stopped, so that a resume may take the advised fixes.
 
 from __future__ import annotations
 
+import time
+
 from drmlab.runs import non_finite_parameters
 from drmlab.training import distributed as dist_utils
 from drmlab.training.stops import NonFiniteLossError
@@ -44,6 +46,7 @@ class Checkpoints:
             )
         self.last_ckpt_step = step
         dist_utils.barrier(self.info)
+        self.last_save = time.monotonic()
 
     def record_stop(self, reason: str, message: str) -> None:
         """A stopped (not finished) run's summary says why, so that a resume may take the advised fixes."""

@@ -99,6 +99,9 @@ from drmlab.training.tensorboard import open_sink, require_tensorboard
 from drmlab.training.utilisation import Utilisation
 
 PROGRESS_SECONDS = 30.0  # without a terminal, a progress line this often
+# a checkpoint at least this often (seconds of wall time since the last one), beside the cadence in steps: a
+# process killed without a signal (a machine or a session that ends) loses at most this much training
+CHECKPOINT_SECONDS = 600.0
 
 
 class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishing):
@@ -121,6 +124,7 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
         fsdp: bool = False,
         tensorboard: bool = False,
         pieces: TrainPieces | None = None,
+        checkpoint_seconds: float | None = CHECKPOINT_SECONDS,
     ):
         cfg.validate()
         self.cfg, self.batches, self.run, self.evaluate = cfg, batches, run, evaluate
@@ -153,6 +157,7 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
         self.paused_at_start = pauses.paused_seconds()
         self.quiet, self.bar, self.net, self.log, self.lock = quiet, None, None, None, None
         self.progress_seconds, self.last_progress = progress_seconds, time.perf_counter()
+        self.checkpoint_seconds, self.last_save = checkpoint_seconds, time.monotonic()
         vocab = getattr(getattr(model, "config", None), "vocab_size", None)
         self.uniform_ce = math.log(vocab) if isinstance(vocab, int) and vocab > 1 else None
         self.diverging_steps = 0
@@ -346,6 +351,7 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
             or step == last_step
             or step in self.hook_steps
             or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0)
+            or self._checkpoint_due()
         ):
             self.save(step)
         if self.stop_signal is not None:
@@ -357,6 +363,13 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
                 step,
             )
         self.run_hooks(step)
+
+    def _checkpoint_due(self) -> bool:
+        """``checkpoint_seconds`` have passed since the last checkpoint (or the start); every process agrees."""
+        due = self.checkpoint_seconds is not None and time.monotonic() - self.last_save >= self.checkpoint_seconds
+        if self.info.enabled and self.checkpoint_seconds is not None:
+            due = bool(dist_utils.all_reduce_max(float(due), self.info, self.device))
+        return due
 
     def close(self) -> None:
         if self.bar is not None:
@@ -386,6 +399,7 @@ def train(
     fsdp: bool = False,
     tensorboard: bool = False,
     pieces: TrainPieces | None = None,
+    checkpoint_seconds: float | None = CHECKPOINT_SECONDS,
 ) -> dict:
     """Train ``model`` under ``cfg``; return the summary (also ``out_dir/summary.json``).
 
@@ -402,6 +416,8 @@ def train(
     into ``out_dir/tensorboard`` (:mod:`drmlab.training.tensorboard`; needs the tensorboard package).
     ``pieces`` swaps the loss, the optimizer, evaluation hooks and summary entries
     (:class:`~drmlab.training.pieces.TrainPieces`; None: the language-model defaults).
+    ``checkpoint_seconds`` commits a checkpoint whenever that much wall time has passed since the last one,
+    beside ``cfg``'s cadence in steps (None: the cadence only); when a checkpoint falls changes no result.
     The returned dict also holds ``"rows"``: every metrics row written in this call.
     """
     if not isinstance(batches, BatchSource):
@@ -429,6 +445,7 @@ def train(
         fsdp=fsdp,
         tensorboard=tensorboard,
         pieces=pieces,
+        checkpoint_seconds=checkpoint_seconds,
     )
     last_step = cfg.total_steps if stop_after_step is None else min(cfg.total_steps, stop_after_step)
     final_loss = None

@@ -4,7 +4,7 @@ without writing to it.
 Every run the study plans (its sweep runs, then its paired runs, numbered as ``drmlab ablate`` numbers them)
 is one of: ``done`` (its summary: the CE, its tokens/s), ``diverged`` (a sweep run scored as missing),
 ``training`` (another process holds its lock: which one, and how far it is), ``stopped`` (a checkpoint part-way,
-which the next ``drmlab ablate`` resumes) or ``not begun``. The training time left is estimated from the
+which the next ``drmlab ablate`` resumes from its step, and how far the run had trained past it) or ``not begun``. The training time left is estimated from the
 tokens each unfinished run still has to train, at the mean tokens/s of that model's finished runs (its
 paired runs, else its sweep runs, else its runs in progress), and the evaluations each still has to make (its
 milestones and its final one) at the mean time of that model's evaluations so far: one process's hours.
@@ -28,12 +28,13 @@ class RunStatus:
     job: Job
     state: str
     budget: int  # tokens
-    tokens: int = 0  # trained so far (the budget when done)
+    tokens: int = 0  # trained so far (the budget when done); for a stopped run, its checkpoint's, where it resumes
     val_ce: float | None = None
     tokens_per_s: float | None = None
     holder: str | None = None  # who trains it now
     eval_seconds: tuple[float, ...] = ()  # its whole-stream evaluations so far (milestones, the final one)
     evals_to_come: int = 0  # the whole-stream evaluations it still has to make (milestones, the final one)
+    trained_to: int | None = None  # a stopped run whose steps went past its checkpoint: how far (trained again)
 
 
 def _planned_jobs(record: dict) -> list[Job]:
@@ -97,7 +98,26 @@ def run_status(out: Path, job: Job, record: dict) -> RunStatus:
     holder = lock_holder(path / LOCK_FILE)
     evals = _eval_seconds(rows, None)
     state = "training" if holder is not None else ("stopped" if run.has_checkpoint() else "not begun")
-    return RunStatus(job, state, budget, tokens, None, rate, holder, evals, _evals_to_come(record, job, tokens))
+    trained_to = None
+    if state == "stopped":  # a resume goes on from the checkpoint, not from the last step logged after it
+        kept = _checkpoint_tokens(run, record, job.tuning)
+        if kept is not None and kept < tokens:
+            tokens, trained_to = kept, tokens
+    return RunStatus(
+        job, state, budget, tokens, None, rate, holder, evals, _evals_to_come(record, job, tokens), trained_to
+    )
+
+
+def _checkpoint_tokens(run, record: dict, tuning: bool) -> int | None:
+    """The tokens of the committed checkpoint a resume starts from (None where its pointer does not read)."""
+    from drmlab.training.config import TRAIN_KEYS, TrainConfig
+
+    try:
+        step = int(run.read_pointer()["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    values = {k: v for k, v in record["train"].items() if k in TRAIN_KEYS}
+    return step * TrainConfig(**values).tokens_per_step
 
 
 def study_status(out: str | Path) -> list[RunStatus]:
@@ -195,5 +215,10 @@ def _detail(r: RunStatus) -> str:
         rate = f", {r.tokens_per_s:,.0f} tok/s" if r.tokens_per_s else ""
         return f"training now, {progress}{rate}, by {r.holder}"
     if r.state == "stopped":
-        return f"stopped at {progress}; the next drmlab ablate resumes it"
+        again = (
+            f" (it trained to {r.trained_to:,} after that checkpoint: those steps are trained again)"
+            if r.trained_to
+            else ""
+        )
+        return f"stopped, its checkpoint at {progress}; the next drmlab ablate resumes it from there{again}"
     return r.state
