@@ -91,3 +91,22 @@ def test_the_plot_draws_each_model_over_its_sizes(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not scales.plot_bits_per_byte_by_size({}, tmp_path / "none.png", "nothing")
     assert not (tmp_path / "none.png").exists()
+
+
+def test_the_window_reading_tells_which_preset_a_longer_window_sides_with():
+    """Four pairs, one per reading: A-B agree at both presets (same); A-C turns and the longer window turns
+    it too (window); B-C turns and the longer window keeps the small preset's verdict (not the window); A-D
+    turns and the longer window promotes neither (neither). A pair not finished in one record is left out."""
+    params = {"A": 10, "B": 10, "C": 10, "D": 10}
+    bpb = {"A": 2.0, "B": 2.1, "C": 2.2, "D": 2.3}
+    short = _record(params, bpb, {("A", "B"): True, ("A", "C"): True, ("B", "C"): True, ("A", "D"): True})
+    long = _record(params, bpb, {("A", "B"): True, ("C", "A"): True, ("B", "C"): True})
+    larger = _record(params, bpb, {("A", "B"): True, ("C", "A"): True, ("C", "B"): True, ("D", "A"): True})
+    rows = {(r["a"], r["b"]): r for r in scales.window_readings(short, long, larger)}
+    assert rows["A", "B"]["reading"] == "same"
+    assert rows["A", "C"]["reading"] == "window" and rows["A", "C"]["long"]["winner"] == "B"
+    assert rows["B", "C"]["reading"] == "not the window" and rows["B", "C"]["larger"]["winner"] == "B"
+    assert rows["A", "D"]["reading"] == "neither" and rows["A", "D"]["long"]["winner"] == scales.NEITHER
+    assert set(scales.WINDOW_READINGS) == {r["reading"] for r in rows.values()}
+    long["models"].pop("D")  # D not finished at the longer window: its pairs are not read
+    assert not any("D" in pair for pair in {(r["a"], r["b"]) for r in scales.window_readings(short, long, larger)})

@@ -5,7 +5,9 @@ Each scale is a collected ``drmlab ablate`` record (``results.json``: ``models``
 models trained at two scales or more, which one the gate promotes over the other at each scale (or
 neither), with the gate's numbers, and whether that verdict holds, flips or changes from the smallest scale
 to the largest. :func:`bits_per_byte_by_size` gathers, per model, the validation bits per byte against the
-parameter count over the scales, and :func:`plot_bits_per_byte_by_size` draws it.
+parameter count over the scales, and :func:`plot_bits_per_byte_by_size` draws it. :func:`window_readings`
+reads a third record, the smaller preset run at the larger one's window, to say whether the window alone
+turns a verdict.
 
 A pair's verdict at one scale reads the two gate entries (A over B, B over A): "A" when A is promoted,
 "B" when B is, "-" when neither (the gate's rule is in the record's ``gate_rule``). Across the scales:
@@ -85,6 +87,41 @@ def verdicts(records: dict[str, dict]) -> list[dict]:
             if len(judged) < needed:
                 continue
             rows.append({"a": a, "b": b, "at": at, "across": across([v["winner"] for v in judged])})
+    return rows
+
+
+WINDOW_READINGS = {
+    "same": "the same at both presets",
+    "window": "the window: the longer one gives the larger preset's verdict",
+    "not the window": "not the window: the longer one keeps the smaller preset's verdict",
+    "neither": "neither preset's verdict at the longer window",
+}
+
+
+def window_readings(short: dict, long: dict, larger: dict) -> list[dict]:
+    """Which of two presets' verdicts a pair takes when only the window changes (the micro confound of
+    ``docs/drm.md`` A.7.3): ``short`` is the smaller preset as it ran, ``long`` the same preset at the larger
+    preset's window, ``larger`` the larger preset. Per pair finished in all three records: ``a``, ``b``, the
+    three verdicts of :func:`pair_verdict` (``short``, ``long``, ``larger``) and ``reading``, a key of
+    :data:`WINDOW_READINGS`: "same" where the two presets agree (nothing to explain), else "window" when the
+    longer window gives the larger preset's verdict, "not the window" when it keeps the smaller preset's,
+    "neither" when it gives a third."""
+    records = {"short": short, "long": long, "larger": larger}
+    rows = []
+    for r in verdicts(records):
+        at = r["at"]
+        if any(v is None for v in at.values()):
+            continue
+        small, window, big = (at[k]["winner"] for k in ("short", "long", "larger"))
+        if small == big:
+            reading = "same"
+        elif window == big:
+            reading = "window"
+        elif window == small:
+            reading = "not the window"
+        else:
+            reading = "neither"
+        rows.append({"a": r["a"], "b": r["b"], **at, "reading": reading})
     return rows
 
 
