@@ -16,6 +16,7 @@ import torch
 
 from drmlab.experiments import specialise as recipe
 from drmlab.experiments.mqar import distance as mqar_distance
+from drmlab.experiments.specialise import continuing
 from drmlab.training.run_info import DataInfo, RunInfo
 
 CURRICULUM = [(40, 3), (72, 2)]
@@ -416,9 +417,9 @@ def test_a_run_written_before_the_recipes_continues_as_distill(finished):
     old = json.loads(json.dumps(spec))
     for key in ("recipe", "language_rows", "language_every", "lr"):
         del old["settings"][key]
-    assert recipe.recipe._differences(recipe.recipe._with_new_defaults(old), spec) == []
+    assert continuing.differences(continuing.with_new_defaults(old), spec) == []
     old["settings"]["memory_lr"] = 1.0
-    assert recipe.recipe._differences(recipe.recipe._with_new_defaults(old), spec) != []
+    assert continuing.differences(continuing.with_new_defaults(old), spec) != []
 
 
 @pytest.mark.parametrize(
@@ -494,9 +495,9 @@ def test_bf16_is_recorded_and_a_run_continued_without_it_is_refused(finished, sp
     assert spec["settings"]["bf16"] is False
     old = json.loads(json.dumps(spec))
     del old["settings"]["bf16"]  # a run from before --fast: float32
-    assert recipe.recipe._differences(recipe.recipe._with_new_defaults(old), spec) == []
+    assert continuing.differences(continuing.with_new_defaults(old), spec) == []
     changed = dict(old, settings=dict(old["settings"], bf16=True))
-    assert recipe.recipe._differences(changed, spec) == ["settings.bf16: True in the run, False now"]
+    assert continuing.differences(changed, spec) == ["settings.bf16: True in the run, False now"]
     assert run.train_config().bf16 is False
 
 
@@ -567,11 +568,11 @@ def test_a_fast_run_from_before_the_memory_products_decision_is_refused_with_the
     del old["settings"]["bf16_memory_products"]  # written before the setting existed
     now = dict(old, settings=dict(old["settings"], bf16=True, bf16_memory_products=True))
     old["settings"]["bf16"] = True
-    refusal = run._why_not_continue({"spec": old}, None, now)
+    refusal = continuing.why_not_continue(run.run_dir, {"spec": old}, None, now)
     assert refusal.startswith("a specialisation under other settings (settings.bf16_memory_products: False in the run")
     assert refusal.endswith("--bf16 without --fast continues the run as it ran)")
     # the other way round (a run with the products in bf16, continued with --bf16 alone): no such hint
-    back = run._why_not_continue(
-        {"spec": now}, None, old | {"settings": dict(old["settings"], bf16_memory_products=False)}
+    back = continuing.why_not_continue(
+        run.run_dir, {"spec": now}, None, old | {"settings": dict(old["settings"], bf16_memory_products=False)}
     )
     assert "--bf16 without --fast" not in back and "True in the run, False now" in back

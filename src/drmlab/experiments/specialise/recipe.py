@@ -2,7 +2,8 @@
 learning-rate groups (two under ``distill``, one under ``interleaved``) of the student built from the
 base run (both :mod:`~drmlab.experiments.specialise.student`), the stage evaluations and the language CE
 before and after as the trainer's hooks, the verdicts and ``specialise.json``. The step, the guards,
-checkpoints, resume and signals are the trainer's."""
+checkpoints, resume and signals are the trainer's; whether a saved run may be continued is
+:mod:`~drmlab.experiments.specialise.continuing`'s."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ from torch import nn
 
 from drmlab.experiments.mqar import distance as mqar_distance
 from drmlab.experiments.specialise.batches import MixedBatches
+from drmlab.experiments.specialise.continuing import (  # noqa: F401 (re-exported)
+    FIXES_AFTER_NON_FINITE,
+    RESULT_FILE,
+    why_not_continue,
+)
 from drmlab.experiments.specialise.curriculum import (  # noqa: F401 (recipe_settings re-exported)
     CE_REGRESSION_LIMIT,
     DEFAULT_CHECKPOINT_EVERY,
@@ -46,15 +52,7 @@ from drmlab.training.fast import memory_products_in_bf16
 from drmlab.training.pieces import EvalHook, TrainPieces
 from drmlab.training.run_info import DataInfo, RunInfo
 
-RESULT_FILE = "specialise.json"
 PROGRESS_SECONDS = 30.0
-# settings that may change when continuing a run stopped by a non-finite value (the advised fix)
-FIXES_AFTER_NON_FINITE = ("backbone_lr", "memory_lr")
-# a setting added later that a command of before now turns on: how to continue such a run as it ran
-LATER_SETTINGS = {
-    "settings.bf16_memory_products: False in the run, True now": " (--fast includes the memory's products in bf16 since issue 33's decision; "
-    "--bf16 without --fast continues the run as it ran)",
-}
 ADVICE = "Try a lower --memory-lr or --backbone-lr (the run then continues from that checkpoint)."
 
 
@@ -242,7 +240,7 @@ class Specialisation:
             return False
         saved = read_json(path) if path.is_file() else None
         summary = run.read_summary() if run.summary_path.is_file() else None
-        reason = self._why_not_continue(saved, summary, spec)
+        reason = why_not_continue(run, saved, summary, spec)
         if reason is not None:
             raise FileExistsError(
                 f"{run.path} already holds {reason}; choose another --out or --overwrite (its files are then deleted)"
@@ -258,20 +256,6 @@ class Specialisation:
         self.result = dict(saved, spec=spec)
         self._say(f"specialise: continuing {run.path} at step {step} of {self.settings.total_steps}")
         return True
-
-    def _why_not_continue(self, saved: dict | None, summary: dict | None, spec: dict) -> str | None:
-        run = self.run_dir
-        if saved is None or "spec" not in saved:
-            return run.describe() if run.holds_run() else f"a {RESULT_FILE} without its run"
-        if summary and summary.get("finished"):
-            return f"a finished specialisation (step {summary.get('steps')})"
-        differences = _differences(_with_new_defaults(saved["spec"]), spec)
-        if summary and summary.get("stopped") == "non-finite":
-            differences = [d for d in differences if d.split(":")[0].rsplit(".", 1)[-1] not in FIXES_AFTER_NON_FINITE]
-        if differences:
-            hint = "".join(h for d, h in LATER_SETTINGS.items() if d in differences)
-            return "a specialisation under other settings (" + "; ".join(differences[:4]) + ")" + hint
-        return None
 
     def _write_result(self) -> None:
         write_json_atomic(self.run_dir.path / RESULT_FILE, jsonable(self.result))
@@ -417,26 +401,6 @@ class Specialisation:
     def _say(self, message: str) -> None:
         if self.log is not None:
             self.log(message)
-
-
-def _with_new_defaults(saved_spec: dict) -> dict:
-    """A saved spec with the settings added since it was written at their defaults (a run from before
-    the interleaved recipe is a distill run)."""
-    defaults = {f.name: f.default for f in dataclasses.fields(Settings) if f.default is not dataclasses.MISSING}
-    settings = saved_spec.get("settings")
-    if not isinstance(settings, dict):
-        return saved_spec
-    return dict(saved_spec, settings={**{k: v for k, v in defaults.items() if k not in settings}, **settings})
-
-
-def _differences(saved, now, prefix: str = "") -> list[str]:
-    """Dotted paths where two JSON values differ, with both values."""
-    if isinstance(saved, dict) and isinstance(now, dict):
-        out = []
-        for key in sorted(set(saved) | set(now)):
-            out += _differences(saved.get(key), now.get(key), f"{prefix}{key}.")
-        return out
-    return [] if saved == now else [f"{prefix[:-1]}: {saved!r} in the run, {now!r} now"]
 
 
 def specialise(
