@@ -84,17 +84,29 @@ def test_the_tie_with_the_direct_control_at_tiny_becomes_a_promotion_at_small():
     assert over_j["promoted"] and over_j["wins"] == 3 and fmt(over_j["gain"], 4) == said("0.0305")
 
 
-def test_the_float32_check_so_far_sits_inside_the_seed_spread_of_the_fast_runs():
+def test_the_float32_check_so_far_sits_inside_or_at_the_seed_spread_of_the_fast_runs():
+    """Every model the float32 record has finished: the same swept rate, its gap to the --fast run of seed 1
+    quoted, inside the seed spread of the --fast runs, but J_DIRECT_CONTROL_MATCHED's, at its edge (said so);
+    and the finished models in the same order at seed 1 in both."""
     plain = load("protocol-small-fp32")
     assert (
         plain["study"]["seeds"] == [1]
         and not plain["study"]["train"]["bf16"]
         and not plain["study"]["train"]["compile"]
     )
-    for model, quoted in (("J", "0.0059"), ("J_NO_DIRECTION", "0.0024")):
+    done = [r["model"] for r in plain["runs"]]
+    assert {"J", "J_NO_DIRECTION", "SSM_CONTROL", "J_DIRECT_CONTROL_MATCHED"} <= set(done)
+    outside = []
+    for model in done:
         fast_run = next(r for r in SMALL["runs"] if r["model"] == model and r["seed"] == 1)
         plain_run = next(r for r in plain["runs"] if r["model"] == model and r["seed"] == 1)
         assert plain["models"][model]["lr"] == MODELS[model]["lr"]  # the same swept rate
         gap = fast_run["val_bpb"] - plain_run["val_bpb"]
-        assert fmt(abs(gap), 4) == said(quoted) and abs(gap) < MODELS[model]["bpb_std"]
+        said(fmt(abs(gap), 4))
         said(fmt(MODELS[model]["bpb_std"], 4))
+        if abs(gap) >= MODELS[model]["bpb_std"]:
+            outside.append(model)
+    assert outside == ["J_DIRECT_CONTROL_MATCHED"] and said("at the edge of its spread")
+    seed1 = {r["model"]: r["val_bpb"] for r in SMALL["runs"] if r["seed"] == 1 and r["model"] in done}
+    in_fp32 = {r["model"]: r["val_bpb"] for r in plain["runs"]}
+    assert sorted(seed1, key=seed1.get) == sorted(in_fp32, key=in_fp32.get) and said("in the same order")
