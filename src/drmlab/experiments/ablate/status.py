@@ -4,10 +4,11 @@ without writing to it.
 Every run the study plans (its sweep runs, then its paired runs, numbered as ``drmlab ablate`` numbers them)
 is one of: ``done`` (its summary: the CE, its tokens/s), ``diverged`` (a sweep run scored as missing),
 ``training`` (another process holds its lock: which one, and how far it is), ``stopped`` (a checkpoint part-way,
-which the next ``drmlab ablate`` resumes from its step, and how far the run had trained past it) or ``not begun``. The training time left is estimated from the
-tokens each unfinished run still has to train, at the mean tokens/s of that model's finished runs (its
-paired runs, else its sweep runs, else its runs in progress), and the evaluations each still has to make (its
-milestones and its final one) at the mean time of that model's evaluations so far: one process's hours.
+which the next ``drmlab ablate`` resumes from its step; and how far the run had trained past it, steps it
+trains again) or ``not begun``. The training time left is estimated from the tokens each unfinished run still
+has to train, at the mean tokens/s of that model's finished runs (its paired runs, else its sweep runs, else
+its runs in progress), and the evaluations each still has to make (its milestones and its final one) at the
+mean time of that model's evaluations so far: one process's hours.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def run_status(out: Path, job: Job, record: dict) -> RunStatus:
     state = "training" if holder is not None else ("stopped" if run.has_checkpoint() else "not begun")
     trained_to = None
     if state == "stopped":  # a resume goes on from the checkpoint, not from the last step logged after it
-        kept = _checkpoint_tokens(run, record, job.tuning)
+        kept = _checkpoint_tokens(run, record)
         if kept is not None and kept < tokens:
             tokens, trained_to = kept, tokens
     return RunStatus(
@@ -108,7 +109,7 @@ def run_status(out: Path, job: Job, record: dict) -> RunStatus:
     )
 
 
-def _checkpoint_tokens(run, record: dict, tuning: bool) -> int | None:
+def _checkpoint_tokens(run, record: dict) -> int | None:
     """The tokens of the committed checkpoint a resume starts from (None where its pointer does not read)."""
     from drmlab.training.config import TRAIN_KEYS, TrainConfig
 
