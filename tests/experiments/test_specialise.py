@@ -520,7 +520,8 @@ def test_fast_specialises_in_bf16_where_the_cpu_has_bf16_units_and_says_when_not
 
 def test_fast_puts_the_selective_memory_s_products_in_bf16_in_both_models(base_run, corpus, tmp_path, monkeypatch):
     """settings.bf16_memory_products (``--fast`` since issue 33's decision): the teacher's memory is switched
-    by the job, the student's by the trainer, and the run records it; without bf16 it is refused."""
+    by the job, the student's by the trainer while it trains, and the run records it; without bf16 it is
+    refused."""
     import argparse
 
     from drmlab.cli import specialise as verb
@@ -548,9 +549,11 @@ def test_fast_puts_the_selective_memory_s_products_in_bf16_in_both_models(base_r
         return real_batch(self, seed, step, micro)
 
     monkeypatch.setattr(recipe.MixedBatches, "global_batch", dies_at_two)
+    seen = set()  # the student's switches at each of its forwards while it trains
+    run.student.register_forward_pre_hook(lambda *_: seen.update(switches(run.student)))
     with pytest.raises(KeyboardInterrupt):
         run.run()
-    assert switches(run.student) == [True]
+    assert seen == {True} and switches(run.student) == [False]  # on while trained, off again after
     config = json.loads((tmp_path / "products" / "config.json").read_text())
     assert config["train"]["bf16_memory_products"] is True
     assert config["specialise"]["settings"]["bf16_memory_products"] is True

@@ -212,7 +212,8 @@ def test_the_memory_products_in_autocast_run_in_bf16_and_keep_float32_gates():
 
 
 def _one_step_loss(bf16: bool, bf16_memory_products: bool):
-    """(the first logged training loss, the memory modules' switches) of one step of SSM_CONTROL at micro."""
+    """(the first logged training loss, the memory modules' switches in the training forward) of one step of
+    SSM_CONTROL at micro; after training every switch is as it was before (off)."""
     import numpy as np
 
     from drmlab.training import TrainConfig, train
@@ -222,9 +223,14 @@ def _one_step_loss(bf16: bool, bf16_memory_products: bool):
     cfg = TrainConfig(
         tokens=2 * 32, batch_size=2, seq_len=32, seed=5, bf16=bf16, bf16_memory_products=bf16_memory_products
     )
+    memories = [m for m in model.modules() if hasattr(m, "products_in_autocast")]
+    assert memories and not any(m.products_in_autocast for m in memories)
+    seen = set()  # the memories' switches at each forward of the model while it trains
+    hook = model.register_forward_pre_hook(lambda *_: seen.update(m.products_in_autocast for m in memories))
     summary = train(model, stream, None, cfg, None, device="cpu", quiet=True)
-    switches = {m.products_in_autocast for m in model.modules() if hasattr(m, "products_in_autocast")}
-    return summary["final_loss"], switches
+    hook.remove()
+    assert not any(m.products_in_autocast for m in memories)  # restored: the model leaves as it came
+    return summary["final_loss"], seen
 
 
 def test_the_train_setting_puts_the_memory_products_in_bf16_under_bf16_only():

@@ -8,7 +8,8 @@ kernels (on by default, :mod:`drmlab.ops.fusion`).
 * :func:`fast_settings`: the train settings ``--fast`` stands for on a device, and the one line that says what
   it dropped there.
 * :func:`memory_products_in_bf16`: the train setting ``bf16_memory_products`` applied to a model: the selective
-  memory's matrix products follow the bf16 autocast too (``docs/drm.md`` appendix A.4.7).
+  memory's matrix products follow the bf16 autocast too (``docs/drm.md`` appendix A.4.7);
+  :func:`restore_memory_products` turns the switches off again when training ends.
 * :func:`use_persistent_compile_cache`: Inductor's compiled kernels go to drmlab's cache folder (kept across
   reboots, unlike torch's default under the temporary folder), unless ``TORCHINDUCTOR_CACHE_DIR`` is set.
 * :data:`FAST_FACTORS` and :func:`suggestion`: the speed-up ``--fast`` measured per model (one CPU thread,
@@ -29,6 +30,7 @@ __all__ = [
     "bf16_unavailable",
     "fast_settings",
     "memory_products_in_bf16",
+    "restore_memory_products",
     "use_persistent_compile_cache",
     "suggestion",
 ]
@@ -85,15 +87,22 @@ def fast_settings(device: torch.device) -> tuple[dict, str | None]:
     }, f"--fast: {why}: training in float32 with torch.compile and the fused kernels"
 
 
-def memory_products_in_bf16(model: torch.nn.Module) -> int:
+def memory_products_in_bf16(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Let every module with a ``products_in_autocast`` switch (the DRM selective memory) run its matrix
-    products in the autocast's dtype; the number of modules switched. Outside an autocast nothing changes."""
-    switched = 0
+    products in the autocast's dtype; the modules this turned on (for :func:`restore_memory_products`).
+    Outside an autocast nothing changes."""
+    switched = []
     for module in model.modules():
-        if hasattr(module, "products_in_autocast"):
+        if hasattr(module, "products_in_autocast") and not module.products_in_autocast:
             module.products_in_autocast = True
-            switched += 1
+            switched.append(module)
     return switched
+
+
+def restore_memory_products(switched: list[torch.nn.Module]) -> None:
+    """Turn off again the switches :func:`memory_products_in_bf16` turned on (the model as it was given)."""
+    for module in switched:
+        module.products_in_autocast = False
 
 
 def use_persistent_compile_cache() -> Path | None:

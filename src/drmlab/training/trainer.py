@@ -68,7 +68,7 @@ from drmlab.training.compile_report import CompileReport, describe
 from drmlab.training.compiling import compile_errors, compile_model
 from drmlab.training.config import TrainConfig
 from drmlab.training.evaluating import Evaluate, Evaluations, sampled_eval  # noqa: F401 (re-exported)
-from drmlab.training.fast import memory_products_in_bf16
+from drmlab.training.fast import memory_products_in_bf16, restore_memory_products
 from drmlab.training.finishing import Finishing
 from drmlab.training.losses import IGNORE_INDEX, lm_loss, lm_loss_fn, targets_loss  # noqa: F401 (re-exported)
 from drmlab.training.measuring import Measurements
@@ -135,8 +135,8 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
         self.info, self.device = dist_utils.setup(str(device) if isinstance(device, torch.device) else device)
         self.main = self.info.is_main
         self.model = model.to(self.device)
-        if cfg.bf16 and cfg.bf16_memory_products:  # the memory's products in bf16 too (docs/drm.md A.4.7)
-            memory_products_in_bf16(self.model)
+        # the memory's products in bf16 too (docs/drm.md A.4.7), while this trainer trains: close() restores them
+        self.memory_switched = memory_products_in_bf16(self.model) if cfg.bf16 and cfg.bf16_memory_products else []
         self.config = resolved_config(self.model, cfg, run_info, self.info.world_size, self.device)
         self.sharded = fsdp and self.info.enabled  # FSDP2: every process holds 1/N of the weights
         self.config["runtime"]["data_parallel"] = "fsdp" if self.sharded else "ddp" if self.info.enabled else None
@@ -372,6 +372,8 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
         return due
 
     def close(self) -> None:
+        restore_memory_products(self.memory_switched)  # the model leaves as it came
+        self.memory_switched = []
         if self.bar is not None:
             self.bar.close()
         if self.log is not None:
@@ -464,7 +466,9 @@ def train(
                 trainer.bar.close()
             trainer.log.close()
             with stop_on_signals(trainer, during="the final evaluation"):
-                return trainer.finish(last_step, final_loss)
+                summary = trainer.finish(last_step, final_loss)
+            restore_memory_products(trainer.memory_switched)  # the model leaves as it came
+            return summary
     except NonFiniteLossError as exc:
         trainer.record_stop("diverged" if isinstance(exc, DivergenceError) else "non-finite", str(exc))
         trainer.close()
