@@ -57,14 +57,19 @@ def _eval_seconds(rows: list[dict], summary: dict | None) -> tuple[float, ...]:
     return tuple(found)
 
 
-def _budget(record: dict, tuning: bool) -> int:
-    """The tokens a run of the study trains: its budget in whole optimizer steps, as the trainer counts them."""
+def _train_config(record: dict, tuning: bool = False):
+    """The study's train settings as the trainer reads them (a sweep run's at the sweep's budget)."""
     from drmlab.training.config import TRAIN_KEYS, TrainConfig
 
     values = {k: v for k, v in record["train"].items() if k in TRAIN_KEYS}
     if tuning and record.get("tune_tokens"):
         values.update(tokens=record["tune_tokens"], milestones=None)
-    cfg = TrainConfig(**values)
+    return TrainConfig(**values)
+
+
+def _budget(record: dict, tuning: bool) -> int:
+    """The tokens a run of the study trains: its budget in whole optimizer steps, as the trainer counts them."""
+    cfg = _train_config(record, tuning)
     return cfg.total_steps * cfg.tokens_per_step
 
 
@@ -111,14 +116,11 @@ def run_status(out: Path, job: Job, record: dict) -> RunStatus:
 
 def _checkpoint_tokens(run, record: dict) -> int | None:
     """The tokens of the committed checkpoint a resume starts from (None where its pointer does not read)."""
-    from drmlab.training.config import TRAIN_KEYS, TrainConfig
-
     try:
         step = int(run.read_pointer()["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    values = {k: v for k, v in record["train"].items() if k in TRAIN_KEYS}
-    return step * TrainConfig(**values).tokens_per_step
+    return step * _train_config(record).tokens_per_step
 
 
 def study_status(out: str | Path) -> list[RunStatus]:
