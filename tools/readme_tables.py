@@ -570,7 +570,11 @@ def _geometry_table(studies: dict[str, dict]) -> str:
 def _protocol_table(studies: dict[str, dict], name: str = "protocol-tiny") -> str:
     """The protocol at one preset, each model at its swept rate: bits per byte (mean +- population std over
     seeds, per seed), the whole-stream rescoring at the 1M and 2M milestones, tokens/s; a study still
-    running shows its finished models and a row naming the rest."""
+    running shows its finished models and a row naming the rest, one not yet collected a row saying so."""
+    header = ["model", "params", "lr (swept)", "bits/byte", "seeds 1 / 2 / 3", "at 1M tokens", "at 2M tokens", "tok/s"]
+    align = ["---", "---:", "---:", "---", "---", "---:", "---:", "---:"]
+    if name not in studies:
+        return _table(header, align, [["not run yet", *["-"] * 7]])
     study = studies[name]
     rows = []
     for model, m in sorted(study["models"].items(), key=lambda kv: mean_std(_seed_values(kv[1]["per_seed"]))[0]):
@@ -590,11 +594,7 @@ def _protocol_table(studies: dict[str, dict], name: str = "protocol-tiny") -> st
     waiting = [model for model in study["study"]["models"] if model not in study["models"]]
     if waiting:
         rows.append([f"still training: {', '.join(waiting)}", *["-"] * 7])
-    return _table(
-        ["model", "params", "lr (swept)", "bits/byte", "seeds 1 / 2 / 3", "at 1M tokens", "at 2M tokens", "tok/s"],
-        ["---", "---:", "---:", "---", "---", "---:", "---:", "---:"],
-        rows,
-    )
+    return _table(header, align, rows)
 
 
 def _precision_table(studies: dict[str, dict], fast: str = "protocol-small", plain: str = "protocol-small-fp32") -> str:
@@ -635,9 +635,12 @@ def _precision_table(studies: dict[str, dict], fast: str = "protocol-small", pla
 
 def _protocol_sweep_table(studies: dict[str, dict], name: str = "protocol-tiny") -> str:
     """The learning-rate sweep of a protocol study (docs/drm.md section A.7.1): tuning CE per model and
-    rate, the chosen rate (:func:`drmlab.experiments.lr_sweep.choose`) in bold, edge flagged."""
+    rate, the chosen rate (:func:`drmlab.experiments.lr_sweep.choose`) in bold, edge flagged; a model whose
+    sweep has not finished shows "-" at the rates it has not tried."""
     from drmlab.experiments.lr_sweep import choose
 
+    if name not in studies:
+        return _table(["model", "lr", "best"], ["---", "---:", "---"], [["not run yet", "-", "-"]])
     study = studies[name]
     grid = study["study"]["lr_grid"]
     rows = []
@@ -743,18 +746,12 @@ def _scales_table(studies: dict[str, dict]) -> str:
     of models finished together at two presets or more, A's mean gain over B in nats per byte, A's paired wins,
     the model the gate promotes (or neither; "not finished" at a preset still training), and whether that
     holds, flips or changes across the presets that judged it."""
-    from drmlab.experiments.ablate.scales import NEITHER, verdicts
+    from drmlab.experiments.ablate.scales import verdicts
 
     records = protocol_records(studies)
     rows = []
     for r in verdicts(records):
-        cells = []
-        for v in r["at"].values():
-            if v is None:  # this preset has not finished the pair yet
-                cells.append("not finished")
-                continue
-            promoted = {"A": r["a"], "B": r["b"], NEITHER: "neither"}[v["winner"]]
-            cells.append(f"{v['gain']:+.4f}, {v['wins']} of {v['n']}: {promoted}")
+        cells = [_verdict_cell(v, r["a"], r["b"]) for v in r["at"].values()]
         rows.append([f"{r['a']} vs {r['b']}", *cells, r["across"]])
     if not rows:
         rows.append(["no pair is finished at two presets yet", *["-"] * len(records), "-"])
@@ -763,6 +760,40 @@ def _scales_table(studies: dict[str, dict]) -> str:
         ["---"] + ["---"] * len(records) + ["---"],
         rows,
     )
+
+
+def _verdict_cell(v: dict | None, a: str, b: str) -> str:
+    """One preset's verdict on the pair A vs B: A's gain (nats per byte), A's wins, the model promoted."""
+    from drmlab.experiments.ablate.scales import NEITHER
+
+    if v is None:  # this preset has not finished the pair yet
+        return "not finished"
+    promoted = {"A": a, "B": b, NEITHER: "neither"}[v["winner"]]
+    return f"{v['gain']:+.4f}, {v['wins']} of {v['n']}: {promoted}"
+
+
+# the micro confound (docs/drm.md A.7.3): micro as it ran, micro at tiny's 256-byte window, tiny
+WINDOW_STUDIES = ("protocol-micro", "protocol-micro-ctx256", "protocol-tiny")
+
+
+def _window_table(studies: dict[str, dict]) -> str:
+    """Does the window alone turn micro's verdicts into tiny's? Per pair finished in all three records of
+    :data:`WINDOW_STUDIES`, the gate's verdict in each (as in :func:`_scales_table`) and the reading of
+    :func:`drmlab.experiments.ablate.scales.window_readings`."""
+    from drmlab.experiments.ablate.scales import WINDOW_READINGS, window_readings
+
+    header = ["A vs B", "micro (32-byte windows)", "micro at 256-byte windows", "tiny (256-byte windows)", "reading"]
+    align = ["---"] * 5
+    missing = [name for name in WINDOW_STUDIES if name not in studies]
+    if missing:
+        return _table(header, align, [[f"not run yet: {', '.join(missing)}", *["-"] * 4]])
+    rows = []
+    for r in window_readings(*(studies[name] for name in WINDOW_STUDIES)):
+        cells = [_verdict_cell(r[k], r["a"], r["b"]) for k in ("short", "long", "larger")]
+        rows.append([f"{r['a']} vs {r['b']}", *cells, WINDOW_READINGS[r["reading"]]])
+    if not rows:
+        rows.append(["no pair is finished in all three records yet", *["-"] * 4])
+    return _table(header, align, rows)
 
 
 BLOCK_RENDERERS = {
@@ -774,6 +805,9 @@ BLOCK_RENDERERS = {
     "protocol-small-fp32": _precision_table,
     "protocol-micro": functools.partial(_protocol_table, name="protocol-micro"),
     "protocol-micro-sweep": functools.partial(_protocol_sweep_table, name="protocol-micro"),
+    "protocol-micro-ctx256": functools.partial(_protocol_table, name="protocol-micro-ctx256"),
+    "protocol-micro-ctx256-sweep": functools.partial(_protocol_sweep_table, name="protocol-micro-ctx256"),
+    "protocol-window": _window_table,
     "protocol-scales": _scales_table,
     "protocol-tiny-fullbudget": _full_budget_sweep_table,
     "protocol-tiny-fullbudget-paired": _full_budget_paired_table,

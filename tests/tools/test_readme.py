@@ -257,3 +257,27 @@ def test_the_float32_check_sets_each_model_beside_its_fast_run_at_the_same_seed_
     plain["models"]["J"]["lr"] = 1e-3  # a float32 run at another rate is no check of precision
     with pytest.raises(ValueError, match="J ran at another rate"):
         rt.tables._precision_table({"protocol-small": fast, "protocol-small-fp32": plain})
+
+
+def test_the_window_table_reads_each_turned_pair_against_the_preset_it_sides_with(studies):
+    """Known answers from the committed records: a 'longer window' record equal to tiny's gives tiny's verdict
+    on every pair the two presets judge differently (the window), one equal to micro's keeps micro's (not the
+    window); the pairs the presets agree on read the same either way."""
+    without = {name: record for name, record in studies.items() if name != "protocol-micro-ctx256"}
+    assert "| not run yet: protocol-micro-ctx256 |" in rt.tables._window_table(without)
+    assert "| not run yet |" in rt.tables._protocol_table(without, name="protocol-micro-ctx256")
+    assert "| not run yet |" in rt.tables._protocol_sweep_table(without, name="protocol-micro-ctx256")
+    scales = rt.tables._scales_table({k: v for k, v in studies.items() if k in ("protocol-micro", "protocol-tiny")})
+    across = {
+        line.split(" | ")[0].strip("| "): line.rsplit(" | ", 1)[1].strip(" |") for line in scales.splitlines()[2:]
+    }
+    from drmlab.experiments.ablate.scales import WINDOW_READINGS
+
+    for stand_in, turned in (("protocol-tiny", "window"), ("protocol-micro", "not the window")):
+        table = rt.tables._window_table(dict(without, **{"protocol-micro-ctx256": studies[stand_in]}))
+        reading = {
+            line.split(" | ")[0].strip("| "): line.rsplit(" | ", 1)[1].strip(" |") for line in table.splitlines()[2:]
+        }
+        assert set(reading) == set(across) and len(reading) == 15
+        for pair in reading:
+            assert reading[pair] == WINDOW_READINGS[turned if across[pair] != "holds" else "same"], pair
