@@ -327,6 +327,46 @@ def test_early_stop_and_a_killed_run_continues(tmp_path, monkeypatch):
     assert early["early_stopped"] and early["epochs_run"] == 1 and early["steps"] == 3
 
 
+def test_an_epoch_resumed_from_its_checkpoint_counts_the_training_an_earlier_process_did(tmp_path, monkeypatch):
+    """A process stopped after the trainer committed an epoch's steps but before result.json recorded the
+    epoch: the next process trains none of them again, and the epoch's train_seconds (and the run's
+    wall_seconds) count the time the checkpoint holds for them, the trainer's seconds in the checkpoint less
+    those at the last recorded epoch. Before, they counted only the resuming process's own clock."""
+    from types import SimpleNamespace
+
+    from drmlab.runs import RunDir
+
+    study = zm.plan_study(
+        ["ATTENTION"], [16], [64], preset="micro", lr_grid=[1e-3], epochs=2, n_train=48, n_test=16, batch_size=16
+    )
+    real, calls = zm.query_accuracy, []
+
+    def dies_on_the_second_epoch(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(zm, "query_accuracy", dies_on_the_second_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        zm.run_cell(study, "ATTENTION", 16, 64, 4, 1e-3, tmp_path, device="cpu")
+    run_dir = tmp_path / "runs" / "ATTENTION_w16_L64_lr0.001"
+    cut = json.loads((run_dir / "result.json").read_text())
+    state = RunDir(run_dir).read_state()
+    assert len(cut["epochs"]) == 1 and state["step"] == 6  # the second epoch's 3 steps are in the checkpoint
+    held = state["train_seconds"] - cut["epochs"][0]["trainer_seconds"]
+    assert held > 0
+    assert zm.carried_seconds(RunDir(run_dir), cut["epochs"]) == held
+    assert zm.carried_seconds(RunDir(run_dir), [{"epoch": 1}]) == 0.0  # an epoch recorded without the counter
+
+    monkeypatch.setattr(zm, "query_accuracy", real)
+    monkeypatch.setattr(zm, "pauses", SimpleNamespace(now=lambda: 100.0))  # the resuming process's clock: 0 s
+    continued = zm.run_cell(study, "ATTENTION", 16, 64, 4, 1e-3, tmp_path, device="cpu")
+    second = continued["epochs"][1]
+    assert second["train_seconds"] == pytest.approx(held) and second["trainer_seconds"] == state["train_seconds"]
+    assert continued["wall_seconds"] == pytest.approx(cut["wall_seconds"] + held)
+
+
 def test_a_run_held_by_another_process_is_left_to_it(tmp_path):
     from drmlab.runs import RunLock
 

@@ -65,7 +65,7 @@ from drmlab.experiments.mqar.zoology_task import (  # noqa: F401 (re-exported)
     slot_weights,
 )
 from drmlab.naming import suggest
-from drmlab.runs import jsonable
+from drmlab.runs import RunDir, jsonable
 from drmlab.training import pauses
 from drmlab.training.run_info import RunInfo
 
@@ -150,7 +150,7 @@ def run_cell(
     with ``collect_only`` nothing is trained and an unfinished run is ``pending``). ``until``: stop after
     that many epochs (the rate probe) unless it stopped before; such a run is ``probed`` and goes on from
     its checkpoint when asked for more."""
-    from drmlab.runs import RunDir, RunLock, RunLockedError, write_json_atomic
+    from drmlab.runs import RunLock, RunLockedError, write_json_atomic
     from drmlab.training.pieces import TrainPieces
     from drmlab.training.trainer import NonFiniteLossError, lm_loss_fn, train
 
@@ -199,6 +199,7 @@ def run_cell(
         done = result["epochs"][-1]["epoch"] if result["epochs"] else 0
         while done < target:
             t0 = pauses.now()
+            carried = carried_seconds(run, result["epochs"]) if resume else 0.0
             try:
                 summary = train(
                     model,
@@ -242,11 +243,12 @@ def run_cell(
                     "step": summary["steps"],
                     "loss": loss,
                     "test_acc": test["acc"],
-                    "train_seconds": t1 - t0,
+                    "train_seconds": t1 - t0 + carried,
                     "eval_seconds": pauses.now() - t1,
+                    "trainer_seconds": summary["train_seconds"],
                 }
             )
-            result["wall_seconds"] += pauses.now() - t0
+            result["wall_seconds"] += pauses.now() - t0 + carried
             result["params"] = summary["params"]
             done = epoch
             stop = test["acc"] > r.early_stop
@@ -275,6 +277,18 @@ def run_cell(
         return result
     finally:
         lock.release()
+
+
+def carried_seconds(run: RunDir, epochs: list[dict]) -> float:
+    """Training time an earlier process put into the epoch about to resume: the trainer's seconds in the
+    checkpoint less those at the last recorded epoch's end (``trainer_seconds``). Zero when the checkpoint
+    sits at that epoch's end; more after a process stopped mid-epoch at a time-based checkpoint, whose steps
+    this process does not train again. Steps trained past that checkpoint before the stop are lost and not
+    counted. An epoch recorded before ``trainer_seconds`` was kept carries nothing."""
+    if epochs and "trainer_seconds" not in epochs[-1]:
+        return 0.0
+    before = epochs[-1]["trainer_seconds"] if epochs else 0.0
+    return max(0.0, float(run.read_state().get("train_seconds", 0.0)) - before)
 
 
 def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
