@@ -112,6 +112,56 @@ def test_two_gloo_processes_match_one(tmp_path):
     assert summary["val_ce"] == pytest.approx(single["val_ce"], rel=1e-5)
 
 
+AGREE_SCRIPT = SCRIPT.split('if __name__ == "__main__":')[0] + textwrap.dedent(
+    """
+    if __name__ == "__main__":
+        import gc
+        from torch.nn.parallel import DistributedDataParallel
+        from drmlab.runs import RunDir
+        from drmlab.training import distributed
+
+        saved, save = [], RunDir.save_checkpoint
+        wrappers, teardown = [], distributed.teardown
+
+        def recording(self, model, optimizer, state, **kwargs):
+            saved.append(state["step"])
+            return save(self, model, optimizer, state, **kwargs)
+
+        def counting(info):  # the data-parallel wrappers still alive when the group is destroyed
+            wrappers.append(sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects()))
+            teardown(info)
+
+        RunDir.save_checkpoint, distributed.teardown = recording, counting
+        rank, out = int(os.environ["RANK"]), sys.argv[1]
+        tr, va = data()
+        # only rank 1's clock ever says a checkpoint is due (after every step); rank 0 keeps none of its own
+        train(SmallLM(seed=3), tr, va, TrainConfig(**CFG), out, quiet=True, device="cpu",
+              checkpoint_seconds=0 if rank == 1 else None)
+        if rank == 0:  # the one writer of checkpoints
+            with open(out + "/saved.json", "w") as f:
+                json.dump({"saved": saved, "wrappers": wrappers}, f)
+    """
+)
+
+
+def test_a_checkpoint_due_on_one_process_is_committed_by_all_after_the_same_step(tmp_path):
+    """Time-based checkpoints in a distributed run: when one process's clock says a checkpoint is due, every
+    process commits it after the same step (rank 0 writes it). Rank 0 here has no clock of its own, so each
+    checkpoint it writes before the last step comes from rank 1's. And the run ends cleanly: no
+    data-parallel wrapper is left when the trainer destroys the process group (were its reducer the group's
+    last holder, the group's destructor could deadlock against gloo's threads, as it did in about one run of
+    this test in four before the trainer dropped the wrapper first)."""
+    script = tmp_path / "agree_script.py"
+    script.write_text(AGREE_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    proc = subprocess.run(
+        [*cmd, str(script), str(tmp_path / "ddp")], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads((tmp_path / "ddp" / "saved.json").read_text()) == {"saved": [1, 2, 3, 4, 5], "wrappers": [0]}
+
+
 FSDP_SCRIPT = textwrap.dedent(
     """
     import json, sys

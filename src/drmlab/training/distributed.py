@@ -75,6 +75,11 @@ def setup(device_name: str | None = "auto") -> tuple[DistInfo, torch.device]:
 
 
 def teardown(info: DistInfo) -> None:
+    """Destroy the process group that :func:`setup` created. The ``DistributedDataParallel`` wrapper must be
+    gone first: its C++ reducer holds the group, and were it the last holder, the group's destructor would run
+    where the reducer is freed, with the GIL held, and wait for gloo's worker threads, one of which may need
+    the GIL to free a finished collective's tensors: a deadlock at exit (seen in about one run in four with a
+    checkpoint after every step). Destroyed here, the group's destructor releases the GIL."""
     if info.owns_group and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -88,12 +93,13 @@ def all_reduce_mean(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return value / info.world_size
 
 
-def all_reduce_max(value: float, info: DistInfo, device: torch.device) -> float:
+def all_reduce_max(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
+    """The largest of each of ``values`` over processes, in one all-reduce (``values`` in a single process)."""
     if not info.enabled:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return t.tolist()
 
 
 def barrier(info: DistInfo) -> None:

@@ -5,6 +5,7 @@ non-finite or diverged) and a study's summary entries; then the run's lock and p
 
 from __future__ import annotations
 
+import gc
 import math
 
 from drmlab.training import distributed as dist_utils
@@ -66,6 +67,9 @@ class Finishing:
         if self.run is not None and main:
             summary["out_dir"] = str(self.run.path)
             self.run.write_summary(summary)
+        if self.info.enabled:
+            self.net = None  # the data-parallel wrapper goes before the group it holds (dist_utils.teardown)
+            gc.collect()
         dist_utils.teardown(self.info)
         if self.lock is not None:
             self.lock.release()

@@ -343,15 +343,13 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
             before, now = (step - 1) * cfg.tokens_per_step, step * cfg.tokens_per_step
             if any(before < mark <= now for mark in cfg.milestones):
                 self.milestone_evaluation(step)
-        if self.info.enabled:  # every process stops after the same step (a signal may reach only some of them)
-            signum = dist_utils.all_reduce_max(float(self.stop_signal or 0), self.info, self.device)
-            self.stop_signal = int(signum) or None
+        self.stop_signal, checkpoint_due = self._agree_on_stop_and_checkpoint()
         if (
             self.stop_signal is not None
             or step == last_step
             or step in self.hook_steps
             or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0)
-            or self._checkpoint_due()
+            or checkpoint_due
         ):
             self.save(step)
         if self.stop_signal is not None:
@@ -364,12 +362,16 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
             )
         self.run_hooks(step)
 
-    def _checkpoint_due(self) -> bool:
-        """``checkpoint_seconds`` have passed since the last checkpoint (or the start); every process agrees."""
+    def _agree_on_stop_and_checkpoint(self) -> tuple[int | None, bool]:
+        """The stop signal received (None: none) and whether ``checkpoint_seconds`` have passed since the last
+        checkpoint (or the start). In a distributed run every process takes the largest of each over all of
+        them, in one all-reduce per step: a signal that reached one process, or a clock that says a checkpoint
+        is due on one, counts for all, so they stop and commit after the same step."""
         due = self.checkpoint_seconds is not None and time.monotonic() - self.last_save >= self.checkpoint_seconds
-        if self.info.enabled and self.checkpoint_seconds is not None:
-            due = bool(dist_utils.all_reduce_max(float(due), self.info, self.device))
-        return due
+        signum = self.stop_signal or 0
+        if self.info.enabled:
+            signum, due = dist_utils.all_reduce_max([float(signum), float(due)], self.info, self.device)
+        return int(signum) or None, bool(due)
 
     def close(self) -> None:
         restore_memory_products(self.memory_switched)  # the model leaves as it came
