@@ -314,7 +314,8 @@ ZOOLOGY_ATTENTION_FIGURE = "0.97-0.99"
 
 
 def _zoology_cell(cell: dict | None, n_rates: int) -> str:
-    """The best rate's final test accuracy, its rate and how many of the grid's rates have finished."""
+    """The best rate's final test accuracy, its rate, the epochs that rate trained and how many of the grid's
+    rates have finished."""
     if cell is None:
         return "not run"
     if cell.get("status") == "n/a":
@@ -322,24 +323,34 @@ def _zoology_cell(cell: dict | None, n_rates: int) -> str:
     scores = cell.get("scores") or {}
     if cell.get("acc") is None:
         return f"no finished rate (0 of {n_rates})" if not scores else "diverged"
-    text = f"{100 * cell['acc']:.1f}% (lr {cell['lr']:.3g})"
+    epochs = "" if cell.get("epochs") is None else f", {cell['epochs']} epochs"
+    text = f"{100 * cell['acc']:.1f}% (lr {cell['lr']:.3g}{epochs})"
     return text if len(scores) == n_rates else f"{text}; {len(scores)} of {n_rates} rates"
 
 
-def _zoology_table(studies: dict[str, dict]) -> str:
+def _zoology_table(studies: dict[str, dict], name: str = "zoology-cpu") -> str:
     """The Zoology MQAR protocol on the CPU (docs/mqar.md section 10): per model, width and length the
-    best rate's final test accuracy, attention's published value first so the protocol is checked
-    against the paper before any other row is read."""
-    study = studies["zoology-cpu"]
+    best rate's final test accuracy and the epochs it trained, attention's published value first so the
+    protocol is checked against the paper before any other row is read; the header names the protocol as
+    the record ran it ("at CPU budget" when it trained fewer epochs than Zoology's)."""
+    from drmlab.experiments.mqar.zoology_report import protocol_name
+
+    if name not in studies:
+        return _table(["model", "accuracy", "state"], ["---", "---", "---:"], [["not run yet", "-", "-"]])
+    study = studies[name]
     settings, widths = study["study"]["settings"], study["study"]["widths"]
     n_rates = len(study["study"]["lr_grid"])
     columns = [(L, w) for L, _ in settings for w in widths]
     rows = [["Zoology Fig. 2, attention (by eye)", *([ZOOLOGY_ATTENTION_FIGURE] * len(columns)), "-"]]
-    for name in study["study"]["models"]:
-        cells = [study["cells"].get(f"{name} w{w} L{L}") for L, w in columns]
+    for model in study["study"]["models"]:
+        cells = [study["cells"].get(f"{model} w{w} L{L}") for L, w in columns]
         state = next((c.get("state_bytes") for c in cells if c and c.get("state_bytes")), None)
-        rows.append([name, *(_zoology_cell(c, n_rates) for c in cells), "-" if state is None else f"{state:,} B"])
-    header = ["model", *(f"L {L}, width {w}" for L, w in columns), f"state at L {columns[0][0]}, width {columns[0][1]}"]
+        rows.append([model, *(_zoology_cell(c, n_rates) for c in cells), "-" if state is None else f"{state:,} B"])
+    header = [
+        f"model ({protocol_name(study['study']['recipe'])})",
+        *(f"L {L}, width {w}" for L, w in columns),
+        f"state at L {columns[0][0]}, width {columns[0][1]}",
+    ]
     return _table(header, ["---"] + ["---"] * len(columns) + ["---:"], rows)
 
 
@@ -822,6 +833,7 @@ BLOCK_RENDERERS = {
     "bench-decode": _bench_decode_table,
     "bench-solvers": _bench_solvers_table,
     "zoology-cpu": _zoology_table,
+    "zoology-l64": functools.partial(_zoology_table, name="zoology-l64"),
     "zoology-budget": _zoology_budget_table,
     "pmcs-tiny": _pmcs_table,
     "asm-cm-controls": _asm_cm_controls_table,

@@ -281,3 +281,20 @@ def test_the_window_table_reads_each_turned_pair_against_the_preset_it_sides_wit
         assert set(reading) == set(across) and len(reading) == 15
         for pair in reading:
             assert reading[pair] == WINDOW_READINGS[turned if across[pair] != "holds" else "same"], pair
+
+
+def test_the_zoology_table_names_the_protocol_and_the_epochs_each_cell_trained(studies):
+    import copy
+
+    without = {name: record for name, record in studies.items() if name != "zoology-l64"}
+    assert "| not run yet |" in rt.tables._zoology_table(without, name="zoology-l64")
+    record = copy.deepcopy(studies["zoology-cpu"])
+    record["cells"]["ATTENTION w64 L64"]["epochs"] = 8
+    table = rt.tables._zoology_table({"zoology-l64": record}, name="zoology-l64")
+    assert table.splitlines()[0].startswith("| model (Zoology protocol at CPU budget) |")  # 16 of Zoology's 64 epochs
+    assert "| ATTENTION | 99.2% (lr 0.01, 8 epochs); 2 of 4 rates |" in table
+    assert "| Zoology Fig. 2, attention (by eye) | 0.97-0.99 |" in table  # the paper's value above every row
+    record["study"]["recipe"]["epochs"] = 64  # Zoology's own budget, no probe: the protocol as published
+    assert rt.tables._zoology_table({"zoology-l64": record}, name="zoology-l64").startswith(
+        "| model (Zoology protocol) |"
+    )
