@@ -298,13 +298,10 @@ def test_a_micro_study_end_to_end_reuses_and_reports_na(tmp_path):
     assert all(r.get("reused") for r in again["runs"])
 
 
-def test_early_stop_and_a_killed_run_continues(tmp_path, monkeypatch):
-    study = zm.plan_study(
-        ["ATTENTION"], [16], [64], preset="micro", lr_grid=[1e-3], epochs=3, n_train=48, n_test=16, batch_size=16
-    )
-    whole = zm.run_cell(study, "ATTENTION", 16, 64, 4, 1e-3, tmp_path / "whole", device="cpu")
-    real = zm.query_accuracy
-    calls = []
+def _die_on_the_second_evaluation(monkeypatch):
+    """The process dies after the second epoch has trained (its checkpoint committed), before result.json
+    records it; returns the real evaluation."""
+    real, calls = zm.query_accuracy, []
 
     def dies_on_the_second_epoch(*args):
         calls.append(1)
@@ -313,6 +310,15 @@ def test_early_stop_and_a_killed_run_continues(tmp_path, monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(zm, "query_accuracy", dies_on_the_second_epoch)
+    return real
+
+
+def test_early_stop_and_a_killed_run_continues(tmp_path, monkeypatch):
+    study = zm.plan_study(
+        ["ATTENTION"], [16], [64], preset="micro", lr_grid=[1e-3], epochs=3, n_train=48, n_test=16, batch_size=16
+    )
+    whole = zm.run_cell(study, "ATTENTION", 16, 64, 4, 1e-3, tmp_path / "whole", device="cpu")
+    _die_on_the_second_evaluation(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         zm.run_cell(study, "ATTENTION", 16, 64, 4, 1e-3, tmp_path / "cut", device="cpu")
     cut = json.loads((tmp_path / "cut" / "runs" / "ATTENTION_w16_L64_lr0.001" / "result.json").read_text())
@@ -339,15 +345,7 @@ def test_an_epoch_resumed_from_its_checkpoint_counts_the_training_an_earlier_pro
     study = zm.plan_study(
         ["ATTENTION"], [16], [64], preset="micro", lr_grid=[1e-3], epochs=2, n_train=48, n_test=16, batch_size=16
     )
-    real, calls = zm.query_accuracy, []
-
-    def dies_on_the_second_epoch(*args):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args)
-
-    monkeypatch.setattr(zm, "query_accuracy", dies_on_the_second_epoch)
+    real = _die_on_the_second_evaluation(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         zm.run_cell(study, "ATTENTION", 16, 64, 4, 1e-3, tmp_path, device="cpu")
     run_dir = tmp_path / "runs" / "ATTENTION_w16_L64_lr0.001"
