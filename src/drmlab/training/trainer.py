@@ -343,21 +343,22 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
             before, now = (step - 1) * cfg.tokens_per_step, step * cfg.tokens_per_step
             if any(before < mark <= now for mark in cfg.milestones):
                 self.milestone_evaluation(step)
-        self.stop_signal, checkpoint_due = self._agree_on_stop_and_checkpoint()
+        # read once (the handler may set stop_signal at any moment; one arriving later stops after the next step)
+        stop, checkpoint_due = self._agree_on_stop_and_checkpoint()
         if (
-            self.stop_signal is not None
+            stop is not None
             or step == last_step
             or step in self.hook_steps
             or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0)
             or checkpoint_due
         ):
             self.save(step)
-        if self.stop_signal is not None:
-            name = signal.Signals(self.stop_signal).name
+        if stop is not None:
+            name = signal.Signals(stop).name
             where = f"in {self.run.path}" if self.run is not None else "nowhere (no run directory)"
             raise TrainingInterrupted(
                 f"{name} received: stopped after step {step} of {cfg.total_steps}, checkpoint committed {where}",
-                self.stop_signal,
+                stop,
                 step,
             )
         self.run_hooks(step)
