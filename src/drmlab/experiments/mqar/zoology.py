@@ -197,9 +197,9 @@ def run_cell(
             study={"mqar_zoology": {k: v for k, v in spec.items() if k not in ("train", "overrides")}},
         )
         done = result["epochs"][-1]["epoch"] if result["epochs"] else 0
+        carried = carried_seconds(run, result["epochs"]) if resume else 0.0  # only a resumed first epoch carries
         while done < target:
             t0 = pauses.now()
-            carried = carried_seconds(run, result["epochs"]) if resume else 0.0
             try:
                 summary = train(
                     model,
@@ -249,6 +249,7 @@ def run_cell(
                 }
             )
             result["wall_seconds"] += pauses.now() - t0 + carried
+            carried = 0.0  # each later epoch starts at the checkpoint this process committed at its end
             result["params"] = summary["params"]
             done = epoch
             stop = test["acc"] > r.early_stop
