@@ -10,8 +10,9 @@ next command is the first line this worker has not yet run; a file that no longe
 said in one line. Each command should be
 a study that two processes can share and that goes on where it stopped (``drmlab ablate``, ``drmlab mqar``,
 ``python tools/capacity_study.py run``): running the queue again, in this session or the next, then skips
-what is finished and resumes what is not. A worker runs the commands in order as subprocesses, their output
-appended to the log (``--log``, default the queue file with ``.log`` added) under a header line naming the
+what is finished and resumes what is not; with ``--leave-held`` a worker whose study has nothing left but
+runs the other worker holds goes on to the next command instead of waiting. A worker runs the commands in
+order as subprocesses, their output appended to the log (``--log``, default the queue file with ``.log`` added) under a header line naming the
 command, the time and the worker's pid. A command that ends with 0 is followed by the next; one that fails is reported in one
 line and the worker goes on to the next (a later study does not wait on an earlier one), exiting 1 at the
 end naming each failure. SIGTERM or SIGINT is passed on to the running command, which checkpoints and stops;

@@ -195,3 +195,17 @@ def test_a_busy_machine_trains_on_the_cores_left_and_says_so_in_one_line(monkeyp
     assert chosen == [1, 2, 2] and capsys.readouterr().err == ""
     common.apply_threads(argparse.Namespace(threads=1, device="cpu"), recorded=2)  # told otherwise
     assert chosen == [1, 2, 2, 1]
+
+
+@pytest.mark.parametrize(
+    "verb, module", [("ablate", "drmlab.experiments.ablate.protocol"), ("loop-study", "drmlab.experiments.loop.study")]
+)
+def test_leave_held_reaches_the_study_and_a_left_study_prints_no_report(verb, module, tmp_path, monkeypatch, capsys):
+    import importlib
+
+    seen = []
+    monkeypatch.setattr(importlib.import_module(module), "run_study", lambda spec, rt, out, **kw: seen.append(rt))
+    assert main([verb, "--out", str(tmp_path / "s"), "--leave-held"]) == 0
+    assert seen[0].leave_held and capsys.readouterr().out == ""
+    assert main([verb, "--out", str(tmp_path / "s")]) == 0
+    assert seen[-1].leave_held is False  # off unless given

@@ -63,7 +63,7 @@ def test_tuning_split_holds_out_the_end_of_train():
         lr_sweep.tuning_split(np.arange(10))
 
 
-def _run(corpus_file, tmp_path, out, *, log=None, wait_seconds=30.0, sweep_only=False, **kw):
+def _run(corpus_file, tmp_path, out, *, log=None, wait_seconds=30.0, sweep_only=False, leave_held=False, **kw):
     options = dict(
         models=["SSM_CONTROL", "GPT2"],
         seeds=[1, 2],
@@ -76,7 +76,7 @@ def _run(corpus_file, tmp_path, out, *, log=None, wait_seconds=30.0, sweep_only=
         tune_tokens="512",
     )
     options.update(kw)
-    runtime = Runtime(cache_dir=str(tmp_path / "cache"), log=log, wait_seconds=wait_seconds)
+    runtime = Runtime(cache_dir=str(tmp_path / "cache"), log=log, wait_seconds=wait_seconds, leave_held=leave_held)
     return ablate.run_study(StudySpec(**options), runtime, out, sweep_only=sweep_only)
 
 
@@ -225,6 +225,31 @@ def test_a_second_process_takes_what_the_first_does_not_hold(corpus_file, tmp_pa
     worker.join(timeout=120)
     assert not worker.is_alive()
     results = lines[-1]
+    assert results["complete"] and results["lr_sweep"]["GPT2"]["complete"]
+
+
+def test_leave_held_exits_once_the_rest_is_held_and_the_holder_finishes_it(corpus_file, tmp_path):
+    """--leave-held: the process does everything not held, then returns None at once (no waiting, no
+    report) while GPT2's paired run still waits on the held sweep run; the study then finishes as usual."""
+    from drmlab.runs import RunDir
+
+    out = tmp_path / "study"
+    held = RunDir(ablate.tuning_dir(out, "GPT2", 1e-3))
+    held.create()
+    lock = held.lock()
+    lines = []
+    options = dict(models=["SSM_CONTROL", "GPT2"], seeds=[1], lr_grid="1e-3,3e-2", log=lines.append)
+    try:
+        t0 = time.monotonic()
+        left = _run(corpus_file, tmp_path, out, wait_seconds=600, leave_held=True, **options)
+        assert left is None and time.monotonic() - t0 < 300  # it did not wait the 600 s
+        assert RunDir(ablate.run_dir(out, "SSM_CONTROL", 1)).finished_summary() is not None
+        assert RunDir(ablate.tuning_dir(out, "GPT2", 3e-2)).finished_summary() is not None
+        assert not ablate.run_dir(out, "GPT2", 1).exists() and not (out / "results.json").exists()
+        assert "2 runs left, each held by another process or waiting on runs one holds" in lines[-1]
+    finally:
+        lock.release()
+    results = _run(corpus_file, tmp_path, out, wait_seconds=0.05, leave_held=True, **options)
     assert results["complete"] and results["lr_sweep"]["GPT2"]["complete"]
 
 

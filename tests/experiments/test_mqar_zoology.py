@@ -422,6 +422,10 @@ def test_the_cli_runs_the_zoology_protocol_and_refuses_other_protocols_flags(tmp
         assert words in capsys.readouterr().err
     assert main(["mqar", "--widths", "64", "--out", str(out)]) == 2
     assert "--widths: only with --protocol zoology" in capsys.readouterr().err
+    assert main(["mqar", "--leave-held", "--out", str(out)]) == 2
+    assert "--leave-held: only with --protocol zoology" in capsys.readouterr().err
+    assert main(["mqar", "--protocol", "distance", "--fast", "--out", str(out)]) == 2
+    assert "--fast: only with --protocol zoology" in capsys.readouterr().err
 
 
 def test_collect_reports_what_has_finished_and_trains_nothing(tmp_path):
@@ -460,6 +464,41 @@ def test_the_rate_probe_trains_every_rate_its_first_epochs_and_only_the_best_on(
     assert len(zm.restore_runs(tmp_path / "results.json", other_folder)) == 2
     moved = zm.run_zoology_study(["ATTENTION"], [16], [64], out=other_folder, **probe)
     assert all(r.get("reused") for r in moved["runs"]) and moved["cells"] == summary["cells"]
+
+
+def test_a_cells_chosen_rate_goes_on_before_the_next_cells_probes(tmp_path, monkeypatch):
+    calls = []
+    real = zm.run_cell
+    monkeypatch.setattr(zm, "run_cell", lambda *a, **k: calls.append((a[1], a[5], k["until"])) or real(*a, **k))
+    probe = dict(MICRO, epochs=2, probe_epochs=1)
+    summary = zm.run_zoology_study(["ATTENTION", "J_NO_DIRECTION"], [16], [64], out=tmp_path, **probe)
+    chosen = {name: summary["cells"][f"{name} w16 L64"]["lr"] for name in ("ATTENTION", "J_NO_DIRECTION")}
+    assert calls == [
+        ("ATTENTION", 1e-3, 1),
+        ("ATTENTION", 1e-2, 1),
+        ("ATTENTION", chosen["ATTENTION"], None),
+        ("J_NO_DIRECTION", 1e-3, 1),
+        ("J_NO_DIRECTION", 1e-2, 1),
+        ("J_NO_DIRECTION", chosen["J_NO_DIRECTION"], None),
+    ]
+
+
+def test_leave_held_exits_when_the_rest_is_held_and_writes_no_report(tmp_path):
+    from drmlab.runs import RunLock
+
+    probe = dict(MICRO, epochs=2, probe_epochs=1)
+    lines = []
+    lock = RunLock(tmp_path / "locks" / "ATTENTION_w16_L64_lr0.01.lock").acquire()
+    try:
+        left = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, leave_held=True, log=lines.append, **probe)
+        assert left is None and not (tmp_path / "results.json").exists()
+        assert "1 run left, each held by another process" in lines[-1]
+        done = json.loads((tmp_path / "runs" / "ATTENTION_w16_L64_lr0.001" / "result.json").read_text())
+        assert done["status"] == "probed"  # the run not held trained its probe
+    finally:
+        lock.release()
+    summary = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, leave_held=True, **probe)
+    assert summary["cells"]["ATTENTION w16 L64"]["status"] == "done" and (tmp_path / "results.json").is_file()
 
 
 def test_a_probe_score_is_missing_where_the_run_diverged_within_it():

@@ -84,6 +84,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     common.add_tensorboard_argument(parser, "each run's directory (OUT/runs/MODEL-seedS)")
     common.add_runtime_arguments(parser)
+    common.add_leave_held_argument(parser)
     parser.set_defaults(func=run)
     return parser
 
@@ -135,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
     if args.restore:
         restore(args.restore, out, runtime)
     results = protocol.run_study(spec, runtime, out, sweep_only=args.sweep_only)
+    if results is None:  # --leave-held: the rest is another process's
+        return 0
     print(report.markdown(results))
     print(
         f"results in {out}/: "

@@ -172,6 +172,19 @@ def add_quiet_argument(parser, help: str = "no progress bars") -> None:
     parser.add_argument("--quiet", action="store_true", help=help)
 
 
+def add_leave_held_argument(parser, *, default: bool | None = False) -> None:
+    """--leave-held: a study process shared with others exits once every run it has left is held by another
+    process, or waits on runs another process holds (those processes finish them), instead of waiting."""
+    parser.add_argument(
+        "--leave-held",
+        action="store_true",
+        default=default,
+        help="exit (0) once every run left is held by another process or waits on one it holds, instead of "
+        "waiting to finish the study; the holders finish those runs (for a queue of studies: the next "
+        "command starts at once); the report is written by the process that finishes last",
+    )
+
+
 def runtime(args: argparse.Namespace, log=None):
     """The :class:`~drmlab.experiments.spec.Runtime` of the parsed flags: --tensorboard is refused without
     its package and --threads applied (:func:`apply_threads`) before anything is read."""
@@ -186,6 +199,7 @@ def runtime(args: argparse.Namespace, log=None):
         tensorboard=getattr(args, "tensorboard", False),
         cache_dir=getattr(args, "cache_dir", None),
         log=log,
+        leave_held=bool(getattr(args, "leave_held", False)),
     )
 
 

@@ -43,6 +43,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "(docs/looped.md section 4.1); vanilla arms are reported as not applicable",
     )
     common.add_runtime_arguments(parser)
+    common.add_leave_held_argument(parser)
     parser.set_defaults(func=run)
     return parser
 
@@ -67,7 +68,10 @@ def run(args: argparse.Namespace) -> int:
     )
     out = Path(args.out or f"studies/loop-{args.preset}")
     common.refuse_run_output(out, "--out")
-    results, loop_table = run_study(spec, runtime, out, sweep_only=args.sweep_only)
+    done = run_study(spec, runtime, out, sweep_only=args.sweep_only)
+    if done is None:  # --leave-held: the rest is another process's
+        return 0
+    results, loop_table = done
     print(report.markdown(results))
     print(loop_table)
     extra = " (and eval_loops/, the per-run scores)" if (out / "eval_loops.png").exists() else ""

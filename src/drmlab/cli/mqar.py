@@ -69,6 +69,7 @@ ZOOLOGY_ONLY = {
     "probe_epochs": "--probe-epochs",
     "fast": "--fast",
     "status": "--status",
+    "leave_held": "--leave-held",
 }
 
 
@@ -148,6 +149,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     common.add_tensorboard_argument(parser, "each run's directory (OUT/runs/MODEL_kvK_sS)")
     add_distance_arguments(parser)
     common.add_runtime_arguments(parser)
+    common.add_leave_held_argument(parser, default=None)
     parser.set_defaults(func=run, fixed_only_defaults={dest: parser.get_default(dest) for dest in FIXED_ONLY})
     return parser
 
@@ -353,6 +355,9 @@ def run_distance(args: argparse.Namespace) -> int:
     given = [flag for dest, flag in FIXED_ONLY.items() if getattr(args, dest) != args.fixed_only_defaults[dest]]
     if given:
         raise ValueError(f"{', '.join(given)}: only with --protocol fixed")
+    zoology_only = [f for d, f in ZOOLOGY_ONLY.items() if getattr(args, d) is not None]
+    if zoology_only:
+        raise ValueError(f"{', '.join(zoology_only)}: only with --protocol zoology")
     runtime = common.runtime(args, log=common.log_to_stderr)
     models = (
         common.split_list(args.models, "models")
@@ -446,7 +451,7 @@ def run_zoology(args: argparse.Namespace) -> int:
     if args.restore:
         restored = zoology.restore_runs(args.restore, out)
         runtime.log(f"restored {len(restored)} finished runs from {args.restore} into {out / 'runs'}")
-    zoology.run_zoology_study(
+    summary = zoology.run_zoology_study(
         models,
         widths,
         seq_lens,
@@ -458,8 +463,11 @@ def run_zoology(args: argparse.Namespace) -> int:
         quiet=runtime.quiet,
         log=runtime.log,
         collect_only=bool(args.collect),
+        leave_held=bool(args.leave_held),
         **given,
     )
+    if summary is None:  # --leave-held: the rest is another process's
+        return 0
     print((out / "zoology.md").read_text(), end="")
     print(f"wrote {out / 'zoology.md'}, zoology.json, results.json")
     return 0

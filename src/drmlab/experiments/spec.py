@@ -40,6 +40,7 @@ class Runtime:
     cache_dir: str | None = None  # where tokenized corpora are cached
     log: Log | None = field(default=None, compare=False)  # one line per run: skipped, resuming, its score
     wait_seconds: float = WAIT_SECONDS  # between looks at runs another process holds
+    leave_held: bool = False  # exit, not wait, once every run left is held by (or waits on) another process
 
     def __post_init__(self):
         if self.threads is not None and (

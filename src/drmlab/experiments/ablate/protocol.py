@@ -98,12 +98,17 @@ class Split:
 # ---------------------------------------------------------------- running
 
 
-def run_study(spec: StudySpec, runtime: Runtime, out: str | Path, *, corpus=None, sweep_only: bool = False) -> dict:
-    """Plan ``spec`` (:func:`plan_study`), run or resume it (:func:`run_planned`) and report; the results."""
+def run_study(
+    spec: StudySpec, runtime: Runtime, out: str | Path, *, corpus=None, sweep_only: bool = False
+) -> dict | None:
+    """Plan ``spec`` (:func:`plan_study`), run or resume it (:func:`run_planned`) and report; the results
+    (None where ``runtime.leave_held`` left runs to other processes)."""
     return run_planned(plan_study(spec), runtime, out, corpus=corpus, sweep_only=sweep_only)
 
 
-def run_planned(study: Study, runtime: Runtime, out: str | Path, *, corpus=None, sweep_only: bool = False) -> dict:
+def run_planned(
+    study: Study, runtime: Runtime, out: str | Path, *, corpus=None, sweep_only: bool = False
+) -> dict | None:
     """Run (or resume) the sweep runs, then every (seed, model) of ``study``; collect and report.
     ``sweep_only``: stop after the sweep runs (the same call without it goes on with the paired runs).
 
@@ -111,7 +116,9 @@ def run_planned(study: Study, runtime: Runtime, out: str | Path, *, corpus=None,
     ``runtime.cache_dir``, when None). ``runtime.log`` receives one line per run (skipped, resuming,
     training, its val CE). A run that another process holds is left to it; this process waits
     ``runtime.wait_seconds`` between looks until every run is finished (a model's paired runs wait for
-    its whole sweep).
+    its whole sweep). With ``runtime.leave_held`` it returns None instead of waiting, writing no report:
+    every run it leaves is held by a live process or waits on one (a paired run on its sweep), and that
+    process goes on to it.
     """
     from drmlab.evaluation import byte_counter
 
@@ -162,6 +169,13 @@ def run_planned(study: Study, runtime: Runtime, out: str | Path, *, corpus=None,
                     runtime.say(f"{label}: held by another process, left to it")
                     waiting_logged.add(job)
         if left and len(left) == len(todo):  # nothing this process can do now: the rest is held elsewhere
+            if runtime.leave_held:
+                runs = f"{len(left)} run{'s' * (len(left) != 1)}"
+                runtime.say(
+                    f"{runs} left, each held by another process or waiting on runs one holds: left to those "
+                    "processes (--leave-held); the last to finish writes the report"
+                )
+                return None
             time.sleep(runtime.wait_seconds)
         todo = left
     return write_results(out, log=runtime.log)

@@ -87,8 +87,9 @@ def arm_settings(arm: str, preset: str) -> dict:
 
 def run_study(
     spec: LoopSpec, runtime: Runtime, out: str | Path, *, corpus=None, sweep_only: bool = False
-) -> tuple[dict, str]:
-    """Plan, run or resume, and report the loop study: (the ablation results, the loop table); with
+) -> tuple[dict, str] | None:
+    """Plan, run or resume, and report the loop study: (the ablation results, the loop table), or None where
+    ``runtime.leave_held`` left runs to other processes; with
     ``spec.lr_grid`` each arm first sweeps its learning rate (:mod:`drmlab.experiments.lr_sweep`); with
     ``spec.eval_loops`` every finished looped run is also rescored at each N', eps frozen and re-set
     (:func:`evaluate_loop_counts`; ``results["eval_loops"]``); ``sweep_only``: stop after the sweep
@@ -101,6 +102,8 @@ def run_study(
 
         corpus = load_corpus(source=study.data_source, tokenizer=study.tokenizer, cache_dir=runtime.cache_dir)
     results = ablate.run_planned(study, runtime, out, corpus=corpus, sweep_only=sweep_only)
+    if results is None:
+        return None
     settings = {arm: arm_settings(arm, study.preset) for arm in results["models"]}
     loop_eval = None
     if loop_counts:

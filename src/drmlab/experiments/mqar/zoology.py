@@ -397,10 +397,16 @@ def run_planned(
     log: Callable[[str], None] | None = None,
     wait_seconds: float = 30.0,
     collect_only: bool = False,
-) -> dict:
+    leave_held: bool = False,
+) -> dict | None:
     """Run (or reuse) every (model, width, length, rate) of ``study``, leaving runs held by another
     process to it and coming back to them; then write the report. The summary. ``collect_only``: train
-    nothing, report what has finished (the rest of a cell's sweep shows as incomplete)."""
+    nothing, report what has finished (the rest of a cell's sweep shows as incomplete).
+
+    With a probe, a cell's chosen rate goes on as soon as its last probe finishes, before the next cell's
+    probes (so a cell's row is whole early). ``leave_held``: once a pass over the runs left finds every one
+    held by another process, return None (no report) instead of waiting: each held run's process goes on
+    to what waits on it (a cell's continuation after its probes)."""
     from drmlab.experiments.mqar import zoology_report
 
     out = Path(out)
@@ -416,8 +422,10 @@ def run_planned(
     results: dict = {}
     going_on: set = set()  # the cells whose chosen rate was queued to train on after the probe
     while todo:
-        left = []
-        for seq_len, kv, name, width, lr, until in todo:
+        left, moved = [], False
+        queue = list(todo)
+        while queue:
+            seq_len, kv, name, width, lr, until = job = queue.pop(0)
             r = run_cell(
                 study,
                 name,
@@ -433,12 +441,21 @@ def run_planned(
                 until=until,
             )
             if r["status"] == "locked":
-                left.append((seq_len, kv, name, width, lr, until))
+                left.append(job)
                 continue
             results[(name, width, seq_len, lr)] = r
-        if probe is not None and not collect_only:
-            left += runs_after_the_probe(study, results, going_on)
-        if left and len(left) == len(todo):
+            moved = True
+            if probe is not None and not collect_only:  # a cell whose probe just finished goes on first
+                queue[:0] = runs_after_the_probe(study, results, going_on)
+        if left and not moved:  # every run left is held by another process
+            if leave_held:
+                if log is not None:
+                    runs = f"{len(left)} run{'s' * (len(left) != 1)}"
+                    log(
+                        f"zoology: {runs} left, each held by another process: left to those processes "
+                        "(--leave-held); the last to finish writes the report"
+                    )
+                return None
             time.sleep(wait_seconds)
         todo = left
     summary = summarize(study, list(results.values()))
@@ -467,9 +484,11 @@ def run_zoology_study(
     quiet: bool = True,
     log: Callable[[str], None] | None = None,
     collect_only: bool = False,
-) -> dict:
+    leave_held: bool = False,
+) -> dict | None:
     """``drmlab mqar --protocol zoology``: plan (:func:`plan_study`) and run the study into ``out``;
-    the summary (also ``out/zoology.json``, ``zoology.md``). ``collect_only``: report without training."""
+    the summary (also ``out/zoology.json``, ``zoology.md``). ``collect_only``: report without training;
+    ``leave_held``: see :func:`run_planned` (None where it left runs to other processes)."""
     study = plan_study(
         models,
         widths,
@@ -486,4 +505,6 @@ def run_zoology_study(
         probe_epochs=probe_epochs,
         settings=settings,
     )
-    return run_planned(study, out, device=device, quiet=quiet, log=log, collect_only=collect_only)
+    return run_planned(
+        study, out, device=device, quiet=quiet, log=log, collect_only=collect_only, leave_held=leave_held
+    )
