@@ -315,14 +315,20 @@ ZOOLOGY_ATTENTION_FIGURE = "0.97-0.99"
 
 def _zoology_cell(cell: dict | None, n_rates: int) -> str:
     """The best rate's final test accuracy, its rate, the epochs that rate trained and how many of the grid's
-    rates have finished."""
+    rates have finished; in a probed study still running, how far its probe has come or the rate it chose."""
     if cell is None:
         return "not run"
     if cell.get("status") == "n/a":
         return f"n/a ({cell['why']})"
     scores = cell.get("scores") or {}
     if cell.get("acc") is None:
-        return f"no finished rate (0 of {n_rates})" if not scores else "diverged"
+        if not scores:
+            return f"no finished rate (0 of {n_rates})"
+        if cell.get("status") == "done" or all(v is None for v in scores.values()):
+            return "diverged" if len(scores) == n_rates else f"diverged; {len(scores)} of {n_rates} rates"
+        if len(scores) < n_rates:  # a probed study: some rates have finished their probe
+            return f"probing: {len(scores)} of {n_rates} rates"
+        return f"probed, lr {cell['lr']:.3g} training on"  # the chosen rate has not finished its epochs
     epochs = "" if cell.get("epochs") is None else f", {cell['epochs']} epochs"
     text = f"{100 * cell['acc']:.1f}% (lr {cell['lr']:.3g}{epochs})"
     return text if len(scores) == n_rates else f"{text}; {len(scores)} of {n_rates} rates"

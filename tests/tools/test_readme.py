@@ -296,6 +296,15 @@ def test_the_zoology_table_names_the_protocol_and_the_epochs_each_cell_trained(s
     assert table.splitlines()[0].startswith("| model (Zoology protocol at CPU budget) |")  # 16 of Zoology's 64 epochs
     assert "| ATTENTION | 99.2% (lr 0.01, 8 epochs); 2 of 4 rates |" in table
     assert "| Zoology Fig. 2, attention (by eye) | 0.97-0.99 |" in table  # the paper's value above every row
+    cell = record["cells"]["ATTENTION w64 L64"]
+    for status, scores, acc, shown in (  # a study still running: the probe's progress, not a verdict
+        ("incomplete", {"0.01": 0.23, "0.002": 0.26}, None, "probing: 2 of 4 rates"),
+        ("incomplete", dict.fromkeys(("a", "b", "c", "d"), 0.2), None, "probed, lr 0.01 training on"),
+        ("done", dict.fromkeys(("a", "b", "c", "d"), 0.2), None, "diverged"),  # the chosen rate, after its probe
+        ("incomplete", {"0.01": None}, None, "diverged; 1 of 4 rates"),
+    ):
+        cell.update(status=status, scores=scores, acc=acc)
+        assert f"| ATTENTION | {shown} |" in rt.tables._zoology_table({"zoology-l64": record}, name="zoology-l64")
     record["study"]["recipe"]["epochs"] = 64  # Zoology's own budget, no probe: the protocol as published
     assert rt.tables._zoology_table({"zoology-l64": record}, name="zoology-l64").startswith(
         "| model (Zoology protocol) |"
