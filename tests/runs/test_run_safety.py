@@ -89,6 +89,35 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
     train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True)  # free again
 
 
+def test_a_look_at_the_lock_does_not_turn_a_writer_away(tmp_path, monkeypatch):
+    """lock_holder's instant shared lock (a --status look) is waited out; a writer's lock is not."""
+    import fcntl
+    import threading
+
+    from drmlab.runs import lock_holder
+
+    path = tmp_path / ".lock"
+    path.touch()
+    look = open(path)
+    fcntl.flock(look.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # a look, caught at its instant
+    threading.Timer(0.05, lambda: fcntl.flock(look.fileno(), fcntl.LOCK_UN)).start()
+    try:
+        lock = RunDir(tmp_path).lock()  # waits the look out
+    finally:
+        look.close()
+    try:
+        assert lock_holder(path).startswith(f"process {os.getpid()} on ")
+        from drmlab.runs import lock as lock_module
+
+        waits = []
+        monkeypatch.setattr(lock_module.time, "sleep", waits.append)
+        with pytest.raises(RunLockedError, match="in use by"):  # a writer holds it: refused at once
+            RunDir(tmp_path).lock()
+        assert waits == []
+    finally:
+        lock.release()
+
+
 def test_the_lock_of_a_killed_process_is_taken_over(tmp_path):
     holder = subprocess.Popen(
         [

@@ -42,9 +42,7 @@ class RunLock:
     def _acquire(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(self.path, "a+")
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if not _lock_exclusive(handle.fileno()):
             handle.seek(0)
             holder = handle.read().strip()
             handle.close()
@@ -71,10 +69,35 @@ class RunLock:
             self.handle = None
 
 
+# How long a writer waits out the shared locks of looks (lock_holder), each held for an instant.
+LOOK_WAIT_SECONDS = 1.0
+
+
+def _lock_exclusive(fd: int) -> bool:
+    """Take the exclusive lock of ``fd`` without blocking; False when a writer holds it. A conflict with
+    shared locks only -- :func:`lock_holder`'s looks, each an instant -- is waited out (up to
+    :data:`LOOK_WAIT_SECONDS`), so a look never turns a writer away."""
+    deadline = time.monotonic() + LOOK_WAIT_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            pass
+        try:  # granted only where no writer holds the file: the conflict was a look
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+
+
 def lock_holder(path: Path) -> str | None:
     """Who holds the lock file at ``path`` (``process 12 on host since ...``), or None when no live process
-    does; writes nothing. It asks for a shared lock for an instant: a writer starting at that instant is
-    told the run is in use, as it would be by any other look."""
+    does; writes nothing. It asks for a shared lock for an instant, which a writer starting at that instant
+    waits out (:func:`_lock_exclusive`)."""
     try:
         handle = open(path)
     except FileNotFoundError:
