@@ -63,8 +63,9 @@ def frontier_points(summary: dict) -> dict[int, dict[str, list[tuple[int, int, f
     return {L: {m: sorted(p) for m, p in sorted(models.items())} for L, models in sorted(points.items())}
 
 
-def frontier_figure(summary: dict, path: Path) -> bool:
-    """Accuracy against decoding-state bytes per sequence, one panel per length; False: nothing to draw."""
+def frontier_figure(summary: dict, path: Path, metadata: dict | None = None) -> bool:
+    """Accuracy against decoding-state bytes per sequence, one panel per length (``metadata``: the PNG's
+    text fields); False: nothing to draw."""
     points = frontier_points(summary)
     if not points:
         return False
@@ -81,7 +82,7 @@ def frontier_figure(summary: dict, path: Path) -> bool:
     axes[0][0].set_ylabel(f"MQAR test accuracy (best rate)\n{protocol_name(summary['study']['recipe'])}")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata=metadata)
     plt.close(fig)
     return True
 
