@@ -501,6 +501,49 @@ def test_leave_held_exits_when_the_rest_is_held_and_writes_no_report(tmp_path):
     assert summary["cells"]["ATTENTION w16 L64"]["status"] == "done" and (tmp_path / "results.json").is_file()
 
 
+def test_a_chosen_rate_stopped_while_training_on_keeps_its_probe_in_a_report_and_a_rerun(tmp_path, monkeypatch):
+    """A report made while a cell's chosen rate trains past its probe (status ``training`` on disk) counts
+    that rate's probe score and keeps its probe in the restorable record, rather than dropping the rate."""
+    probe = dict(MICRO, epochs=3, probe_epochs=1)
+    real, calls = zm.query_accuracy, []
+
+    def dies_in_the_continuations_last_epoch(*args):
+        calls.append(1)
+        if len(calls) == 4:  # the two probes, the continuation's epoch 2, then its epoch 3
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(zm, "query_accuracy", dies_in_the_continuations_last_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, **probe)
+    monkeypatch.setattr(zm, "query_accuracy", real)
+    collected = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, collect_only=True, **probe)
+    cell = collected["cells"]["ATTENTION w16 L64"]
+    going = next(r for r in collected["runs"] if r.get("going_on"))
+    on_disk = json.loads(
+        (tmp_path / "runs" / zm.run_name("ATTENTION", 16, 64, going["lr"]) / "result.json").read_text()
+    )
+    assert on_disk["status"] == "training" and [e["epoch"] for e in on_disk["epochs"]] == [1, 2]
+    assert going["status"] == "probed" and [e["epoch"] for e in going["epochs"]] == [1]
+    assert going["test_acc"] == on_disk["epochs"][0]["test_acc"] and going["epochs_run"] == 1
+    assert going["wall_seconds"] == pytest.approx(
+        on_disk["epochs"][0]["train_seconds"] + on_disk["epochs"][0]["eval_seconds"]
+    )
+    assert cell["status"] == "incomplete" and cell["acc"] is None and len(cell["scores"]) == 2
+    assert cell["lr"] == going["lr"]  # the probe's choice, as the training process made it
+    assert any(r.get("going_on") for r in collected["finished"])
+    assert "| probed (training on) |" in (tmp_path / "zoology.md").read_text()
+    # the same command goes on with that rate from its checkpoint; before, its probe pass saw a run
+    # "training", scored it as missing and sent the cell's other rate on instead
+    finished = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, **probe)
+    done = finished["cells"]["ATTENTION w16 L64"]
+    assert done["status"] == "done" and done["lr"] == going["lr"] and done["scores"] == cell["scores"]
+    runs = {r["lr"]: r for r in finished["runs"]}
+    assert [e["epoch"] for e in runs[going["lr"]]["epochs"]] == [1, 2, 3]
+    assert [r["status"] for lr, r in runs.items() if lr != going["lr"]] == ["probed"]
+    assert not any(r.get("going_on") for r in finished["runs"])
+
+
 def test_a_probe_score_is_missing_where_the_run_diverged_within_it():
     epochs = [{"epoch": 1, "test_acc": 0.2}, {"epoch": 2, "test_acc": 0.5}, {"epoch": 3, "test_acc": 0.9}]
     assert zm.probe_score({"status": "done", "epochs": epochs, "epochs_run": 3}, 2) == 0.5

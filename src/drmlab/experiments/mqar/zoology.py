@@ -41,7 +41,13 @@ from drmlab.experiments.mqar.zoology_plan import (  # noqa: F401 (re-exported)
     parse_rates,
     plan_study,
 )
-from drmlab.experiments.mqar.zoology_probe import finished_for, probe_score, runs_after_the_probe, same_spec
+from drmlab.experiments.mqar.zoology_probe import (
+    finished_for,
+    probe_as_it_ended,
+    probe_score,
+    runs_after_the_probe,
+    same_spec,
+)
 from drmlab.experiments.mqar.zoology_recipe import (  # noqa: F401 (re-exported)
     BATCH_SIZES,
     LR_GRID,
@@ -168,6 +174,9 @@ def run_cell(
     saved = json.loads(path.read_text()) if path.is_file() else None
     if finished_for(saved, spec, target) or (collect_only and finished_for(saved, spec, 0)):
         return dict(saved, reused=True)
+    probed = probe_as_it_ended(saved, spec, until)  # the chosen rate, stopped while training on past its probe
+    if probed is not None:  # its probe has finished: the cell's continuation goes on with it, not this call
+        return dict(probed, reused=True)
     if collect_only:  # the report of what has finished: nothing is trained
         return dict(base, status="pending")
     try:
@@ -178,6 +187,9 @@ def run_cell(
         saved = json.loads(path.read_text()) if path.is_file() else None  # another process may have moved it on
         if finished_for(saved, spec, target):
             return dict(saved, reused=True)
+        probed = probe_as_it_ended(saved, spec, until)
+        if probed is not None:
+            return dict(probed, reused=True)
         run = RunDir(run_dir)
         resume = same_spec(saved, spec) and run.has_checkpoint()
         result = saved if resume else dict(base, status="training", spec=spec, epochs=[], wall_seconds=0.0)

@@ -1,6 +1,7 @@
 """The rate probe of the Zoology protocol at CPU budget (docs/mqar.md section 10.9): whether a saved run
-needs more epochs (:func:`finished_for`), its score at the probe's end (:func:`probe_score`), and the
-runs that go on past the probe at each cell's chosen rate (:func:`runs_after_the_probe`)."""
+needs more epochs (:func:`finished_for`), its score at the probe's end (:func:`probe_score`), the probe of a
+run now training past it (:func:`probe_as_it_ended`), and the runs that go on past the probe at each cell's
+chosen rate (:func:`runs_after_the_probe`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,20 @@ def finished_for(saved: dict | None, spec: dict, epochs: int) -> bool:
     return saved.get("status") in ("done", "diverged") or (
         saved.get("status") == "probed" and saved.get("epochs_run", 0) >= epochs
     )
+
+
+def probe_as_it_ended(saved: dict | None, spec: dict, probe_epochs: int | None) -> dict | None:
+    """A saved run under ``spec`` that is training on past its probe, as its probe ended (``probed``, its
+    first ``probe_epochs`` epochs, ``going_on``: True), for a report made while it trains; None for any
+    other run. Its result keeps the probe's final fields until the run stops again, and its wall seconds are
+    the sum of the probe epochs' training and evaluation seconds, as they were counted."""
+    if probe_epochs is None or not same_spec(saved, spec) or saved.get("status") != "training":
+        return None
+    epochs = [e for e in saved.get("epochs") or [] if e["epoch"] <= probe_epochs]
+    if not epochs or epochs[-1]["epoch"] != probe_epochs or saved.get("epochs_run") != probe_epochs:
+        return None  # still in its probe (or a run that was not probed)
+    wall = sum(e["train_seconds"] + e["eval_seconds"] for e in epochs)
+    return dict(saved, status="probed", epochs=epochs, wall_seconds=wall, going_on=True)
 
 
 def probe_score(run: dict, probe_epochs: int) -> float | None:

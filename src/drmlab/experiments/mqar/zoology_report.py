@@ -163,7 +163,7 @@ def markdown(summary: dict) -> str:
         wall = "--" if run.get("wall_seconds") is None else f"{run['wall_seconds']:.0f}"
         lines.append(
             f"| {run['model']} w{run['width']} L{run['seq_len']} lr {lr_sweep.lr_label(run['lr'])} | "
-            f"{run['status']} | {acc} | {run.get('epochs_run', '--')} | "
+            f"{run['status']}{' (training on)' if run.get('going_on') else ''} | {acc} | {run.get('epochs_run', '--')} | "
             f"{'yes' if run.get('early_stopped') else 'no'} | {run.get('params', '--')} | {sps} | {wall} |"
         )
     return "\n".join(lines) + "\n"
