@@ -320,15 +320,11 @@ def _zoology_cell(cell: dict | None, n_rates: int) -> str:
         return "not run"
     if cell.get("status") == "n/a":
         return f"n/a ({cell['why']})"
-    scores = cell.get("scores") or {}
     if cell.get("acc") is None:
-        if not scores:
-            return f"no finished rate (0 of {n_rates})"
-        if cell.get("status") == "done" or all(v is None for v in scores.values()):
-            return "diverged" if len(scores) == n_rates else f"diverged; {len(scores)} of {n_rates} rates"
-        if len(scores) < n_rates:  # a probed study: some rates have finished their probe
-            return f"probing: {len(scores)} of {n_rates} rates"
-        return f"probed, lr {cell['lr']:.3g} training on"  # the chosen rate has not finished its epochs
+        from drmlab.experiments.mqar.zoology_report import without_accuracy
+
+        return without_accuracy(cell, n_rates)
+    scores = cell.get("scores") or {}
     epochs = "" if cell.get("epochs") is None else f", {cell['epochs']} epochs"
     text = f"{100 * cell['acc']:.1f}% (lr {cell['lr']:.3g}{epochs})"
     return text if len(scores) == n_rates else f"{text}; {len(scores)} of {n_rates} rates"

@@ -434,6 +434,7 @@ def test_collect_reports_what_has_finished_and_trains_nothing(tmp_path):
     assert cell["status"] == "incomplete" and cell["acc"] is None and cell["scores"] == {}
     assert {r["status"] for r in summary["runs"]} == {"pending"}
     assert not (tmp_path / "runs").exists() and (tmp_path / "results.json").is_file()
+    assert "| ATTENTION | no finished rate (0 of 2) |" in (tmp_path / "zoology.md").read_text()
 
 
 def test_the_rate_probe_trains_every_rate_its_first_epochs_and_only_the_best_on(tmp_path):
@@ -532,7 +533,8 @@ def test_a_chosen_rate_stopped_while_training_on_keeps_its_probe_in_a_report_and
     assert cell["status"] == "incomplete" and cell["acc"] is None and len(cell["scores"]) == 2
     assert cell["lr"] == going["lr"]  # the probe's choice, as the training process made it
     assert any(r.get("going_on") for r in collected["finished"])
-    assert "| probed (training on) |" in (tmp_path / "zoology.md").read_text()
+    text = (tmp_path / "zoology.md").read_text()
+    assert "| probed (training on) |" in text and f"| ATTENTION | probed, lr {going['lr']:.3g} training on |" in text
     # the same command goes on with that rate from its checkpoint; before, its probe pass saw a run
     # "training", scored it as missing and sent the cell's other rate on instead
     finished = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, **probe)

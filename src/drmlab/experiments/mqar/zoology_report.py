@@ -87,13 +87,26 @@ def frontier_figure(summary: dict, path: Path, metadata: dict | None = None) -> 
     return True
 
 
-def cell(c: dict | None) -> str:
+def without_accuracy(c: dict, n_rates: int) -> str:
+    """What a cell with no final accuracy holds: no finished rate, its rates diverged, or -- in a probed
+    study still running -- how far its probe has come or the rate it chose, training on."""
+    scores = c.get("scores") or {}
+    if not scores:
+        return f"no finished rate (0 of {n_rates})"
+    if c.get("status") == "done" or all(v is None for v in scores.values()):
+        return "diverged" if len(scores) == n_rates else f"diverged; {len(scores)} of {n_rates} rates"
+    if len(scores) < n_rates:  # some rates have finished their probe
+        return f"probing: {len(scores)} of {n_rates} rates"
+    return f"probed, lr {c['lr']:.3g} training on"  # the chosen rate has not finished its epochs
+
+
+def cell(c: dict | None, n_rates: int) -> str:
     if c is None:
         return "--"
     if c["status"] == "n/a":
         return f"n/a ({c['why']})"
     if c.get("acc") is None:
-        return "diverged" if c["status"] == "done" else "--"
+        return without_accuracy(c, n_rates)
     epochs = f", {c['epochs']} ep" if c.get("epochs") is not None else ""
     text = f"{100 * c['acc']:.1f}% (lr {lr_sweep.lr_label(c['lr'])}{epochs}{', edge' if c.get('edge') else ''})"
     return text if c["status"] == "done" else text + " [sweep incomplete]"
@@ -135,7 +148,7 @@ def markdown(summary: dict) -> str:
             "|---|" + "---|" * len(widths),
         ]
         for name in s["models"]:
-            row = [cell(summary["cells"].get(f"{name} w{w} L{seq_len}")) for w in widths]
+            row = [cell(summary["cells"].get(f"{name} w{w} L{seq_len}"), len(s["lr_grid"])) for w in widths]
             lines.append(f"| {name} | " + " | ".join(row) + " |")
         lines += [
             "",
