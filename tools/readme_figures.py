@@ -53,6 +53,23 @@ def _draw_scales(inputs: dict, path: Path, metadata: dict) -> None:
     plot_bits_per_byte_by_size(inputs["points"], path, title, metadata=metadata)
 
 
+def zoology_frontier_inputs(studies: dict[str, dict]) -> dict:
+    """What the zoology-l64 frontier draws: each cell with a final accuracy (its length, model, width, decode
+    state bytes and accuracy) and the recipe that names the protocol."""
+    record = studies["zoology-l64"]
+    keep = ("model", "width", "seq_len", "state_bytes", "acc")
+    return {
+        "study": {"recipe": record["study"]["recipe"]},
+        "cells": {key: {k: c.get(k) for k in keep} for key, c in sorted(record["cells"].items())},
+    }
+
+
+def _draw_zoology_frontier(inputs: dict, path: Path, metadata: dict) -> None:
+    from drmlab.experiments.mqar.zoology_report import frontier_figure
+
+    frontier_figure(inputs, path, metadata=metadata)
+
+
 # name -> (the PNG, what it draws from the committed studies, how it draws them, the drmlab function that draws)
 FIGURES = {
     "compare-tiny": (FIGURE_PATH, compare_figure_inputs, _draw_compare, "drmlab.experiments.probes.compare:plot"),
@@ -61,6 +78,12 @@ FIGURES = {
         scales_figure_inputs,
         _draw_scales,
         "drmlab.experiments.ablate.scales:plot_bits_per_byte_by_size",
+    ),
+    "zoology-l64": (
+        Path("docs") / "figures" / "zoology-l64-frontier.png",
+        zoology_frontier_inputs,
+        _draw_zoology_frontier,
+        "drmlab.experiments.mqar.zoology_report:frontier_figure",
     ),
 }
 

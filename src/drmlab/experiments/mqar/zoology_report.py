@@ -79,7 +79,9 @@ def frontier_figure(summary: dict, path: Path, metadata: dict | None = None) -> 
         ax.set_xlabel("decoding state per sequence (bytes)")
         ax.set_title(f"length {seq_len}")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"MQAR test accuracy (best rate)\n{protocol_name(summary['study']['recipe'])}")
+    recipe = summary["study"]["recipe"]
+    chosen = "the rate its probe chose" if recipe.get("probe_epochs") else "best rate"
+    axes[0][0].set_ylabel(f"MQAR test accuracy ({chosen})\n{protocol_name(recipe)}")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120, metadata=metadata)

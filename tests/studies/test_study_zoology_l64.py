@@ -1,0 +1,105 @@
+"""The claims docs/results-in-full.md (section 9, length 64 at CPU budget) makes about
+docs/studies/zoology-l64: the protocol as run, each cell's rate as its probe chose it, the attention rows
+against Zoology's figure, the check of the probe at width 128, and the cells finished so far."""
+
+from __future__ import annotations
+
+from study_results import ROOT, load, stated
+
+from drmlab.experiments import lr_sweep
+
+said = stated("zoology-l64")
+RATES = (0.0001, 0.00046415888336127773, 0.002154434690031882, 0.01)
+
+
+def _record():
+    return load("zoology-l64")
+
+
+def _runs():
+    return {(r["model"], r["width"], r["lr"]): r for r in _record()["finished"]}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}"
+
+
+def test_the_record_is_the_protocol_at_cpu_budget_in_the_fast_setting():
+    record = _record()
+    study, recipe = record["study"], record["study"]["recipe"]
+    assert "Zoology protocol at CPU budget" in record["title"]
+    assert study["settings"] == [[64, 4]] and study["widths"] == [64, 128] and tuple(study["lr_grid"]) == RATES
+    assert (recipe["epochs"], recipe["probe_epochs"], recipe["early_stop"]) == (16, 2, 0.99)
+    assert study["train_overrides"] == {"bf16": True, "bf16_memory_products": True, "compile": True}
+    assert study["models"] == ["ATTENTION", "MAMBA", "RESOLVENT", "SSM_CONTROL", "J_NO_DIRECTION", "ASM_CM"]
+    assert all(r["test_queries"] == 3000 * 4 for r in record["finished"])  # 3,000 test examples x 4 queries
+
+
+def test_each_probe_score_is_the_runs_second_epoch_and_each_cell_took_the_best():
+    runs = _runs()
+    for cell in _record()["cells"].values():
+        scores = {float(k): v for k, v in cell["scores"].items()}
+        for lr, score in scores.items():
+            second = next(e for e in runs[(cell["model"], cell["width"], lr)]["epochs"] if e["epoch"] == 2)
+            assert score == second["test_acc"]
+        if len(scores) == len(RATES) and None not in scores.values():
+            assert cell["lr"] == lr_sweep.choose(scores, lower_is_better=False)["lr"] == max(scores, key=scores.get)
+
+
+def test_attention_at_width_64_reaches_the_figure_at_the_rate_its_probe_chose():
+    cell = _record()["cells"]["ATTENTION w64 L64"]
+    scores = [cell["scores"][lr_sweep.lr_label(lr)] for lr in RATES]
+    assert [_pct(s) for s in scores] == [said("10.18"), said("24.06"), said("25.96"), said("23.17")]
+    assert cell["status"] == "done" and cell["lr"] == RATES[2] and cell["epochs"] == 9 and said("9 epochs")
+    assert _pct(cell["acc"]) == said("99.11") and cell["acc"] > 0.97  # the figure's 0.97-0.99
+    assert _runs()[("ATTENTION", 64, RATES[2])]["early_stopped"]
+
+
+def test_attention_at_width_128_the_probe_chose_on_a_plateau_and_a_higher_rate_reaches_the_figure():
+    cell = _record()["cells"]["ATTENTION w128 L64"]
+    scores = [cell["scores"][lr_sweep.lr_label(lr)] for lr in RATES]
+    assert [_pct(s) for s in scores] == [said("26.92"), said("27.14"), said("26.67"), said("15.80")]
+    assert max(scores[:3]) - min(scores[:3]) < 0.005  # three rates within half a point after 2 epochs
+    assert cell["status"] == "done" and cell["lr"] == RATES[1] and cell["epochs"] == 16
+    assert _pct(cell["acc"]) == said("49.60") and cell["acc"] < 0.97  # below the figure
+    check = _runs()[("ATTENTION", 128, RATES[2])]  # the check: the next rate, trained on past its probe
+    assert check["status"] == "done" and check["early_stopped"] and check["epochs_run"] == 8 and said("8 epochs")
+    assert _pct(check["test_acc"]) == said("99.75")
+
+
+def test_mamba_at_width_64():
+    cell = _record()["cells"]["MAMBA w64 L64"]
+    assert cell["status"] == "done" and cell["lr"] == RATES[3] and cell["epochs"] == 9
+    assert _pct(cell["acc"]) == said("99.02")
+
+
+def test_the_check_of_the_probe_at_width_128_and_the_jump_after_the_plateau():
+    runs = _runs()
+    top = runs[("ATTENTION", 128, RATES[3])]
+    assert top["status"] == "done" and top["epochs_run"] == 16 and not top["early_stopped"]
+    assert _pct(top["test_acc"]) == said("40.13")
+    jump = {e["epoch"]: e["test_acc"] for e in runs[("ATTENTION", 128, RATES[2])]["epochs"]}
+    assert [_pct(jump[e]) for e in (6, 7, 8)] == [said("49.52"), said("69.77"), said("99.75")]
+    assert all(jump[e] < 0.30 for e in (1, 2))  # the probe ends before the jump
+    cell = _record()["cells"]["ATTENTION w128 L64"]
+    gap = cell["scores"][lr_sweep.lr_label(RATES[1])] - cell["scores"][lr_sweep.lr_label(RATES[0])]
+    assert f"{100 * gap:.2f}" == said("0.22")
+
+
+def test_the_step_times_beside_the_budgets():
+    runs, budget = _runs(), {(r["model"], r["width"]): r for r in load("zoology-budget")["rows"] if r["seq_len"] == 64}
+    for model, lr, step, estimate in (("ATTENTION", RATES[2], "0.72", "0.33"), ("MAMBA", RATES[3], "0.68", "0.86")):
+        assert f"{runs[(model, 64, lr)]['seconds_per_step']:.2f}" == said(step)
+        assert f"{budget[(model, 64)]['bf16_step_s']:.2f}" == said(estimate)
+
+
+def test_the_frontier_draws_the_cells_with_a_final_accuracy():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import readme_figures
+
+    inputs = readme_figures.zoology_frontier_inputs({"zoology-l64": _record()})
+    drawn = {k for k, c in inputs["cells"].items() if c["acc"] is not None}
+    assert drawn == {k for k, c in _record()["cells"].items() if c.get("acc") is not None}
+    assert {"ATTENTION w64 L64", "ATTENTION w128 L64", "MAMBA w64 L64"} <= drawn
