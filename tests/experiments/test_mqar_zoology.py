@@ -546,6 +546,38 @@ def test_a_chosen_rate_stopped_while_training_on_keeps_its_probe_in_a_report_and
     assert not any(r.get("going_on") for r in finished["runs"])
 
 
+def test_a_run_of_a_study_without_the_probe_stopped_past_its_epochs_is_probed_for_a_study_with_it(
+    tmp_path, monkeypatch
+):
+    plain = zm.plan_study(
+        ["ATTENTION"], [16], [64], preset="micro", lr_grid=[1e-3], epochs=3, n_train=48, n_test=16, batch_size=16
+    )
+    real, calls = zm.query_accuracy, []
+
+    def dies_on_the_third_evaluation(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(zm, "query_accuracy", dies_on_the_third_evaluation)
+    with pytest.raises(KeyboardInterrupt):
+        zm.run_cell(plain, "ATTENTION", 16, 64, 4, 1e-3, tmp_path, device="cpu")
+    monkeypatch.setattr(zm, "query_accuracy", real)
+    path = tmp_path / "runs" / "ATTENTION_w16_L64_lr0.001" / "result.json"
+    saved = json.loads(path.read_text())
+    assert saved["status"] == "training" and "epochs_run" not in saved and len(saved["epochs"]) == 2
+    probed = zm.run_cell(plain, "ATTENTION", 16, 64, 4, 1e-3, tmp_path, device="cpu", until=2)
+    second = saved["epochs"][1]
+    assert probed["status"] == "probed" and probed["epochs_run"] == 2 and probed["going_on"]
+    assert probed["test_acc"] == second["test_acc"] and probed["steps"] == second["step"] == 6
+    assert probed["test_correct"] / probed["test_queries"] == second["test_acc"] and probed["test_queries"] == 16 * 4
+    assert zm.probe_score(probed, 2) == second["test_acc"]
+    assert json.loads(path.read_text()) == saved  # nothing trained or written
+    whole = zm.run_cell(plain, "ATTENTION", 16, 64, 4, 1e-3, tmp_path, device="cpu")  # the run goes on
+    assert whole["status"] == "done" and [e["epoch"] for e in whole["epochs"]] == [1, 2, 3]
+
+
 def test_a_probe_score_is_missing_where_the_run_diverged_within_it():
     epochs = [{"epoch": 1, "test_acc": 0.2}, {"epoch": 2, "test_acc": 0.5}, {"epoch": 3, "test_acc": 0.9}]
     assert zm.probe_score({"status": "done", "epochs": epochs, "epochs_run": 3}, 2) == 0.5

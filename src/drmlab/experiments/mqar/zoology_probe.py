@@ -29,17 +29,32 @@ def finished_for(saved: dict | None, spec: dict, epochs: int) -> bool:
 
 
 def probe_as_it_ended(saved: dict | None, spec: dict, probe_epochs: int | None) -> dict | None:
-    """A saved run under ``spec`` that is training on past its probe, as its probe ended (``probed``, its
-    first ``probe_epochs`` epochs, ``going_on``: True), for a report made while it trains; None for any
-    other run. Its result keeps the probe's final fields until the run stops again, and its wall seconds are
-    the sum of the probe epochs' training and evaluation seconds, as they were counted."""
+    """A saved run under ``spec`` marked ``training`` that has trained its probe's epochs (a chosen rate
+    going on past its probe, or a run of a study without the probe), as its probe ended (``probed`` after
+    its first ``probe_epochs`` epochs, ``going_on``: True), for a report or a probe pass made while it
+    trains or after it stopped; None for any other run. The probe's fields come from its
+    epochs: the test accuracy of the last (correct answers out of the spec's test queries), the steps, and
+    the wall seconds as they were counted (training and evaluation)."""
     if probe_epochs is None or not same_spec(saved, spec) or saved.get("status") != "training":
         return None
     epochs = [e for e in saved.get("epochs") or [] if e["epoch"] <= probe_epochs]
-    if not epochs or epochs[-1]["epoch"] != probe_epochs or saved.get("epochs_run") != probe_epochs:
-        return None  # still in its probe (or a run that was not probed)
-    wall = sum(e["train_seconds"] + e["eval_seconds"] for e in epochs)
-    return dict(saved, status="probed", epochs=epochs, wall_seconds=wall, going_on=True)
+    if not epochs or epochs[-1]["epoch"] != probe_epochs:
+        return None  # still in its probe
+    last, queries = epochs[-1], spec["task"]["n_test"] * spec["task"]["kv"]
+    return dict(
+        saved,
+        status="probed",
+        epochs=epochs,
+        epochs_run=probe_epochs,
+        test_acc=last["test_acc"],
+        test_correct=round(last["test_acc"] * queries),
+        test_queries=queries,
+        early_stopped=False,
+        steps=last["step"],
+        seconds_per_step=sum(e["train_seconds"] for e in epochs) / max(1, last["step"]),
+        wall_seconds=sum(e["train_seconds"] + e["eval_seconds"] for e in epochs),
+        going_on=True,
+    )
 
 
 def probe_score(run: dict, probe_epochs: int) -> float | None:
