@@ -298,19 +298,23 @@ def test_a_micro_study_end_to_end_reuses_and_reports_na(tmp_path):
     assert all(r.get("reused") for r in again["runs"])
 
 
-def _die_on_the_second_evaluation(monkeypatch):
-    """The process dies after the second epoch has trained (its checkpoint committed), before result.json
-    records it; returns the real evaluation."""
+def _die_on_evaluation(monkeypatch, n: int):
+    """The process dies at the ``n``-th test evaluation: after that epoch has trained (its checkpoint
+    committed), before result.json records it; returns the real evaluation."""
     real, calls = zm.query_accuracy, []
 
-    def dies_on_the_second_epoch(*args):
+    def dies_on_the_nth(*args):
         calls.append(1)
-        if len(calls) == 2:
+        if len(calls) == n:
             raise KeyboardInterrupt
         return real(*args)
 
-    monkeypatch.setattr(zm, "query_accuracy", dies_on_the_second_epoch)
+    monkeypatch.setattr(zm, "query_accuracy", dies_on_the_nth)
     return real
+
+
+def _die_on_the_second_evaluation(monkeypatch):
+    return _die_on_evaluation(monkeypatch, 2)
 
 
 def test_early_stop_and_a_killed_run_continues(tmp_path, monkeypatch):
@@ -506,15 +510,7 @@ def test_a_chosen_rate_stopped_while_training_on_keeps_its_probe_in_a_report_and
     """A report made while a cell's chosen rate trains past its probe (status ``training`` on disk) counts
     that rate's probe score and keeps its probe in the restorable record, rather than dropping the rate."""
     probe = dict(MICRO, epochs=3, probe_epochs=1)
-    real, calls = zm.query_accuracy, []
-
-    def dies_in_the_continuations_last_epoch(*args):
-        calls.append(1)
-        if len(calls) == 4:  # the two probes, the continuation's epoch 2, then its epoch 3
-            raise KeyboardInterrupt
-        return real(*args)
-
-    monkeypatch.setattr(zm, "query_accuracy", dies_in_the_continuations_last_epoch)
+    real = _die_on_evaluation(monkeypatch, 4)  # the two probes, the continuation's epoch 2, then its epoch 3
     with pytest.raises(KeyboardInterrupt):
         zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, **probe)
     monkeypatch.setattr(zm, "query_accuracy", real)
@@ -552,15 +548,7 @@ def test_a_run_of_a_study_without_the_probe_stopped_past_its_epochs_is_probed_fo
     plain = zm.plan_study(
         ["ATTENTION"], [16], [64], preset="micro", lr_grid=[1e-3], epochs=3, n_train=48, n_test=16, batch_size=16
     )
-    real, calls = zm.query_accuracy, []
-
-    def dies_on_the_third_evaluation(*args):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args)
-
-    monkeypatch.setattr(zm, "query_accuracy", dies_on_the_third_evaluation)
+    real = _die_on_evaluation(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         zm.run_cell(plain, "ATTENTION", 16, 64, 4, 1e-3, tmp_path, device="cpu")
     monkeypatch.setattr(zm, "query_accuracy", real)
