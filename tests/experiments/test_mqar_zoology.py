@@ -488,6 +488,36 @@ def test_a_cells_chosen_rate_goes_on_before_the_next_cells_probes(tmp_path, monk
     ]
 
 
+def test_a_cell_whose_last_probe_another_process_trained_goes_on_after_this_process_next_trains(tmp_path, monkeypatch):
+    """Another "process" trains ATTENTION's second probe (held when this one passes it): once this process has
+    trained a run, it looks at the held run again, finds it finished and sends ATTENTION's chosen rate on
+    before J_NO_DIRECTION's second probe. Before, the continuation waited for this process's next pass."""
+    calls, real = [], zm.run_cell
+
+    def another_process_holds_the_first_look(*a, **k):
+        key = (a[1], a[5], k["until"])
+        if key == ("ATTENTION", 1e-2, 1) and key not in [c[:3] for c in calls]:
+            real(*a, **k)  # trained elsewhere; this process was told it is held
+            calls.append((*key, "locked"))
+            return {"model": a[1], "width": a[2], "seq_len": a[3], "kv": a[4], "lr": a[5], "status": "locked"}
+        r = real(*a, **k)
+        calls.append((*key, "reused" if r.get("reused") else r["status"]))
+        return r
+
+    monkeypatch.setattr(zm, "run_cell", another_process_holds_the_first_look)
+    probe = dict(MICRO, epochs=2, probe_epochs=1)
+    summary = zm.run_zoology_study(["ATTENTION", "J_NO_DIRECTION"], [16], [64], out=tmp_path, **probe)
+    chosen = summary["cells"]["ATTENTION w16 L64"]["lr"]
+    assert [c[:3] for c in calls][:5] == [
+        ("ATTENTION", 1e-3, 1),
+        ("ATTENTION", 1e-2, 1),  # held
+        ("J_NO_DIRECTION", 1e-3, 1),  # trained: the held run is looked at again
+        ("ATTENTION", 1e-2, 1),  # finished meanwhile
+        ("ATTENTION", chosen, None),  # the continuation, before J_NO_DIRECTION's second probe
+    ]
+    assert calls[1][3] == "locked" and calls[3][3] == "reused" and calls[5][:3] == ("J_NO_DIRECTION", 1e-2, 1)
+
+
 def test_leave_held_exits_when_the_rest_is_held_and_writes_no_report(tmp_path):
     from drmlab.runs import RunLock
 

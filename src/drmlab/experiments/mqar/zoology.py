@@ -416,7 +416,8 @@ def run_planned(
     nothing, report what has finished (the rest of a cell's sweep shows as incomplete).
 
     With a probe, a cell's chosen rate goes on as soon as its last probe finishes, before the next cell's
-    probes (so a cell's row is whole early). ``leave_held``: once a pass over the runs left finds every one
+    probes (so a cell's row is whole early), also where another process trained some of its probes: after
+    each run this process trains, the runs it found held are looked at again. ``leave_held``: once a pass over the runs left finds every one
     held by another process, return None (no report) instead of waiting: each held run's process goes on
     to what waits on it (a cell's continuation after its probes)."""
     from drmlab.experiments.mqar import zoology_report
@@ -457,8 +458,10 @@ def run_planned(
                 continue
             results[(name, width, seq_len, lr)] = r
             moved = True
-            if probe is not None and not collect_only:  # a cell whose probe just finished goes on first
-                queue[:0] = runs_after_the_probe(study, results, going_on)
+            if probe is not None and not collect_only:
+                if not r.get("reused") and left:  # time has passed: a run held before may be finished now
+                    queue[:0], left = left, []
+                queue[:0] = runs_after_the_probe(study, results, going_on)  # a cell whose probe ended goes first
         if left and not moved:  # every run left is held by another process
             if leave_held:
                 if log is not None:
