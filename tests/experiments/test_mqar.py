@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 
 import numpy as np
@@ -146,6 +147,8 @@ def test_copy_model_scores_100_and_constant_model_scores_chance():
     task = mqar_task.MQARTask(kv=4)
     x, y = mqar_task.test_set(task, 0)
     copy = mqar_task.accuracy(CopyModel(), x[:128], y[:128])
+    ce = copy.pop("ce")  # one-hot logits: -log(e / (e + 129)) at every query
+    assert ce == pytest.approx(math.log(math.e + 129) - 1, rel=1e-6)
     assert copy == {
         "acc": 1.0,
         "correct": 512,

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from scipy import stats
 
 from drmlab.experiments.mqar import zoology as zm
+from drmlab.experiments.mqar.zoology_probe import probe_score
+from drmlab.experiments.mqar.zoology_summary import probe_rows
 from drmlab.training.trainer import targets_loss
 
 torch.set_num_threads(1)
@@ -184,6 +186,7 @@ def test_loss_and_accuracy_count_the_query_positions_only():
     assert torch.allclose(ce, F.cross_entropy(logits[scored], y[scored]))
     acc = zm.query_accuracy(model, x, y)  # the head at the queries only (logits_at)
     assert acc["total"] == 24 and acc["correct"] == int((logits.argmax(-1)[scored] == y[scored]).sum())
+    assert acc["ce"] == pytest.approx(float(ce.detach()), rel=1e-5)  # the test queries' mean CE, as the loss's
     _, ce_scored = targets_loss(model, x, y, scored_only=True)
     torch.testing.assert_close(ce_scored, ce, rtol=1e-6, atol=0)
 
@@ -332,7 +335,9 @@ def test_early_stop_and_a_killed_run_continues(tmp_path, monkeypatch):
     assert [e["loss"] for e in continued["epochs"]] == [e["loss"] for e in whole["epochs"]]  # bit-identical
     assert continued["test_correct"] == whole["test_correct"]
 
-    monkeypatch.setattr(zm, "query_accuracy", lambda *a: {"acc": 1.0, "correct": 64, "total": 64, "by_query": []})
+    monkeypatch.setattr(
+        zm, "query_accuracy", lambda *a: {"acc": 1.0, "correct": 64, "total": 64, "by_query": [], "ce": 0.01}
+    )
     early = zm.run_cell(study, "ATTENTION", 16, 64, 4, 1e-3, tmp_path / "early", device="cpu")
     assert early["early_stopped"] and early["epochs_run"] == 1 and early["steps"] == 3
 
@@ -454,6 +459,17 @@ def test_the_rate_probe_trains_every_rate_its_first_epochs_and_only_the_best_on(
     assert chosen["status"] == "done" and [e["epoch"] for e in chosen["epochs"]] == [1, 2, 3]
     assert other["status"] == "probed" and [e["epoch"] for e in other["epochs"]] == [1] and other["steps"] == 3
     assert cell["acc"] == chosen["test_acc"] and cell["epochs"] == 3
+    # every epoch keeps the test queries' CE; the cell shows what each rate's probe ended with
+    assert all(0 < e["test_ce"] < 12 for r in runs.values() for e in r["epochs"])
+    assert cell["probe"]["rates"] == {
+        zm.lr_sweep.lr_label(lr): {
+            "acc": r["epochs"][0]["test_acc"],
+            "test_ce": r["epochs"][0]["test_ce"],
+            "train_loss": r["epochs"][0]["loss"],
+        }
+        for lr, r in runs.items()
+    }
+    assert cell["probe"]["by_test_ce"] == min(runs, key=lambda lr: runs[lr]["epochs"][0]["test_ce"])
     # the probe is the start of the same run: going on from it is the run an unprobed study trains
     whole = zm.plan_study(
         ["ATTENTION"], [16], [64], **{k: v for k, v in probe.items() if k not in ("device", "probe_epochs")}
@@ -463,7 +479,7 @@ def test_the_rate_probe_trains_every_rate_its_first_epochs_and_only_the_best_on(
     # said everywhere a number is shown; a moved study reuses its probed and finished runs
     text = (tmp_path / "zoology.md").read_text()
     assert text.startswith("# MQAR, the Zoology protocol at CPU budget") and "probed for its first 1 epochs" in text
-    assert "3 ep" in text and "| probed |" in text
+    assert "3 ep" in text and "| probed |" in text and "## The probe, rate by rate" in text
     assert "Zoology protocol at CPU budget" in json.loads((tmp_path / "results.json").read_text())["title"]
     other_folder = tmp_path / "elsewhere"
     assert len(zm.restore_runs(tmp_path / "results.json", other_folder)) == 2
@@ -590,7 +606,7 @@ def test_a_run_of_a_study_without_the_probe_stopped_past_its_epochs_is_probed_fo
     assert probed["status"] == "probed" and probed["epochs_run"] == 2 and probed["going_on"]
     assert probed["test_acc"] == second["test_acc"] and probed["steps"] == second["step"] == 6
     assert probed["test_correct"] / probed["test_queries"] == second["test_acc"] and probed["test_queries"] == 16 * 4
-    assert zm.probe_score(probed, 2) == second["test_acc"]
+    assert probe_score(probed, 2) == second["test_acc"]
     assert json.loads(path.read_text()) == saved  # nothing trained or written
     whole = zm.run_cell(plain, "ATTENTION", 16, 64, 4, 1e-3, tmp_path, device="cpu")  # the run goes on
     assert whole["status"] == "done" and [e["epoch"] for e in whole["epochs"]] == [1, 2, 3]
@@ -598,16 +614,51 @@ def test_a_run_of_a_study_without_the_probe_stopped_past_its_epochs_is_probed_fo
 
 def test_a_probe_score_is_missing_where_the_run_diverged_within_it():
     epochs = [{"epoch": 1, "test_acc": 0.2}, {"epoch": 2, "test_acc": 0.5}, {"epoch": 3, "test_acc": 0.9}]
-    assert zm.probe_score({"status": "done", "epochs": epochs, "epochs_run": 3}, 2) == 0.5
-    assert zm.probe_score({"status": "probed", "epochs": epochs[:2], "epochs_run": 2}, 2) == 0.5
-    assert zm.probe_score({"status": "diverged", "epochs": epochs[:1]}, 2) is None  # in the probe's second epoch
-    assert zm.probe_score({"status": "diverged", "epochs": epochs[:2]}, 2) == 0.5  # after the probe
+    assert probe_score({"status": "done", "epochs": epochs, "epochs_run": 3}, 2) == 0.5
+    assert probe_score({"status": "probed", "epochs": epochs[:2], "epochs_run": 2}, 2) == 0.5
+    assert probe_score({"status": "diverged", "epochs": epochs[:1]}, 2) is None  # in the probe's second epoch
+    assert probe_score({"status": "diverged", "epochs": epochs[:2]}, 2) == 0.5  # after the probe
     early = {"status": "done", "early_stopped": True, "epochs_run": 1, "epochs": [{"epoch": 1, "test_acc": 0.995}]}
-    assert zm.probe_score(early, 2) == 0.995
-    assert zm.probe_score({"status": "training", "epochs": epochs}, 2) is None
+    assert probe_score(early, 2) == 0.995
+    assert probe_score({"status": "training", "epochs": epochs}, 2) is None
     with pytest.raises(ValueError, match="probe_epochs must be a whole number of epochs below epochs"):
         zm.plan_study(["ATTENTION"], [16], [64], epochs=2, probe_epochs=2)
     from drmlab.experiments.mqar.zoology_report import at_cpu_budget
 
     assert not at_cpu_budget({"epochs": 64, "probe_epochs": None}) and not at_cpu_budget({"epochs": 64})
     assert at_cpu_budget({"epochs": 16}) and at_cpu_budget({"epochs": 64, "probe_epochs": 2})
+
+
+def _ended(status: str, acc: float, loss: float, test_ce: float | None = None, epochs: int = 2) -> dict:
+    last = {"epoch": 2, "test_acc": acc, "loss": loss, **({} if test_ce is None else {"test_ce": test_ce})}
+    first = {"epoch": 1, "test_acc": 0.0, "loss": 9.0, "test_ce": 9.0}
+    run = {"status": status, "epochs": [first, last][:epochs], "epochs_run": epochs}
+    return run
+
+
+def test_the_probe_rows_name_the_rate_each_loss_would_choose_and_none_where_a_loss_is_missing():
+    runs = [
+        dict(_ended("probed", 0.27, 7.6, 5.0), lr=1e-4),  # the best accuracy
+        dict(_ended("done", 0.26, 2.4, 4.0), lr=1e-3),  # the lowest last-batch loss
+        dict(_ended("probed", 0.20, 3.0, 3.0), lr=1e-2),  # the lowest test CE
+        dict(_ended("diverged", 0.0, 9.0, epochs=1), lr=1e-1),  # diverged in the probe: passed over
+    ]
+    rows = probe_rows(runs, 2)
+    assert rows["by_test_ce"] == 1e-2 and rows["by_train_loss"] == 1e-3
+    assert rows["rates"]["0.1"] == {"acc": None, "test_ce": None, "train_loss": None}
+    assert rows["rates"]["0.001"] == {"acc": 0.26, "test_ce": 4.0, "train_loss": 2.4}  # its probe's end, not later
+    del runs[2]["epochs"][1]["test_ce"]  # a run recorded before the test CE was kept
+    assert probe_rows(runs, 2)["by_test_ce"] is None and probe_rows(runs, 2)["by_train_loss"] == 1e-3
+
+
+def test_the_report_shows_the_probe_rate_by_rate():
+    from drmlab.experiments.mqar.zoology_report import probe_section
+
+    study = {"lr_grid": [1e-4, 1e-2], "recipe": {"probe_epochs": 2}}
+    rates = {"0.0001": {"acc": 0.25, "test_ce": None, "train_loss": 7.5}, "0.01": {"acc": None}}
+    cell = {"model": "M", "width": 64, "seq_len": 64, "lr": 1e-4}
+    probe = {"rates": rates, "by_test_ce": None, "by_train_loss": 1e-4}
+    lines = probe_section({"study": study, "cells": {"M w64 L64": {**cell, "probe": probe}}})
+    assert "| cell | lr 0.0001 | lr 0.01 | by accuracy | by test CE | by last batch |" in lines
+    assert "| M w64 L64 | 25.00% / -- / 7.500 | diverged | 0.0001 | -- | 0.0001 |" in lines
+    assert probe_section({"study": study, "cells": {"M w64 L64": cell}}) == []  # no cell has ended its probe

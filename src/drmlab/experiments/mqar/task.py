@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from drmlab.training.batches import BatchSource
 
@@ -145,7 +146,8 @@ def accuracy(
     model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 1024, scored_only: bool = False
 ) -> dict:
     """Argmax over all logits against the targets, pooled over the scored (query) positions only,
-    and per query (``by_query[j]``: the j-th scored position of the sequences, in order).
+    and per query (``by_query[j]``: the j-th scored position of the sequences, in order); ``ce``: the mean
+    cross-entropy (nats) of the values at those positions, in float32.
     ``scored_only``: the model's head runs at the scored positions only (``logits_at``, which every
     registered model takes; the study's own arms do not)."""
     was_training = model.training
@@ -153,16 +155,19 @@ def accuracy(
     device = next(model.parameters()).device
     col_correct = torch.zeros(inputs.shape[1], dtype=torch.long)
     col_total = torch.zeros(inputs.shape[1], dtype=torch.long)
+    ce_sum = 0.0
     try:
         with torch.no_grad():
             for i in range(0, inputs.shape[0], batch_size):
                 x, y = inputs[i : i + batch_size].to(device), targets[i : i + batch_size].to(device)
                 scored = y != IGNORE
                 if scored_only:
-                    hits = torch.zeros_like(scored)
-                    hits[scored] = model(x, step=None, logits_at=scored).logits.argmax(dim=-1) == y[scored]
+                    logits = model(x, step=None, logits_at=scored).logits
                 else:
-                    hits = (model(x, step=None).logits.argmax(dim=-1) == y) & scored
+                    logits = model(x, step=None).logits[scored]
+                hits = torch.zeros_like(scored)
+                hits[scored] = logits.argmax(dim=-1) == y[scored]
+                ce_sum += float(F.cross_entropy(logits.float(), y[scored], reduction="sum"))
                 col_correct += hits.sum(0).cpu()
                 col_total += scored.sum(0).cpu()
     finally:
@@ -170,7 +175,13 @@ def accuracy(
     correct, total = int(col_correct.sum()), int(col_total.sum())
     cols = col_total > 0
     by_query = (col_correct[cols].double() / col_total[cols].double()).tolist()
-    return {"acc": correct / total if total else float("nan"), "correct": correct, "total": total, "by_query": by_query}
+    return {
+        "acc": correct / total if total else float("nan"),
+        "correct": correct,
+        "total": total,
+        "by_query": by_query,
+        "ce": ce_sum / total if total else float("nan"),
+    }
 
 
 def probe_train_config(*, batch_size: int, seq_len: int, seed: int, lr: float, steps: int, overrides: dict):

@@ -5,17 +5,19 @@ as its code (HazyResearch/zoology) runs them, trained through drmlab's trainer.
 Its parts, one job each: the task (:mod:`~drmlab.experiments.mqar.zoology_task`: :func:`generate`,
 :class:`EpochBatches`, :func:`query_accuracy`), the recipe (:mod:`~drmlab.experiments.mqar.zoology_recipe`:
 :class:`ZoologyRecipe`), the models (:mod:`~drmlab.experiments.mqar.zoology_models`:
-:func:`protocol_model`), the plan (:mod:`~drmlab.experiments.mqar.zoology_plan`: :func:`plan_study`) and
-the report (:mod:`drmlab.experiments.mqar.zoology_report`). Every name of those modules but the
-report's is importable from here too.
+:func:`protocol_model`), the plan (:mod:`~drmlab.experiments.mqar.zoology_plan`: :func:`plan_study`), the
+probe (:mod:`~drmlab.experiments.mqar.zoology_probe`), the summary of the cells
+(:mod:`~drmlab.experiments.mqar.zoology_summary`: :func:`summarize`) and the report
+(:mod:`drmlab.experiments.mqar.zoology_report`). The names of the task, recipe, models and plan are
+importable from here too, and :func:`summarize`.
 
 **Runs** (this module, :func:`run_cell`): one (model, width, L, rate) per folder
 ``OUT/runs/<model>_w<W>_L<L>_lr<rate>/``; each epoch is one :func:`drmlab.training.trainer.train` call up
 to the epoch's last step (``stop_after_step``) that resumes from the previous epoch's checkpoint, then
-the test accuracy; ``result.json`` is written after every epoch, so a killed run continues from its
-last epoch. A process holds ``OUT/locks/<run>.lock`` while it trains a run, so several processes share
-a study. :func:`summarize` picks each cell's best rate; :func:`run_zoology_study` is the entry point
-with plain arguments.
+the test accuracy and the test queries' cross-entropy; ``result.json`` is written after every epoch, so
+a killed run continues from its last epoch. A process holds ``OUT/locks/<run>.lock`` while it trains a
+run, so several processes share a study. :func:`run_zoology_study` is the entry point with plain
+arguments.
 """
 
 from __future__ import annotations
@@ -44,7 +46,6 @@ from drmlab.experiments.mqar.zoology_plan import (  # noqa: F401 (re-exported)
 from drmlab.experiments.mqar.zoology_probe import (
     finished_for,
     probe_as_it_ended,
-    probe_score,
     runs_after_the_probe,
     same_spec,
 )
@@ -56,6 +57,7 @@ from drmlab.experiments.mqar.zoology_recipe import (  # noqa: F401 (re-exported)
     WIDTHS,
     ZoologyRecipe,
 )
+from drmlab.experiments.mqar.zoology_summary import summarize
 from drmlab.experiments.mqar.zoology_task import (  # noqa: F401 (re-exported)
     EVAL_TOKENS,
     FILL,
@@ -255,6 +257,7 @@ def run_cell(
                     "step": summary["steps"],
                     "loss": loss,
                     "test_acc": test["acc"],
+                    "test_ce": test["ce"],
                     "train_seconds": t1 - t0 + carried,
                     "eval_seconds": pauses.now() - t1,
                     "trainer_seconds": summary["train_seconds"],
@@ -302,76 +305,6 @@ def carried_seconds(run: RunDir, epochs: list[dict]) -> float:
         return 0.0
     before = epochs[-1]["trainer_seconds"] if epochs else 0.0
     return max(0.0, float(run.read_state().get("train_seconds", 0.0)) - before)
-
-
-def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
-    """Per (model, width, length): each rate's final test accuracy (None: diverged), the best rate
-    and its accuracy (Zoology's figure value), or n/a with the reason; the runs."""
-    cells = {}
-    for name in study.models:
-        for width in study.widths:
-            for seq_len, kv in study.settings:
-                rows = [r for r in results if (r["model"], r["width"], r["seq_len"]) == (name, width, seq_len)]
-                key = f"{name} w{width} L{seq_len}"
-                na = [r for r in rows if r["status"] == "n/a"]
-                if na:
-                    cells[key] = {
-                        "model": name,
-                        "width": width,
-                        "seq_len": seq_len,
-                        "kv": kv,
-                        "status": "n/a",
-                        "why": na[0]["why"],
-                    }
-                    continue
-                probe = study.recipe.probe_epochs
-                if probe is None:  # Zoology's: every rate trained every epoch, the best final accuracy
-                    scores = {
-                        r["lr"]: (r.get("test_acc") if r["status"] == "done" else None)
-                        for r in rows
-                        if r["status"] in ("done", "diverged")
-                    }
-                else:  # each rate scored at the probe's end; the chosen one's final accuracy is the cell's
-                    scores = {
-                        r["lr"]: probe_score(r, probe) for r in rows if r["status"] in ("done", "diverged", "probed")
-                    }
-                complete = len(scores) == len(study.lr_grid)
-                state = decode_state_bytes(name, study.preset, width, seq_len, study.model_overrides, study.recipe)
-                choice = lr_sweep.choose(scores, lower_is_better=False) if scores else {"lr": None}
-                best = scores.get(choice["lr"]) if choice.get("lr") is not None else None
-                chosen = next((r for r in rows if choice.get("lr") is not None and r["lr"] == choice["lr"]), None)
-                if probe is not None:
-                    finished = chosen is None or chosen["status"] in ("done", "diverged")
-                    complete = complete and finished
-                    best = chosen.get("test_acc") if chosen is not None and chosen["status"] == "done" else None
-                cells[key] = {
-                    "model": name,
-                    "width": width,
-                    "seq_len": seq_len,
-                    "kv": kv,
-                    "status": "done" if complete else "incomplete",
-                    "scores": {lr_sweep.lr_label(lr): s for lr, s in sorted(scores.items())},
-                    "acc": best,
-                    "epochs": chosen.get("epochs_run") if chosen is not None else None,
-                    "state_bytes": state,
-                    **choice,
-                    "wall_seconds": {
-                        lr_sweep.lr_label(r["lr"]): r.get("wall_seconds")
-                        for r in rows
-                        if r["status"] in ("done", "diverged")
-                    },
-                }
-    return {
-        "protocol": "zoology",
-        "study": study.record(),
-        "cells": cells,
-        "runs": [{k: v for k, v in r.items() if k != "spec"} for r in results],
-        "finished": [
-            {k: v for k, v in r.items() if k != "reused"}
-            for r in results
-            if r["status"] in ("done", "diverged", "probed")
-        ],
-    }
 
 
 def restore_runs(results_path: str | Path, out: str | Path) -> list[str]:

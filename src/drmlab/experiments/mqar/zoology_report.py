@@ -114,6 +114,47 @@ def cell(c: dict | None, n_rates: int) -> str:
     return text if c["status"] == "done" else text + " [sweep incomplete]"
 
 
+def _number(value, fmt: str) -> str:
+    return "--" if value is None else format(value, fmt)
+
+
+def probe_section(summary: dict) -> list[str]:
+    """The probe, rate by rate, of each cell whose rates have all ended it (a study without the probe, or
+    with no such cell: nothing): each rate's test accuracy, test queries' cross-entropy and last batch's
+    training loss at the probe's end, and the rate each of the three would choose."""
+    cells = [c for c in summary["cells"].values() if c.get("probe")]
+    if not cells:
+        return []
+    grid = summary["study"]["lr_grid"]
+    labels = [lr_sweep.lr_label(lr) for lr in grid]
+
+    def rate(value) -> str:
+        return "--" if value is None else f"{value:.3g}"
+
+    lines = [
+        "## The probe, rate by rate",
+        "",
+        f"Each rate at the probe's end (epoch {summary['study']['recipe']['probe_epochs']}): test accuracy / mean "
+        "cross-entropy of the test queries (nats; -- where the run did not record it) / loss of its last "
+        "training batch. The cell's rate is the one the accuracy chose; the rates the two losses would choose "
+        "are a diagnostic of the probe's rule, not the protocol.",
+        "",
+        "| cell | " + " | ".join(f"lr {lr:.3g}" for lr in grid) + " | by accuracy | by test CE | by last batch |",
+        "|---|" + "---|" * len(labels) + "---|---|---|",
+    ]
+    for c in cells:
+        row = []
+        for label in labels:
+            r = c["probe"]["rates"].get(label)
+            if r is None or r["acc"] is None:
+                row.append("diverged" if r is not None else "--")
+                continue
+            row.append(f"{100 * r['acc']:.2f}% / {_number(r['test_ce'], '.3f')} / {_number(r['train_loss'], '.3f')}")
+        by = [rate(c.get("lr")), rate(c["probe"]["by_test_ce"]), rate(c["probe"]["by_train_loss"])]
+        lines.append(f"| {c['model']} w{c['width']} L{c['seq_len']} | " + " | ".join(row + by) + " |")
+    return lines + [""]
+
+
 def markdown(summary: dict) -> str:
     s = summary["study"]
     r = s["recipe"]
@@ -164,6 +205,7 @@ def markdown(summary: dict) -> str:
             row = ["--" if c.get("state_bytes") is None else f"{c['state_bytes']:,}" for c in cells]
             lines.append(f"| {name} | " + " | ".join(row) + " |")
         lines.append("")
+    lines += probe_section(summary)
     lines += [
         "## Runs",
         "",
