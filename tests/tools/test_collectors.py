@@ -132,3 +132,27 @@ def test_the_ablation_collector_gives_a_restored_study_its_numbers_and_the_state
         committed["study"],
     )
     assert str(tmp_path) not in json.dumps(record)
+
+
+def test_the_zoology_collector_writes_the_provenance_out_and_says_whether_every_cell_is_done(tmp_path, capsys):
+    collect = _tool("collect_zoology")
+    made = {"command": "drmlab mqar ... --collect", "commit": "abc123", "date": "2026-12-07", "settings": {"k": 1}}
+    cells = {"ATTENTION w64 L64": {"status": "done"}, "GPT2 w64 L64": {"status": "n/a"}}
+    study = {"protocol": "zoology", "provenance": made, "cells": cells, "finished": [], "runs": []}
+    _write(tmp_path / "study" / "results.json", study)
+    got = collect.record(tmp_path / "study", "zoology-x", "drmlab mqar ... (two processes)", "a CPU", "restarts")
+    p = got["provenance"]
+    assert p["command"] == "drmlab mqar ... (two processes)" and (p["commit"], p["date"]) == ("abc123", "2026-12-07")
+    assert p["complete"] is True and p["settings"] == {"k": 1} and "studies/zoology-x" in p["source"]
+    assert (p["machine"], p["how"]) == ("a CPU", "restarts") and got["cells"] == cells
+    cells["MAMBA w64 L64"] = {"status": "incomplete"}  # a cell whose chosen rate trains on
+    _write(tmp_path / "study" / "results.json", study)
+    assert collect.record(tmp_path / "study", "zoology-x", "c", "m", "h")["provenance"]["complete"] is False
+    # no record yet, or another study's: one line naming the file, nothing written
+    args = ["--name", "zoology-x", "--command", "c", "--machine", "m", "--how", "h"]
+    assert collect.main(["--study", str(tmp_path / "none"), *args]) == 2
+    assert "none/results.json: no readable study record" in capsys.readouterr().err
+    _write(tmp_path / "other" / "results.json", {"protocol": "fixed"})
+    assert collect.main(["--study", str(tmp_path / "other"), *args]) == 2
+    assert "not a Zoology study's record" in capsys.readouterr().err
+    assert not (collect.ROOT / "docs" / "studies" / "zoology-x").exists()
