@@ -450,8 +450,9 @@ def test_the_rate_probe_trains_every_rate_its_first_epochs_and_only_the_best_on(
     probe = dict(MICRO, epochs=3, probe_epochs=1)
     summary = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, **probe)
     cell = summary["cells"]["ATTENTION w16 L64"]
-    runs = {r["lr"]: r for r in summary["runs"]}
+    runs = {r["lr"]: r for r in summary["finished"]}  # the finished runs, with their epochs
     assert cell["status"] == "done" and cell["lr"] in runs
+    assert [r["lr"] for r in summary["runs"]] == list(runs) and not any("epochs" in r for r in summary["runs"])
     for lr, run in runs.items():  # every rate scored at the end of its first epoch
         assert cell["scores"][zm.lr_sweep.lr_label(lr)] == run["epochs"][0]["test_acc"]
     assert cell["lr"] == zm.lr_sweep.choose({lr: r["epochs"][0]["test_acc"] for lr, r in runs.items()}, False)["lr"]
@@ -562,7 +563,7 @@ def test_a_chosen_rate_stopped_while_training_on_keeps_its_probe_in_a_report_and
     monkeypatch.setattr(zm, "query_accuracy", real)
     collected = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, collect_only=True, **probe)
     cell = collected["cells"]["ATTENTION w16 L64"]
-    going = next(r for r in collected["runs"] if r.get("going_on"))
+    going = next(r for r in collected["finished"] if r.get("going_on"))
     on_disk = json.loads(
         (tmp_path / "runs" / zm.run_name("ATTENTION", 16, 64, going["lr"]) / "result.json").read_text()
     )
@@ -582,7 +583,7 @@ def test_a_chosen_rate_stopped_while_training_on_keeps_its_probe_in_a_report_and
     finished = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, **probe)
     done = finished["cells"]["ATTENTION w16 L64"]
     assert done["status"] == "done" and done["lr"] == going["lr"] and done["scores"] == cell["scores"]
-    runs = {r["lr"]: r for r in finished["runs"]}
+    runs = {r["lr"]: r for r in finished["finished"]}
     assert [e["epoch"] for e in runs[going["lr"]]["epochs"]] == [1, 2, 3]
     assert [r["status"] for lr, r in runs.items() if lr != going["lr"]] == ["probed"]
     assert not any(r.get("going_on") for r in finished["runs"])

@@ -54,7 +54,9 @@ def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
     """Per (model, width, length): each rate's score (its final test accuracy, or with the probe its test
     accuracy at the probe's end; None: diverged), the chosen rate and the cell's accuracy (Zoology's
     figure value), or n/a with the reason; a probed cell whose rates have all ended their probe also has
-    ``probe`` (:func:`probe_rows`). Then the runs, and the finished ones with their specs."""
+    ``probe`` (:func:`probe_rows`). Then every run's status line (``runs``: its status, final accuracy,
+    epochs run, seconds), and the finished ones whole (``finished``: with their epochs and specs, what
+    ``--restore`` puts back); a run's epochs are written once, in ``finished``."""
     cells = {}
     for name in study.models:
         for width in study.widths:
@@ -116,7 +118,7 @@ def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
         "protocol": "zoology",
         "study": study.record(),
         "cells": cells,
-        "runs": [{k: v for k, v in r.items() if k != "spec"} for r in results],
+        "runs": [{k: v for k, v in r.items() if k not in ("spec", "epochs")} for r in results],
         "finished": [
             {k: v for k, v in r.items() if k != "reused"}
             for r in results
