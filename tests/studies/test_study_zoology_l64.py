@@ -67,10 +67,69 @@ def test_attention_at_width_128_the_probe_chose_on_a_plateau_and_a_higher_rate_r
     assert _pct(check["test_acc"]) == said("99.75")
 
 
-def test_mamba_at_width_64():
+def test_mamba_chose_the_grids_top_at_both_widths():
     cell = _record()["cells"]["MAMBA w64 L64"]
     assert cell["status"] == "done" and cell["lr"] == RATES[3] and cell["epochs"] == 9
     assert _pct(cell["acc"]) == said("99.02")
+    assert [_pct(cell["scores"][lr_sweep.lr_label(lr)]) for lr in RATES[2:]] == [said("22.33"), said("42.35")]
+    wide = _record()["cells"]["MAMBA w128 L64"]
+    assert wide["status"] == "done" and wide["lr"] == RATES[3] and wide["epochs"] == 8
+    assert _pct(wide["scores"][lr_sweep.lr_label(RATES[3])]) == said("93.63") and _pct(wide["acc"]) == said("99.23")
+
+
+def test_resolvent_at_width_128_left_the_plateau_in_its_probe_and_stopped_early():
+    cell = _record()["cells"]["RESOLVENT w128 L64"]
+    scores = [_pct(cell["scores"][lr_sweep.lr_label(lr)]) for lr in RATES]
+    assert scores == [said("27.52"), said("37.45"), said("25.34"), said("23.47")]
+    assert cell["status"] == "done" and cell["lr"] == RATES[1] and cell["epochs"] == 3
+    assert _pct(cell["acc"]) == said("99.25") and _runs()[("RESOLVENT", 128, RATES[1])]["early_stopped"]
+
+
+def test_resolvent_at_width_64_jumped_then_stayed_below_the_early_stop():
+    cell = _record()["cells"]["RESOLVENT w64 L64"]
+    scores = {lr: cell["scores"][lr_sweep.lr_label(lr)] for lr in RATES}
+    assert cell["lr"] == RATES[1] and [_pct(scores[lr]) for lr in RATES[1:3]] == [said("26.84"), said("24.95")]
+    assert f"{100 * (scores[RATES[1]] - scores[RATES[2]]):.2f}" == said("1.89")
+    acc = {e["epoch"]: e["test_acc"] for e in _runs()[("RESOLVENT", 64, RATES[1])]["epochs"]}
+    assert [_pct(acc[e]) for e in (3, 4)] == [said("35.27"), said("97.40")]
+    later = [acc[e] for e in range(5, 17)]
+    assert [_pct(min(later)), _pct(max(later))] == [said("98.08"), said("98.66")] and max(later) < 0.99
+    assert cell["status"] == "done" and cell["epochs"] == 16 and _pct(cell["acc"]) == said("98.52")
+
+
+def _probe(key: str) -> dict:
+    return _record()["cells"][key]["probe"]
+
+
+def test_the_probe_rate_by_rate_where_the_loss_and_the_accuracy_part():
+    """docs/results-in-full.md's paragraph on the probe's rule: the last batch's loss names attention's
+    good rate at width 128, the accuracy names RESOLVENT's at width 128, and the two agree for MAMBA."""
+    labels = [lr_sweep.lr_label(lr) for lr in RATES]
+    attention = _probe("ATTENTION w128 L64")
+    losses = [f"{attention['rates'][x]['train_loss']:.2f}" for x in labels]
+    assert losses == [said("7.61"), said("5.11"), said("2.39"), said("7.17")]
+    assert attention["by_train_loss"] == RATES[2] and _runs()[("ATTENTION", 128, RATES[2])]["test_acc"] > 0.99
+    resolvent = _probe("RESOLVENT w128 L64")
+    assert resolvent["by_test_ce"] == resolvent["by_train_loss"] == RATES[2]
+    assert f"{resolvent['rates'][labels[1]]['test_ce']:.2f}" == said("4.58")
+    assert f"{resolvent['rates'][labels[2]]['test_ce']:.2f}" == said("2.66")
+    for width in (64, 128):
+        mamba = _record()["cells"][f"MAMBA w{width} L64"]
+        assert mamba["probe"]["by_train_loss"] == mamba["lr"]
+    narrow = _probe("ATTENTION w64 L64")
+    gap = narrow["rates"][labels[2]]["train_loss"] - narrow["rates"][labels[3]]["train_loss"]
+    assert narrow["by_train_loss"] == RATES[3] and f"{gap:.3f}" == said("0.008")
+    cpu = {r["lr"]: r for r in load("zoology-cpu")["finished"]}
+    assert _pct(cpu[RATES[3]]["test_acc"]) == said("99.17")  # that rate in float32, every epoch trained
+
+
+def test_the_last_batchs_loss_lies_near_the_test_ce_and_in_its_order():
+    with_ce = [c["probe"] for c in _record()["cells"].values() if c.get("probe") and c["probe"]["by_test_ce"]]
+    assert with_ce  # RESOLVENT at width 128 on
+    for probe in with_ce:
+        rates = [r for r in probe["rates"].values() if r["test_ce"] is not None]
+        assert all(abs(r["test_ce"] - r["train_loss"]) < 0.3 for r in rates) and said("0.3 nats")
+        assert sorted(rates, key=lambda r: r["test_ce"]) == sorted(rates, key=lambda r: r["train_loss"])
 
 
 def test_the_check_of_the_probe_at_width_128_and_the_jump_after_the_plateau():
