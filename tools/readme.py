@@ -83,7 +83,7 @@ PAGES: dict[Path, tuple[str, ...]] = {
         "protocol-tiny",
         "protocol-small",
         "distance-tiny",
-        "zoology-cpu",
+        "zoology-l64",
         "pmcs-tiny",
         "asm-cm-controls",
         "asm-cm-capacity",
