@@ -18,7 +18,9 @@ values, bits per byte from nats (divided by ln 2), ratios of two measurements --
 * the figures (``readme_figures.FIGURES``, in ``tools/readme_figures.py``): ``docs/figures/compare-tiny.png``,
   MQAR accuracy against bits per byte (:func:`drmlab.experiments.probes.compare.plot`), and
   ``docs/figures/protocol-scales.png``, bits per byte against parameters at each preset of the protocol
-  (:func:`drmlab.experiments.ablate.scales.plot_bits_per_byte_by_size`), each with the SHA-256 of the
+  (:func:`drmlab.experiments.ablate.scales.plot_bits_per_byte_by_size`), and the Zoology study's frontier
+  and learning curves at length 64 (``docs/figures/zoology-l64-frontier.png``,
+  ``docs/figures/zoology-l64-curves.png``; :mod:`drmlab.experiments.mqar.zoology_report`), each with the SHA-256 of the
   values it was drawn from and of its drawing functions' source (``readme_figures.drawing_source``) in its
   PNG metadata (``drmlab-source``), so a check needs no particular matplotlib version; a change to a helper
   the drawing functions call is not seen (delete the PNG, then ``--write``).

@@ -70,6 +70,32 @@ def _draw_zoology_frontier(inputs: dict, path: Path, metadata: dict) -> None:
     frontier_figure(inputs, path, metadata=metadata)
 
 
+def zoology_curves_inputs(studies: dict[str, dict]) -> dict:
+    """What the zoology-l64 learning curves draw: the recipe and settings, each cell's chosen rate, and each
+    finished run's test accuracy after each epoch."""
+    record = studies["zoology-l64"]
+    return {
+        "study": {"recipe": record["study"]["recipe"], "settings": record["study"]["settings"]},
+        "cells": {
+            key: {k: c.get(k) for k in ("model", "width", "seq_len", "lr")}
+            for key, c in sorted(record["cells"].items())
+        },
+        "finished": [
+            {
+                **{k: r[k] for k in ("model", "width", "seq_len", "lr")},
+                "epochs": [{"epoch": e["epoch"], "test_acc": e["test_acc"]} for e in r["epochs"]],
+            }
+            for r in record["finished"]
+        ],
+    }
+
+
+def _draw_zoology_curves(inputs: dict, path: Path, metadata: dict) -> None:
+    from drmlab.experiments.mqar.zoology_report import curves_figure
+
+    curves_figure(inputs, path, metadata=metadata)
+
+
 # name -> (the PNG, what it draws from the committed studies, how it draws them, the drmlab function that draws)
 FIGURES = {
     "compare-tiny": (FIGURE_PATH, compare_figure_inputs, _draw_compare, "drmlab.experiments.probes.compare:plot"),
@@ -84,6 +110,12 @@ FIGURES = {
         zoology_frontier_inputs,
         _draw_zoology_frontier,
         "drmlab.experiments.mqar.zoology_report:frontier_figure",
+    ),
+    "zoology-l64-curves": (
+        Path("docs") / "figures" / "zoology-l64-curves.png",
+        zoology_curves_inputs,
+        _draw_zoology_curves,
+        "drmlab.experiments.mqar.zoology_report:curves_figure",
     ),
 }
 

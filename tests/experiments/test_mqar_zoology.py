@@ -481,6 +481,20 @@ def test_the_rate_probe_trains_every_rate_its_first_epochs_and_only_the_best_on(
     text = (tmp_path / "zoology.md").read_text()
     assert text.startswith("# MQAR, the Zoology protocol at CPU budget") and "probed for its first 1 epochs" in text
     assert "3 ep" in text and "| probed |" in text and "## The probe, rate by rate" in text
+    # the curves: the chosen run only (the other stopped at its probe), its accuracy after each epoch
+    from drmlab.experiments.mqar.zoology_report import curves
+
+    assert curves(summary) == {
+        (64, 16): [
+            {
+                "model": "ATTENTION",
+                "lr": cell["lr"],
+                "chosen": True,
+                "epochs": [(e["epoch"], e["test_acc"]) for e in chosen["epochs"]],
+            }
+        ]
+    }
+    assert (tmp_path / "curves.png").stat().st_size > 1000
     assert "Zoology protocol at CPU budget" in json.loads((tmp_path / "results.json").read_text())["title"]
     other_folder = tmp_path / "elsewhere"
     assert len(zm.restore_runs(tmp_path / "results.json", other_folder)) == 2

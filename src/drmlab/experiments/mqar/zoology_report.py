@@ -6,6 +6,8 @@
   rate's accuracy, epochs and wall time per run;
 * ``frontier.png`` -- Zoology's state-size frontier: each cell's accuracy against the bytes of one
   sequence's decoding state at that length, one panel per length (log scale);
+* ``curves.png`` -- the test accuracy after each epoch of the runs trained past the probe, one panel per
+  length and width (where a rate plateaus and when it jumps: what a probe of two epochs sees);
 * ``zoology.json`` -- the whole summary; ``results.json`` -- the same with its title and provenance,
   the file to commit (docs/studies/README.md); its ``finished`` runs, specs included, are what
   ``--restore`` puts back to continue the study elsewhere.
@@ -49,6 +51,8 @@ def write_report(summary: dict, out: str | Path, log: Callable[[str], None] | No
     (out / "zoology.md").write_text(markdown(summary))
     if draw_or_log(lambda: frontier_figure(summary, out / "frontier.png"), log, "frontier.png") and log is not None:
         log(f"wrote {out / 'frontier.png'}")
+    if draw_or_log(lambda: curves_figure(summary, out / "curves.png"), log, "curves.png") and log is not None:
+        log(f"wrote {out / 'curves.png'}")
     if log is not None:
         log(f"wrote {out / 'zoology.md'} and {out / 'zoology.json'}")
 
@@ -83,6 +87,66 @@ def frontier_figure(summary: dict, path: Path, metadata: dict | None = None) -> 
     chosen = "the rate its probe chose" if recipe.get("probe_epochs") else "best rate"
     axes[0][0].set_ylabel(f"MQAR test accuracy ({chosen})\n{protocol_name(recipe)}")
     axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, metadata=metadata)
+    plt.close(fig)
+    return True
+
+
+def curves(summary: dict) -> dict[tuple[int, int], list[dict]]:
+    """{(length, width): [run, ...]} of the runs trained past the probe (a cell's chosen rate, and any rate
+    a check trained on), each ``{"model", "lr", "chosen", "epochs": [(epoch, test accuracy), ...]}``; a
+    study without the probe: every finished run. Runs stopped at the probe are left out (two points)."""
+    probe = summary["study"]["recipe"].get("probe_epochs") or 0
+    chosen = {(c["model"], c["width"], c["seq_len"]): c.get("lr") for c in summary["cells"].values()}
+    out: dict = {}
+    for run in summary["finished"]:
+        epochs = [(e["epoch"], e["test_acc"]) for e in run.get("epochs") or []]
+        if len(epochs) <= probe:
+            continue
+        cell = (run["model"], run["width"], run["seq_len"])
+        entry = {"model": run["model"], "lr": run["lr"], "chosen": chosen.get(cell) == run["lr"], "epochs": epochs}
+        out.setdefault((run["seq_len"], run["width"]), []).append(entry)
+    return {k: sorted(v, key=lambda r: (r["model"], not r["chosen"], r["lr"])) for k, v in sorted(out.items())}
+
+
+def curves_figure(summary: dict, path: Path, metadata: dict | None = None) -> bool:
+    """Test accuracy after each epoch of the runs trained past the probe (:func:`curves`), one panel per
+    (length, width): the cell's chosen rate solid, a rate trained on as a check dashed (each of a model's
+    checks its own dashes); the early stop and the level of a guess among the values in context (1 / pairs)
+    dotted, the probe's last epoch a thin vertical line. False: nothing to draw."""
+    panels = curves(summary)
+    if not panels:
+        return False
+    recipe = summary["study"]["recipe"]
+    pairs = dict((L, kv) for L, kv in summary["study"]["settings"])
+    models = sorted({r["model"] for runs in panels.values() for r in runs})
+    colour = {m: f"C{i}" for i, m in enumerate(models)}
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 3.8), squeeze=False, sharey=True)
+    checks = ("--", "-.", ":")  # one model's checks told apart by their dashes
+    for ax, ((seq_len, width), runs) in zip(axes[0], panels.items()):
+        seen: dict[str, int] = {}
+        for r in runs:
+            label = f"{r['model']} lr {r['lr']:.3g}" + ("" if r["chosen"] else " (check)")
+            if r["chosen"]:
+                style = "-"
+            else:
+                style = checks[seen.get(r["model"], 0) % len(checks)]
+                seen[r["model"]] = seen.get(r["model"], 0) + 1
+            xs, ys = zip(*r["epochs"])
+            ax.plot(xs, ys, style, marker=".", color=colour[r["model"]], label=label)
+        ax.axhline(recipe["early_stop"], color="grey", linestyle=":", linewidth=1)
+        if seq_len in pairs:
+            ax.axhline(1 / pairs[seq_len], color="grey", linestyle=":", linewidth=1)
+        if recipe.get("probe_epochs"):
+            ax.axvline(recipe["probe_epochs"], color="grey", linewidth=0.8, alpha=0.5)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("epoch")
+        ax.set_title(f"length {seq_len}, width {width}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="lower right")
+    axes[0][0].set_ylabel(f"MQAR test accuracy\n{protocol_name(recipe)}")
     fig.tight_layout()
     fig.savefig(path, dpi=120, metadata=metadata)
     plt.close(fig)
