@@ -113,9 +113,11 @@ def test_the_probe_rate_by_rate_where_the_loss_and_the_accuracy_part():
     assert resolvent["by_test_ce"] == resolvent["by_train_loss"] == RATES[2]
     assert f"{resolvent['rates'][labels[1]]['test_ce']:.2f}" == said("4.58")
     assert f"{resolvent['rates'][labels[2]]['test_ce']:.2f}" == said("2.66")
-    for width in (64, 128):
-        mamba = _record()["cells"][f"MAMBA w{width} L64"]
-        assert mamba["probe"]["by_train_loss"] == mamba["lr"]
+    for model in ("MAMBA", "SSM_CONTROL"):
+        for width in (64, 128):
+            cell = _record()["cells"][f"{model} w{width} L64"]
+            assert cell["probe"]["by_train_loss"] == cell["lr"]
+            assert cell["probe"]["by_test_ce"] in (None, cell["lr"])  # where the test CE was recorded
     narrow = _probe("ATTENTION w64 L64")
     gap = narrow["rates"][labels[2]]["train_loss"] - narrow["rates"][labels[3]]["train_loss"]
     assert narrow["by_train_loss"] == RATES[3] and f"{gap:.3f}" == said("0.008")
@@ -162,3 +164,12 @@ def test_the_frontier_draws_the_cells_with_a_final_accuracy():
     drawn = {k for k, c in inputs["cells"].items() if c["acc"] is not None}
     assert drawn == {k for k, c in _record()["cells"].items() if c.get("acc") is not None}
     assert {"ATTENTION w64 L64", "ATTENTION w128 L64", "MAMBA w64 L64"} <= drawn
+
+
+def test_ssm_control_chose_the_same_rate_at_both_widths_and_trains_on():
+    for width, score in ((64, "21.52"), (128, "24.29")):
+        cell = _record()["cells"][f"SSM_CONTROL w{width} L64"]
+        scores = [cell["scores"][lr_sweep.lr_label(lr)] for lr in RATES]
+        assert cell["lr"] == RATES[2] and _pct(scores[2]) == said(score)
+        assert max(s for i, s in enumerate(scores) if i != 2) < 0.081 and said("8.1%")
+        assert cell["status"] == "incomplete" and cell["acc"] is None  # training on when collected

@@ -174,7 +174,7 @@ def cell(c: dict | None, n_rates: int) -> str:
     if c.get("acc") is None:
         return without_accuracy(c, n_rates)
     epochs = f", {c['epochs']} ep" if c.get("epochs") is not None else ""
-    text = f"{100 * c['acc']:.1f}% (lr {lr_sweep.lr_label(c['lr'])}{epochs}{', edge' if c.get('edge') else ''})"
+    text = f"{100 * c['acc']:.1f}% (lr {c['lr']:.3g}{epochs}{', edge' if c.get('edge') else ''})"
     return text if c["status"] == "done" else text + " [sweep incomplete]"
 
 
