@@ -113,7 +113,7 @@ def curves(summary: dict) -> dict[tuple[int, int], list[dict]]:
 def curves_figure(summary: dict, path: Path, metadata: dict | None = None) -> bool:
     """Test accuracy after each epoch of the runs trained past the probe (:func:`curves`), one panel per
     (length, width): the cell's chosen rate solid, a rate trained on as a check dashed (each of a model's
-    checks its own dashes); the early stop and the level of a guess among the values in context (1 / pairs)
+    checks its own dashes; in a study without the probe, the sweep's other rates); the early stop and the level of a guess among the values in context (1 / pairs)
     dotted, the probe's last epoch a thin vertical line. False: nothing to draw."""
     panels = curves(summary)
     if not panels:
@@ -125,10 +125,11 @@ def curves_figure(summary: dict, path: Path, metadata: dict | None = None) -> bo
     plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 3.8), squeeze=False, sharey=True)
     checks = ("--", "-.", ":")  # one model's checks told apart by their dashes
+    other = " (check)" if recipe.get("probe_epochs") else " (other rate)"  # without the probe: the whole sweep
     for ax, ((seq_len, width), runs) in zip(axes[0], panels.items()):
         seen: dict[str, int] = {}
         for r in runs:
-            label = f"{r['model']} lr {r['lr']:.3g}" + ("" if r["chosen"] else " (check)")
+            label = f"{r['model']} lr {r['lr']:.3g}" + ("" if r["chosen"] else other)
             if r["chosen"]:
                 style = "-"
             else:
