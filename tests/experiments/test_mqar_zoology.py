@@ -16,7 +16,7 @@ from scipy import stats
 
 from drmlab.experiments.mqar import zoology as zm
 from drmlab.experiments.mqar.zoology_probe import probe_score
-from drmlab.experiments.mqar.zoology_summary import probe_rows
+from drmlab.experiments.mqar.zoology_summary import own_settings, probe_rows, run_settings, shared_settings
 from drmlab.training.trainer import targets_loss
 
 torch.set_num_threads(1)
@@ -299,6 +299,43 @@ def test_a_micro_study_end_to_end_reuses_and_reports_na(tmp_path):
         zm.restore_runs(tmp_path / "zoology.md", other)
     again = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path, **MICRO)
     assert all(r.get("reused") for r in again["runs"])
+
+
+def test_the_runs_settings_are_kept_once_and_each_run_rebuilds_exactly():
+    attention = {"model": "ATTENTION", "zoology_attention": True, "train": {"lr": 1e-3, "seed": 123, "steps": None}}
+    drm = {"model": "J_NO_DIRECTION", "train": {"lr": 1e-2, "seed": 123, "steps": None}, "task": {"seq_len": 64}}
+    other = {"model": "J_NO_DIRECTION", "train": {"lr": 1e-2, "seed": 123, "steps": 7}, "task": 64}
+    specs = [attention, drm, other]
+    shared = shared_settings(specs)
+    assert shared == {"train": {"seed": 123}}  # a key some spec lacks, or holds as another kind, is its own
+    for spec in specs:
+        own = own_settings(shared, spec)
+        assert run_settings(shared, own) == spec
+    assert own_settings(shared, drm) == {
+        "model": "J_NO_DIRECTION",
+        "train": {"lr": 1e-2, "steps": None},
+        "task": {"seq_len": 64},
+    }
+    assert shared_settings([drm]) == drm and own_settings(drm, drm) == {} and shared_settings([]) == {}
+
+
+def test_a_record_written_with_whole_specs_is_restored_too(tmp_path):
+    summary = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path / "study", **MICRO)
+    shared = summary["spec_shared"]
+    assert shared and all("spec" not in r and r["spec_own"]["train"]["lr"] == r["lr"] for r in summary["finished"])
+    older = dict(summary, finished=[run_from_own(r, shared) for r in summary["finished"]])
+    del older["spec_shared"]
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert len(zm.restore_runs(tmp_path / "older.json", tmp_path / "elsewhere")) == 2
+    moved = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path / "elsewhere", **MICRO)
+    assert all(r.get("reused") for r in moved["runs"]) and moved["cells"] == summary["cells"]
+
+
+def run_from_own(run: dict, shared: dict) -> dict:
+    """A finished run as records kept it before the shared settings were written once: its whole spec."""
+    return {
+        ("spec" if k == "spec_own" else k): (run_settings(shared, v) if k == "spec_own" else v) for k, v in run.items()
+    }
 
 
 def _die_on_evaluation(monkeypatch, n: int):

@@ -57,7 +57,7 @@ from drmlab.experiments.mqar.zoology_recipe import (  # noqa: F401 (re-exported)
     WIDTHS,
     ZoologyRecipe,
 )
-from drmlab.experiments.mqar.zoology_summary import summarize
+from drmlab.experiments.mqar.zoology_summary import run_settings, summarize
 from drmlab.experiments.mqar.zoology_task import (  # noqa: F401 (re-exported)
     EVAL_TOKENS,
     FILL,
@@ -309,18 +309,25 @@ def carried_seconds(run: RunDir, epochs: list[dict]) -> float:
 
 def restore_runs(results_path: str | Path, out: str | Path) -> list[str]:
     """Put the finished runs of a committed ``results.json`` (its ``finished`` records, each with the spec
-    it ran under) back as ``OUT/runs/<run>/result.json`` where OUT holds none, so a study continued in
+    it ran under, whole or as ``spec_own`` beside the record's ``spec_shared``) back as ``OUT/runs/<run>/result.json`` where OUT holds none, so a study continued in
     another checkout reuses them (:func:`run_cell` reuses a finished result whose spec matches, and
     retrains one whose spec differs). The names restored."""
     from drmlab.runs import write_json_atomic
 
     path = Path(results_path)
     try:
-        records = json.loads(path.read_text())["finished"]
+        committed = json.loads(path.read_text())
+        records, shared = committed["finished"], committed.get("spec_shared", {})
     except (OSError, ValueError, KeyError, TypeError):
         raise ValueError(f"{path} is not a Zoology results.json with finished runs") from None
     restored = []
     for record in records:
+        if isinstance(record, dict) and isinstance(record.get("spec_own"), dict) and isinstance(shared, dict):
+            # a record written since the shared settings are kept once: the run's spec rebuilt in its place
+            record = {
+                ("spec" if k == "spec_own" else k): (run_settings(shared, v) if k == "spec_own" else v)
+                for k, v in record.items()
+            }
         if not isinstance(record, dict) or not isinstance(record.get("spec"), dict):
             raise ValueError(f"{path}: a finished run without its spec cannot be restored")
         label = run_name(record["model"], record["width"], record["seq_len"], record["lr"])

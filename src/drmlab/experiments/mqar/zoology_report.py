@@ -9,7 +9,7 @@
 * ``curves.png`` -- the test accuracy after each epoch of the runs trained past the probe, one panel per
   length and width (where a rate plateaus and when it jumps: what a probe of two epochs sees);
 * ``zoology.json`` -- the whole summary; ``results.json`` -- the same with its title and provenance,
-  the file to commit (docs/studies/README.md); its ``finished`` runs, specs included, are what
+  the file to commit (docs/studies/README.md); its ``finished`` runs, settings included, are what
   ``--restore`` puts back to continue the study elsewhere.
 """
 

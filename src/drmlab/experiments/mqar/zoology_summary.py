@@ -7,6 +7,11 @@ that rate. A probed cell also keeps what each rate's probe ended with (:func:`pr
 accuracy, the mean cross-entropy of the test queries (where the run recorded it) and the loss of its last
 training batch, with the rate each loss would have chosen. Those are a diagnostic of the probe's rule,
 not the protocol: the cell's rate is the one the accuracy chose.
+
+The summary keeps each finished run whole, with the settings it ran under, so a study goes on from its
+committed record in another checkout (:func:`~drmlab.experiments.mqar.zoology.restore_runs`). The settings
+the runs share are written once (``spec_shared``) and each run keeps only its own (``spec_own``):
+:func:`shared_settings` splits them and :func:`run_settings` puts one run's back together, exactly.
 """
 
 from __future__ import annotations
@@ -15,6 +20,46 @@ from drmlab.experiments import lr_sweep
 from drmlab.experiments.mqar.zoology_models import decode_state_bytes
 from drmlab.experiments.mqar.zoology_plan import ZoologyStudy
 from drmlab.experiments.mqar.zoology_probe import probe_score
+
+
+def shared_settings(specs: list[dict]) -> dict:
+    """The part every one of ``specs`` holds with the same value, nested dicts compared key by key (a
+    key missing from any spec, or holding another value in any, is left out)."""
+    if not specs:
+        return {}
+    shared = {}
+    for key, value in specs[0].items():
+        values = [spec.get(key, _MISSING) for spec in specs]
+        if all(isinstance(v, dict) for v in values):
+            shared[key] = shared_settings(values)
+        elif all(v == value for v in values):
+            shared[key] = value
+    return shared
+
+
+def own_settings(shared: dict, spec: dict) -> dict:
+    """What ``spec`` holds beyond ``shared`` (:func:`shared_settings` of a list that held it)."""
+    own = {}
+    for key, value in spec.items():
+        if key in shared and isinstance(shared[key], dict) and isinstance(value, dict):
+            inner = own_settings(shared[key], value)
+            if inner:
+                own[key] = inner
+        elif key not in shared or shared[key] != value:
+            own[key] = value
+    return own
+
+
+def run_settings(shared: dict, own: dict) -> dict:
+    """One run's whole spec from the settings its study's runs share and its own: the inverse of
+    :func:`own_settings`."""
+    spec = dict(shared)
+    for key, value in own.items():
+        spec[key] = run_settings(shared[key], value) if isinstance(shared.get(key), dict) else value
+    return spec
+
+
+_MISSING = object()
 
 
 def probe_end(run: dict, probe_epochs: int) -> dict | None:
@@ -114,14 +159,22 @@ def summarize(study: ZoologyStudy, results: list[dict]) -> dict:
                     },
                     **extra,
                 }
+    finished = [r for r in results if r["status"] in ("done", "diverged", "probed")]
+    shared = shared_settings([r["spec"] for r in finished])
     return {
         "protocol": "zoology",
         "study": study.record(),
         "cells": cells,
         "runs": [{k: v for k, v in r.items() if k not in ("spec", "epochs")} for r in results],
-        "finished": [
-            {k: v for k, v in r.items() if k != "reused"}
-            for r in results
-            if r["status"] in ("done", "diverged", "probed")
-        ],
+        "spec_shared": shared,
+        "finished": [_with_own_settings(r, shared) for r in finished],
     }
+
+
+def _with_own_settings(run: dict, shared: dict) -> dict:
+    """A finished run as the summary keeps it: its spec cut to ``spec_own`` (checked to rebuild exactly),
+    in the place the spec held."""
+    own = own_settings(shared, run["spec"])
+    if run_settings(shared, own) != run["spec"]:  # the split must lose nothing
+        raise AssertionError(f"{run['spec']} does not rebuild from its own settings {own}")
+    return {("spec_own" if k == "spec" else k): (own if k == "spec" else v) for k, v in run.items() if k != "reused"}
