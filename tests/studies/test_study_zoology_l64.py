@@ -166,10 +166,25 @@ def test_the_frontier_draws_the_cells_with_a_final_accuracy():
     assert {"ATTENTION w64 L64", "ATTENTION w128 L64", "MAMBA w64 L64"} <= drawn
 
 
-def test_ssm_control_chose_the_same_rate_at_both_widths_and_trains_on():
-    for width, score in ((64, "21.52"), (128, "24.29")):
+def test_ssm_control_chose_the_same_rate_at_both_widths_and_stayed_on_the_plateau():
+    for width, score, final, low, high, state in (
+        (64, "21.52", "22.95", "22.56", "23.56", 256),
+        (128, "24.29", "24.46", "24.41", "25.09", 512),
+    ):
         cell = _record()["cells"][f"SSM_CONTROL w{width} L64"]
         scores = [cell["scores"][lr_sweep.lr_label(lr)] for lr in RATES]
         assert cell["lr"] == RATES[2] and _pct(scores[2]) == said(score)
         assert max(s for i, s in enumerate(scores) if i != 2) < 0.081 and said("8.1%")
-        assert cell["status"] == "incomplete" and cell["acc"] is None  # training on when collected
+        assert cell["status"] == "done" and cell["epochs"] == 16 and _pct(cell["acc"]) == said(final)
+        later = [e["test_acc"] for e in _runs()[("SSM_CONTROL", width, RATES[2])]["epochs"] if e["epoch"] >= 3]
+        assert [_pct(min(later)), _pct(max(later))] == [said(low), said(high)] and max(later) < 0.26
+        assert cell["state_bytes"] == state
+    assert said("256 and 512 bytes of decoding state")
+
+
+def test_j_no_direction_at_width_64_chose_its_rate_and_trains_on():
+    cell = _record()["cells"]["J_NO_DIRECTION w64 L64"]
+    scores = [_pct(cell["scores"][lr_sweep.lr_label(lr)]) for lr in RATES]
+    assert scores == [said("0.03"), said("3.10"), said("14.16"), said("0.47")] and cell["lr"] == RATES[2]
+    assert cell["probe"]["by_test_ce"] == cell["probe"]["by_train_loss"] == cell["lr"]
+    assert cell["status"] == "incomplete" and cell["acc"] is None  # training on when collected
