@@ -221,6 +221,13 @@ def test_the_study_is_complete_and_its_wall_time_is_the_runs_sum():
     assert record["provenance"]["complete"] and all(c["status"] == "done" for c in record["cells"].values())
     assert len(record["finished"]) == 48 and said("48 runs")
     hours = sum(r["wall_seconds"] for r in record["finished"]) / 3600
-    assert f"{hours:.1f}" == said("14.9")
+    past_probe = [e for lr in RATES[2:] for e in _runs()[("ATTENTION", 128, lr)]["epochs"] if e["epoch"] > 2]
+    check = sum(e["train_seconds"] + e["eval_seconds"] for e in past_probe) / 3600  # the check's own epochs
+    assert f"{hours:.1f}" == said("14.9") and f"{hours - check:.1f}" == said("14.0")
+    hours_of = load("zoology-budget")["summary"]["hours_no_early_stop"]  # each cell at its faster dtype
+    budget = hours_of["L256"]
+    assert f"{hours_of['L64']:.1f}" == said("17.6")
+    pace = (hours - check) / hours_of["L64"]
+    assert f"{budget:.1f}" == said("73.2") and f"{budget * pace:.0f}" == said("58")
     params = {r["model"]: r["params"] for r in record["finished"]}
     assert min(p for m, p in params.items() if m in ("SSM_CONTROL", "J_NO_DIRECTION", "ASM_CM")) > 4e6
