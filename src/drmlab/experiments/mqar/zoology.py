@@ -309,9 +309,10 @@ def carried_seconds(run: RunDir, epochs: list[dict]) -> float:
 
 def restore_runs(results_path: str | Path, out: str | Path) -> list[str]:
     """Put the finished runs of a committed ``results.json`` (its ``finished`` records, each with the spec
-    it ran under, whole or as ``spec_own`` beside the record's ``spec_shared``) back as ``OUT/runs/<run>/result.json`` where OUT holds none, so a study continued in
-    another checkout reuses them (:func:`run_cell` reuses a finished result whose spec matches, and
-    retrains one whose spec differs). The names restored."""
+    it ran under, whole or as ``spec_own`` beside the record's ``spec_shared``) back as
+    ``OUT/runs/<run>/result.json`` where OUT holds none, so a study continued in another checkout reuses
+    them (:func:`run_cell` reuses a finished result whose spec matches, and retrains one whose spec
+    differs). The names restored."""
     from drmlab.runs import write_json_atomic
 
     path = Path(results_path)
