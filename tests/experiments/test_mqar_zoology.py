@@ -16,7 +16,13 @@ from scipy import stats
 
 from drmlab.experiments.mqar import zoology as zm
 from drmlab.experiments.mqar.zoology_probe import probe_score
-from drmlab.experiments.mqar.zoology_summary import own_settings, probe_rows, run_settings, shared_settings
+from drmlab.experiments.mqar.zoology_summary import (
+    own_settings,
+    probe_rows,
+    run_settings,
+    shared_settings,
+    with_whole_spec,
+)
 from drmlab.training.trainer import targets_loss
 
 torch.set_num_threads(1)
@@ -323,19 +329,12 @@ def test_a_record_written_with_whole_specs_is_restored_too(tmp_path):
     summary = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path / "study", **MICRO)
     shared = summary["spec_shared"]
     assert shared and all("spec" not in r and r["spec_own"]["train"]["lr"] == r["lr"] for r in summary["finished"])
-    older = dict(summary, finished=[run_from_own(r, shared) for r in summary["finished"]])
+    older = dict(summary, finished=[with_whole_spec(r, shared) for r in summary["finished"]])
     del older["spec_shared"]
     (tmp_path / "older.json").write_text(json.dumps(older))
     assert len(zm.restore_runs(tmp_path / "older.json", tmp_path / "elsewhere")) == 2
     moved = zm.run_zoology_study(["ATTENTION"], [16], [64], out=tmp_path / "elsewhere", **MICRO)
     assert all(r.get("reused") for r in moved["runs"]) and moved["cells"] == summary["cells"]
-
-
-def run_from_own(run: dict, shared: dict) -> dict:
-    """A finished run as records kept it before the shared settings were written once: its whole spec."""
-    return {
-        ("spec" if k == "spec_own" else k): (run_settings(shared, v) if k == "spec_own" else v) for k, v in run.items()
-    }
 
 
 def _die_on_evaluation(monkeypatch, n: int):

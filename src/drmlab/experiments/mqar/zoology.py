@@ -57,7 +57,7 @@ from drmlab.experiments.mqar.zoology_recipe import (  # noqa: F401 (re-exported)
     WIDTHS,
     ZoologyRecipe,
 )
-from drmlab.experiments.mqar.zoology_summary import run_settings, summarize
+from drmlab.experiments.mqar.zoology_summary import summarize, with_whole_spec
 from drmlab.experiments.mqar.zoology_task import (  # noqa: F401 (re-exported)
     EVAL_TOKENS,
     FILL,
@@ -324,11 +324,7 @@ def restore_runs(results_path: str | Path, out: str | Path) -> list[str]:
     restored = []
     for record in records:
         if isinstance(record, dict) and isinstance(record.get("spec_own"), dict) and isinstance(shared, dict):
-            # a record written since the shared settings are kept once: the run's spec rebuilt in its place
-            record = {
-                ("spec" if k == "spec_own" else k): (run_settings(shared, v) if k == "spec_own" else v)
-                for k, v in record.items()
-            }
+            record = with_whole_spec(record, shared)  # a record written since the shared settings are kept once
         if not isinstance(record, dict) or not isinstance(record.get("spec"), dict):
             raise ValueError(f"{path}: a finished run without its spec cannot be restored")
         label = run_name(record["model"], record["width"], record["seq_len"], record["lr"])

@@ -113,8 +113,9 @@ def curves(summary: dict) -> dict[tuple[int, int], list[dict]]:
 def curves_figure(summary: dict, path: Path, metadata: dict | None = None) -> bool:
     """Test accuracy after each epoch of the runs trained past the probe (:func:`curves`), one panel per
     (length, width): the cell's chosen rate solid, a rate trained on as a check dashed (each of a model's
-    checks its own dashes; in a study without the probe, the sweep's other rates); the early stop and the level of a guess among the values in context (1 / pairs)
-    dotted, the probe's last epoch a thin vertical line. False: nothing to draw."""
+    checks its own dashes; in a study without the probe, the sweep's other rates); the early stop and the
+    level of a guess among the values in context (1 / pairs) dotted, the probe's last epoch a thin vertical
+    line. False: nothing to draw."""
     panels = curves(summary)
     if not panels:
         return False

@@ -21,6 +21,8 @@ from drmlab.experiments.mqar.zoology_models import decode_state_bytes
 from drmlab.experiments.mqar.zoology_plan import ZoologyStudy
 from drmlab.experiments.mqar.zoology_probe import probe_score
 
+_MISSING = object()
+
 
 def shared_settings(specs: list[dict]) -> dict:
     """The part every one of ``specs`` holds with the same value, nested dicts compared key by key (a
@@ -57,9 +59,6 @@ def run_settings(shared: dict, own: dict) -> dict:
     for key, value in own.items():
         spec[key] = run_settings(shared[key], value) if isinstance(shared.get(key), dict) else value
     return spec
-
-
-_MISSING = object()
 
 
 def probe_end(run: dict, probe_epochs: int) -> dict | None:
@@ -178,3 +177,11 @@ def _with_own_settings(run: dict, shared: dict) -> dict:
     if run_settings(shared, own) != run["spec"]:  # the split must lose nothing
         raise AssertionError(f"{run['spec']} does not rebuild from its own settings {own}")
     return {("spec_own" if k == "spec" else k): (own if k == "spec" else v) for k, v in run.items() if k != "reused"}
+
+
+def with_whole_spec(run: dict, shared: dict) -> dict:
+    """A finished run of the summary with its whole spec (:func:`run_settings`) in the place of its
+    ``spec_own``: the run as its own ``result.json`` holds it."""
+    return {
+        ("spec" if k == "spec_own" else k): (run_settings(shared, v) if k == "spec_own" else v) for k, v in run.items()
+    }
