@@ -58,8 +58,23 @@ def add_tokens_argument(parser, help: str) -> None:
     parser.add_argument("--tokens", default=None, metavar="N", help=help)
 
 
+def add_recipe_argument(parser) -> None:
+    """--recipe NAME: the named training recipe (drmlab.training.recipes); the name is checked on use."""
+    from drmlab.training.recipes import DEFAULT_RECIPE, SUMMARIES
+
+    known = "; ".join(f"{name}: {text}" for name, text in SUMMARIES.items()).replace("%", "%%")  # argparse formats help
+    parser.add_argument(
+        "--recipe",
+        default=None,
+        metavar="NAME",
+        help=f"the training recipe (default {DEFAULT_RECIPE}; --set KEY=VALUE still changes any of its settings). {known}",
+    )
+
+
 def add_study_train_arguments(parser, *, lr_grid: bool = True) -> None:
-    """--lr (with the lr sweep's flags) and --eval-tokens of a study's runs; :func:`train_settings` reads them."""
+    """--recipe, --lr (with the lr sweep's flags) and --eval-tokens of a study's runs; :func:`train_settings`
+    reads them."""
+    add_recipe_argument(parser)
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
     if lr_grid:
         add_lr_sweep_arguments(parser)
@@ -102,9 +117,11 @@ def apply_fast(args: argparse.Namespace) -> None:
 
 
 def train_settings(args: argparse.Namespace, assignments: dict) -> dict:
-    """A study's train settings from the flags (--lr, --bf16 or --fast, --eval-tokens), then ``--set KEY=VALUE``."""
+    """A study's train settings from the flags (--recipe, --lr, --bf16 or --fast, --eval-tokens), then
+    ``--set KEY=VALUE``."""
     apply_fast(args)
     flags = {
+        "recipe": getattr(args, "recipe", None),
         "lr": args.lr,
         "bf16": args.bf16,
         "bf16_memory_products": getattr(args, "bf16_memory_products", None),

@@ -1,10 +1,11 @@
 """``drmlab train``: train one model on a corpus and write a run directory.
 
-Resolution order for every setting: the preset's defaults, then the explicit flags, then
-``--set key=value`` (train settings such as ``warmup_fraction`` or model settings such as
-``d_state``; unknown keys are an error naming the nearest one). With ``--resume`` the run's own
-``config.json`` supplies the model, preset, overrides, data and train settings, so
-``drmlab train --resume --out DIR`` is enough (``--tokens`` or ``--steps`` may raise the budget).
+Resolution order for every setting: the preset's defaults, then the recipe's (``--recipe``,
+:mod:`drmlab.training.recipes`), then the explicit flags, then ``--set key=value`` (train settings such
+as ``warmup_fraction`` or model settings such as ``d_state``; unknown keys are an error naming the nearest
+one). With ``--resume`` the run's own ``config.json`` supplies the model, preset, overrides, data and train
+settings (its recipe included), so ``drmlab train --resume --out DIR`` is enough (``--tokens`` or
+``--steps`` may raise the budget).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from drmlab.cli import common
 from drmlab.cli.common import check_model_names, load_corpus_for, model_setting_names, parse_assignments
 from drmlab.presets import PRESET_DEFAULTS
 from drmlab.training.config import SCHEDULES, TRAIN_KEYS, parse_tokens, resolve_train_config, split_overrides
+from drmlab.training.recipes import DEFAULT_RECIPE
+from drmlab.training.recipes import describe as describe_recipe
 from drmlab.training.run_info import DataInfo, RunInfo
 
 DEFAULT_MODEL = "J"
@@ -29,6 +32,7 @@ examples:
   drmlab train                                   # model J, preset tiny, embedded corpus (about 70 s on 2 cores)
   drmlab train --model GPT2 --preset tiny --tokens 5M --out runs/gpt2-tiny --seed 1
   drmlab train --model J --set d_state=64 --set lr=5e-4 --tokens 500k
+  drmlab train --model GPT2 --recipe field       # the field's recipe: warm-up, cosine, betas (0.9, 0.95), decay 0.1
   drmlab train --data notes.txt --steps 300 --out runs/notes   # your own text, a budget of 300 optimizer steps
   drmlab train --resume --out runs/gpt2-tiny     # continue an interrupted run exactly
   drmlab train --out runs/gpt2-tiny --overwrite  # delete that run and start it again
@@ -104,6 +108,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--grad-accum", type=int, default=None, help="micro-batches per optimizer step")
     parser.add_argument("--seq-len", type=int, default=None, help="training window length in tokens")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    common.add_recipe_argument(parser)
     parser.add_argument(
         "--schedule",
         choices=SCHEDULES,
@@ -159,6 +164,13 @@ def resolve_settings(args: argparse.Namespace, saved: dict | None):
     over the resumed run's config.json; every setting is checked before any corpus is loaded (a
     model's setting names do not depend on the vocabulary)."""
     saved = saved or {}
+    if saved and args.recipe is not None:
+        ran = saved.get("train", {}).get("recipe", DEFAULT_RECIPE)  # a run from before recipes ran the reference
+        if args.recipe != ran:
+            raise ValueError(
+                f"cannot resume: the run was trained with recipe {ran!r}, not {args.recipe!r}; "
+                "leave --recipe out to continue it, or train a new run with --out elsewhere"
+            )
     name = args.model or saved.get("model") or DEFAULT_MODEL
     check_model_names([name])
     preset = args.preset or saved.get("preset") or DEFAULT_PRESET
@@ -182,6 +194,7 @@ def resolve_settings(args: argparse.Namespace, saved: dict | None):
         "grad_accum": args.grad_accum,
         "seq_len": args.seq_len,
         "lr": args.lr,
+        "recipe": args.recipe,
         "schedule": args.schedule,
         "eval_every": None
         if args.eval_every is None
@@ -282,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"training {name} ({preset}, {count_parameters(model):,} parameters) on "
             f"{cfg.total_steps * cfg.tokens_per_step:,} tokens ({cfg.total_steps} steps of {cfg.tokens_per_step:,}), "
-            f"seed {cfg.seed}, writing to {out}",
+            f"seed {cfg.seed}, writing to {out}\n  {describe_recipe(cfg)}",
             file=sys.stderr,
         )
     hint = None if cfg.bf16 or cfg.compile or args.quiet else fast_suggestion(name, args.device, cfg.total_steps)

@@ -2,8 +2,8 @@
 settings to the train config or the model.
 
 A run is fully described by (model name, preset, model overrides, :class:`TrainConfig`, data).
-``resolve_train_config`` layers them: the preset's defaults (``PRESET_DEFAULTS``), then explicit
-arguments; ``split_overrides`` routes ``{key: value}`` settings to the train config or to the
+``resolve_train_config`` layers them: the preset's defaults (``PRESET_DEFAULTS``), then the named
+recipe's settings (:mod:`drmlab.training.recipes`), then explicit arguments; ``split_overrides`` routes ``{key: value}`` settings to the train config or to the
 model builder and rejects unknown keys with the nearest known one.
 """
 
@@ -14,8 +14,9 @@ import math
 import re
 from dataclasses import dataclass
 
-from drmlab.naming import known_names, suggest
+from drmlab.naming import known_names, suggest, unknown
 from drmlab.presets import PRESET_DEFAULTS
+from drmlab.training.recipes import DEFAULT_RECIPE, RECIPES, recipe_settings
 
 SCHEDULES = ("constant", "cosine")
 
@@ -38,6 +39,9 @@ class TrainConfig:
     seq_len: int = 256  # training window; each row is seq_len + 1 tokens
     seed: int = 0  # drives the model init and the batch order
     lr: float = 1e-3  # peak learning rate
+    # the named recipe (drmlab.training.recipes) the settings below come from; its own settings can still be
+    # changed one by one. The defaults below are the "reference" recipe's: a record without it ran that one
+    recipe: str = "reference"
     schedule: str = "constant"  # "constant" or "cosine" (linear warm-up, cosine decay)
     warmup_fraction: float | None = None  # share of steps warming up; None: 0 (constant), 0.05 (cosine)
     min_lr_ratio: float = 0.1  # cosine: final lr = min_lr_ratio * lr
@@ -146,6 +150,8 @@ class TrainConfig:
                     f"(the final evaluation scores the end), got {list(marks)!r}"
                 )
             self.milestones = list(marks)
+        if self.recipe not in RECIPES:
+            raise unknown("recipe", self.recipe, RECIPES)
         if self.schedule not in SCHEDULES:
             raise ValueError(
                 f"unknown schedule {self.schedule!r}{suggest(str(self.schedule), SCHEDULES)}; known: {', '.join(SCHEDULES)}"
@@ -225,12 +231,15 @@ def split_overrides(assignments: dict, model_keys) -> tuple[dict, dict]:
 
 
 def resolve_train_config(preset: str, **values) -> TrainConfig:
-    """The preset's defaults updated with every non-None value in ``values``; validated."""
+    """The preset's defaults, then the settings of the recipe ``values["recipe"]`` (default
+    :data:`~drmlab.training.recipes.DEFAULT_RECIPE`), then every other non-None value in ``values``;
+    validated. An unknown recipe is refused listing the known ones."""
     if preset not in PRESET_DEFAULTS:
         raise ValueError(
             f"unknown preset {preset!r}{suggest(preset, PRESET_DEFAULTS)}; known: {', '.join(PRESET_DEFAULTS)}"
         )
-    merged = dict(PRESET_DEFAULTS[preset])
+    recipe = values.get("recipe") or DEFAULT_RECIPE
+    merged = {**PRESET_DEFAULTS[preset], **recipe_settings(recipe), "recipe": recipe}
     for key, value in values.items():
         if key not in TRAIN_KEYS:
             raise ValueError(f"unknown train setting {key!r}{suggest(key, TRAIN_KEYS)}")

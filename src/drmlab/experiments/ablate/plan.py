@@ -23,7 +23,7 @@ CHECK_VOCAB = 256
 
 
 # train settings added after studies were recorded: a study's record leaves them out at their default
-ADDED_LATER = ("steps", "bf16_memory_products")
+ADDED_LATER = ("steps", "bf16_memory_products", "recipe")
 # a train setting --fast gained after studies were run with it: how to continue such a study as it ran
 LATER_FAST = {
     "bf16_memory_products": " (--fast includes it since issue 33's decision; --set bf16_memory_products=false "
@@ -204,8 +204,10 @@ def record_study(out: Path, study: Study, data_meta: dict) -> None:
         if study.lr_grid is not None and saved.get("lr_grid") not in (None, study.lr_grid) and not regrid:
             problems.append("(the lr grid can change only before the first paired run starts)")
         saved_train = saved.get("train", {})
-        for k, v in record["train"].items():
+        # the recipe first (its settings follow it); a setting left out (ADDED_LATER) is at its default
+        for k in dict.fromkeys(["recipe", *record["train"], *saved_train]):
             before = saved_train.get(k, TRAIN_DEFAULTS.get(k))  # a setting added later had its default
+            v = record["train"].get(k, TRAIN_DEFAULTS.get(k))
             if k not in RESCORING_KEYS and before != v:
                 problems.append(f"{k}: {before!r} in the study, {v!r} now" + LATER_FAST.get(k, ""))
         for model, overrides in study.model_overrides.items():

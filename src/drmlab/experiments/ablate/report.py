@@ -23,6 +23,7 @@ from pathlib import Path
 from drmlab.experiments import lr_sweep
 from drmlab.experiments.plotting import draw_or_log, pyplot
 from drmlab.experiments.stats import GATE_MAX_STD, GATE_MIN_GAIN, GATE_MIN_SEEDS
+from drmlab.training.recipes import describe as describe_recipe
 
 CSV_COLUMNS = ["model", "seed", "params", "val_ce", "val_bpb", "tokens", "tokens_per_s", "train_seconds"]
 
@@ -74,8 +75,8 @@ def markdown(results: dict) -> str:
         "",
         f"Preset `{study['preset']}`, {steps * tokens_per_step:,} tokens per run ({steps} steps of {tokens_per_step:,}), "
         f"seeds {', '.join(map(str, study['seeds']))}; data `{study['data_source'] or 'stdlib'}` "
-        f"({study['tokenizer']} tokenizer). CE is the deterministic rescoring of the validation stream in nats per "
-        "token; std is the population std over seeds."
+        f"({study['tokenizer']} tokenizer); {describe_recipe(train)}. CE is the deterministic rescoring of the "
+        "validation stream in nats per token; std is the population std over seeds."
         + ("" if results["complete"] else " **Incomplete: some runs are missing.**"),
         "",
     ]
