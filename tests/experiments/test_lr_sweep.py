@@ -351,3 +351,9 @@ def test_each_model_at_a_rate_given_per_model(corpus_file, tmp_path, capsys):
     assert main([*base, "--models", "MAMBA", "--lr-from", str(out / "results.json"), "--out", str(tmp_path / "m")]) != 0
     err = capsys.readouterr().err.strip()
     assert "no chosen rate for MAMBA" in err and len(err.splitlines()) == 1
+    # rates chosen under the reference recipe do not carry over to the field's: refused, naming both
+    field = [*cli[:-1], str(tmp_path / "field"), "--recipe", "field"]
+    assert main(field) == 2
+    err = capsys.readouterr().err.strip()
+    assert "chosen under recipe 'reference', this study trains under 'field'" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "field").exists()

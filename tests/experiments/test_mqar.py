@@ -228,6 +228,7 @@ def test_width_mapping_and_position_table():
         "d_token": 40,
         "d_state": 40,
     }
+    assert mqar_models.width_overrides({"hidden_size": 28, "num_attention_heads": 2}, 40) == {"hidden_size": 40}
     assert mqar_models.width_overrides({"d_model": 16}, None) == {}
     with pytest.raises(ValueError, match="width"):
         mqar_models.width_overrides({"hidden": 16}, 40)

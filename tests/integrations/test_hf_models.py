@@ -21,7 +21,7 @@ from drmlab.generation import generate  # noqa: E402
 from drmlab.models import build_model  # noqa: E402
 from drmlab.runs import RunDir, load_run_model  # noqa: E402
 
-GENERATE_MODELS = ["J", "SSM_CONTROL", "GPT2", "MAMBA", "LOOPED", "RESOLVENT"]
+GENERATE_MODELS = ["J", "SSM_CONTROL", "GPT2", "LLAMA", "MAMBA", "LOOPED", "RESOLVENT"]
 
 
 def _perturbed(name: str, seed: int = 3, **overrides) -> torch.nn.Module:
@@ -54,7 +54,7 @@ def _make_run(path, name: str, seed: int = 3, **overrides):
 
 @pytest.mark.parametrize(
     "name, overrides",
-    [("J", {}), ("GPT2", {}), ("MAMBA", {}), ("LOOPED", {"arm": "C"}), ("RESOLVENT", {})],
+    [("J", {}), ("GPT2", {}), ("LLAMA", {}), ("MAMBA", {}), ("LOOPED", {"arm": "C"}), ("RESOLVENT", {})],
     ids=lambda v: str(v) if v else "",
 )
 def test_save_pretrained_round_trips_bit_for_bit(name, overrides, tmp_path):
@@ -70,13 +70,14 @@ def test_save_pretrained_round_trips_bit_for_bit(name, overrides, tmp_path):
     tokens = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.equal(loaded(tokens).logits, model(tokens).logits)
-    if name == "GPT2":  # the head is tied to the token embedding: stored once, tied again on loading
+    if name in ("GPT2", "LLAMA"):  # the head is tied to the token embedding: stored once, tied again on loading
         from safetensors import safe_open
 
+        embedding = {"GPT2": "transformer.wte", "LLAMA": "model.embed_tokens"}[name]
         with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
-            stored = [k for k in f.keys() if k.endswith(("wte.weight", "lm_head.weight"))]
-        assert stored == ["model.hf.transformer.wte.weight"]
-        assert loaded.model.hf.lm_head.weight is loaded.model.hf.transformer.wte.weight
+            stored = [k for k in f.keys() if k.endswith((f"{embedding}.weight", "lm_head.weight"))]
+        assert stored == [f"model.hf.{embedding}.weight"]
+        assert loaded.model.hf.lm_head.weight is loaded.model.hf.get_submodule(embedding).weight
 
 
 def test_from_config_is_the_registry_build():
@@ -168,11 +169,10 @@ def test_labels_give_the_trainers_loss_and_padding_is_refused():
 
 
 def test_export_equals_the_run_and_writes_the_bytes_tokenizer(tmp_path, capsys):
-    for name in ("J", "GPT2"):
+    for name, family in (("J", "drm"), ("LLAMA", "llama"), ("GPT2", "gpt2")):
         _make_run(tmp_path / f"run-{name}", name)
         out = tmp_path / f"hf-{name}"
         assert main(["export", "--ckpt", str(tmp_path / f"run-{name}"), "--out", str(out)]) == 0
-        family = "drm" if name == "J" else "gpt2"
         assert f"exported as {dhf.MODEL_TYPES[family]}" in capsys.readouterr().out
         model, _, _ = load_run_model(tmp_path / f"run-{name}")
         loaded = AutoModelForCausalLM.from_pretrained(out)

@@ -61,7 +61,7 @@ def test_rolling_loglikelihood_is_the_rescoring(name):
         assert rolling != -rescore(model, stream, 32, batch_size=1)["total_nats"]
 
 
-@pytest.mark.parametrize("name", ["J", "MAMBA", "RESOLVENT"])
+@pytest.mark.parametrize("name", ["J", "MAMBA", "RESOLVENT", "LLAMA"])
 def test_long_texts_carry_the_state_exactly(name):
     """A text longer than max_parallel is prefilled, then stepped with the carried state: the same
     log-likelihoods as one parallel pass, and as log-softmax of the full forward (float64)."""
@@ -100,7 +100,7 @@ def test_loglikelihood_greedy_flag_and_gpt2_context_window():
     assert logprob == pytest.approx(sum(logp[t, ids[-32 + t]].item() for t in range(27, 32)), rel=1e-12)
 
 
-@pytest.mark.parametrize("name", ["J", "GPT2"])
+@pytest.mark.parametrize("name", ["J", "GPT2", "LLAMA"])
 def test_generate_until_is_drmlab_generate(name):
     model = _model(name)
     lm = DrmlabLM(model=model, tokenizer=BYTES)

@@ -11,7 +11,7 @@ Two ways through each model:
 * eager, the id-range check (which reads values) turned off: the path a CUDA run takes;
 * with ``torch.compiler.is_compiling()`` reporting True: the branches a traced graph takes, which
   must not read values (``.item()`` or ``.tolist()`` fail on meta), including the models whose eager
-  path reads them on purpose (GPT2 through transformers' masks, the metric-first fallbacks and the
+  path reads them on purpose (GPT2 and LLAMA through transformers' masks, the metric-first fallbacks and the
   resolvent's block plan).
 """
 
@@ -27,6 +27,7 @@ from drmlab.models.registry import build_model, list_models
 # through their traced branches.
 READS_VALUES_WHEN_EAGER = {
     "GPT2": "transformers builds its attention mask from the values",
+    "LLAMA": "transformers reads the position ids to detect packed sequences (no cache, no mask)",
     "J_METRIC_SUBSPACE": "falls back to a pseudo-inverse when a factorisation fails",
     "J_METRIC_ORTHONORMAL_DIRECTION": "falls back to the Euclidean frame when a Cholesky fails",
     "RESOLVENT": "skips key blocks before every row's segment start",

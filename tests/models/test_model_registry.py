@@ -33,7 +33,9 @@ def test_every_family_registers_its_names_and_covers_every_preset(family):
     assert tuple(module.PRESET_DIMS) == PRESETS  # the one preset list, in its order
 
 
-@pytest.mark.parametrize("name, family", [("J", "drm"), ("GPT2", "gpt2"), ("LOOPED", "looped"), ("MAMBA", "mamba")])
+@pytest.mark.parametrize(
+    "name, family", [("J", "drm"), ("GPT2", "gpt2"), ("LLAMA", "llama"), ("LOOPED", "looped"), ("MAMBA", "mamba")]
+)
 def test_count_parameters_agrees_with_the_closed_form(name, family):
     module = importlib.import_module(f"drmlab.models.{family}")
     for preset in ("micro", "125m"):

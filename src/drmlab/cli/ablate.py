@@ -131,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
         tune_tokens=args.tune_tokens,
         rates=None if args.lr_from is None else rates_from(args.lr_from, models),
     )
+    if args.lr_from is not None:
+        same_recipe(args.lr_from, spec.train.get("recipe"))
     out = Path(args.out or f"studies/ablate-{args.preset}")
     common.refuse_run_output(out, "--out")
     if args.restore:
@@ -163,6 +165,20 @@ def rates_from(path: str, models: list[str]) -> dict[str, float]:
     if missing:
         raise ValueError(f"--lr-from {path}: no chosen rate for {', '.join(missing)} in that study")
     return rates
+
+
+def same_recipe(path: str, asked: str | None) -> None:
+    """``--lr-from`` a study of another recipe is refused naming both: a rate chosen under one schedule and
+    decay says little of the best under another."""
+    from drmlab.runs import read_json
+    from drmlab.training.recipes import DEFAULT_RECIPE
+
+    chosen_under = read_json(path).get("study", {}).get("train", {}).get("recipe", DEFAULT_RECIPE)
+    if chosen_under != (asked or DEFAULT_RECIPE):
+        raise ValueError(
+            f"--lr-from {path}: its rates were chosen under recipe {chosen_under!r}, this study trains under "
+            f"{asked or DEFAULT_RECIPE!r}; sweep this recipe's own rates (--lr-grid) or give --recipe {chosen_under}"
+        )
 
 
 def restore(path: str, out: Path, runtime) -> None:

@@ -32,7 +32,7 @@ examples:
   drmlab train                                   # model J, preset tiny, embedded corpus (about 70 s on 2 cores)
   drmlab train --model GPT2 --preset tiny --tokens 5M --out runs/gpt2-tiny --seed 1
   drmlab train --model J --set d_state=64 --set lr=5e-4 --tokens 500k
-  drmlab train --model GPT2 --recipe field       # the field's recipe: warm-up, cosine, betas (0.9, 0.95), decay 0.1
+  drmlab train --model LLAMA --recipe field      # the field's recipe: warm-up, cosine, betas (0.9, 0.95), decay 0.1
   drmlab train --data notes.txt --steps 300 --out runs/notes   # your own text, a budget of 300 optimizer steps
   drmlab train --resume --out runs/gpt2-tiny     # continue an interrupted run exactly
   drmlab train --out runs/gpt2-tiny --overwrite  # delete that run and start it again
@@ -84,7 +84,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--model",
         default=None,
         metavar="NAME",
-        help=f"registered model name, e.g. J, SSM_CONTROL, GPT2 (default {DEFAULT_MODEL}; see `drmlab inspect --list`)",
+        help=f"registered model name, e.g. J, SSM_CONTROL, GPT2, LLAMA (default {DEFAULT_MODEL}; see `drmlab inspect --list`)",
     )
     common.add_preset_argument(
         parser, default=None, help=f"model size and training defaults (default {DEFAULT_PRESET})"

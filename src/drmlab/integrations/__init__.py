@@ -3,7 +3,7 @@
 Nothing is imported here, so ``import drmlab.integrations`` is free; each module needs its extra:
 
 * :mod:`~drmlab.integrations.hf_config` -- one ``PretrainedConfig`` per model family (``drmlab-drm``,
-  ``drmlab-gpt2``, ``drmlab-looped``, ``drmlab-mamba``, ``drmlab-resolvent``) that stores what the
+  ``drmlab-gpt2``, ``drmlab-llama``, ``drmlab-looped``, ``drmlab-mamba``, ``drmlab-resolvent``) that stores what the
   registry needs to rebuild the model exactly (extra ``hf``);
 * :mod:`~drmlab.integrations.hf_models` -- the matching ``PreTrainedModel`` classes wrapping the
   registry's model, the decode state as ``generate()``'s cache, and the ``AutoConfig`` /

@@ -1,8 +1,8 @@
 """The Hugging Face configuration of a drmlab model: what the registry needs to rebuild it exactly.
 
 One ``PretrainedConfig`` subclass per model family of :mod:`drmlab.models.families`, each with its
-own ``model_type`` (:data:`MODEL_TYPES`: ``drmlab-drm``, ``drmlab-gpt2``, ``drmlab-looped``,
-``drmlab-mamba``, ``drmlab-resolvent``). A config holds no model settings of its own: it stores the
+own ``model_type`` (:data:`MODEL_TYPES`: ``drmlab-drm``, ``drmlab-gpt2``, ``drmlab-llama``,
+``drmlab-looped``, ``drmlab-mamba``, ``drmlab-resolvent``). A config holds no model settings of its own: it stores the
 arguments of ``drmlab.models.build_model(registry_name, preset, vocab_size, seed, **overrides)``
 and, as a check, the built model's dataclass config (``model_fields``). The model class
 (:mod:`drmlab.integrations.hf_models`) rebuilds from the first and refuses to load when the second
@@ -27,6 +27,7 @@ from drmlab.models.families import FAMILIES, all_families, family_module
 MODEL_TYPES = {
     "drm": "drmlab-drm",
     "gpt2": "drmlab-gpt2",
+    "llama": "drmlab-llama",
     "looped": "drmlab-looped",
     "mamba": "drmlab-mamba",
     "resolvent_lm": "drmlab-resolvent",
@@ -93,6 +94,13 @@ class DrmlabGPT2Config(DrmlabConfig):
     family = "gpt2"
 
 
+class DrmlabLlamaConfig(DrmlabConfig):
+    """The LLAMA baseline (Hugging Face's ``LlamaForCausalLM`` inside drmlab's wrapper)."""
+
+    model_type = MODEL_TYPES["llama"]
+    family = "llama"
+
+
 class DrmlabLoopedConfig(DrmlabConfig):
     """The LOOPED model (any arm, through ``overrides={"arm": ...}``)."""
 
@@ -116,7 +124,14 @@ class DrmlabResolventConfig(DrmlabConfig):
 
 CONFIG_CLASSES: dict[str, type[DrmlabConfig]] = {
     cls.family: cls
-    for cls in (DrmlabDRMConfig, DrmlabGPT2Config, DrmlabLoopedConfig, DrmlabMambaConfig, DrmlabResolventConfig)
+    for cls in (
+        DrmlabDRMConfig,
+        DrmlabGPT2Config,
+        DrmlabLlamaConfig,
+        DrmlabLoopedConfig,
+        DrmlabMambaConfig,
+        DrmlabResolventConfig,
+    )
 }
 
 

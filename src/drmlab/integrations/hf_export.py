@@ -7,7 +7,7 @@
 * ``config.json`` (the registry name, preset, vocabulary, seed, overrides and the model's dataclass
   config: :mod:`drmlab.integrations.hf_config`), ``generation_config.json``;
 * ``model.safetensors``: the run's state dict under ``model.``, tied weights stored once (Hugging
-  Face's rule: GPT2 keeps the token embedding, its head is tied back on loading);
+  Face's rule: GPT2 and LLAMA keep the token embedding, the head is tied back on loading);
 * the tokenizer, so that ``AutoTokenizer.from_pretrained(DIR)`` gives the ids the model was trained
   on. **bytes**: a ``tokenizer.json`` whose 256 ids are the UTF-8 byte values (a byte-level BPE
   with no merges: every byte is one token, id = byte), equal to drmlab's ``ByteTokenizer`` on every

@@ -43,6 +43,7 @@ from drmlab.integrations.hf_config import (
     DrmlabConfig,
     DrmlabDRMConfig,
     DrmlabGPT2Config,
+    DrmlabLlamaConfig,
     DrmlabLoopedConfig,
     DrmlabMambaConfig,
     DrmlabResolventConfig,
@@ -233,7 +234,7 @@ class DrmlabForCausalLM(PreTrainedModel, GenerationMixin):
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
         """Tied weights ``{target: source}``: those of any Hugging Face model inside the drmlab one
-        (GPT2 ties its head to the token embedding), under their full names."""
+        (GPT2 and LLAMA tie their head to the token embedding), under their full names."""
         tied = {}
         for prefix, sub in self.model.named_modules():
             if isinstance(sub, PreTrainedModel):
@@ -357,6 +358,10 @@ class DrmlabGPT2ForCausalLM(DrmlabForCausalLM):
     config_class = DrmlabGPT2Config
 
 
+class DrmlabLlamaForCausalLM(DrmlabForCausalLM):
+    config_class = DrmlabLlamaConfig
+
+
 class DrmlabLoopedForCausalLM(DrmlabForCausalLM):
     config_class = DrmlabLoopedConfig
 
@@ -374,6 +379,7 @@ MODEL_CLASSES: dict[str, type[DrmlabForCausalLM]] = {
     for cls in (
         DrmlabDRMForCausalLM,
         DrmlabGPT2ForCausalLM,
+        DrmlabLlamaForCausalLM,
         DrmlabLoopedForCausalLM,
         DrmlabMambaForCausalLM,
         DrmlabResolventForCausalLM,
@@ -470,6 +476,7 @@ __all__ = [
     "DrmlabForCausalLM",
     "DrmlabDRMForCausalLM",
     "DrmlabGPT2ForCausalLM",
+    "DrmlabLlamaForCausalLM",
     "DrmlabLoopedForCausalLM",
     "DrmlabMambaForCausalLM",
     "DrmlabResolventForCausalLM",

@@ -9,8 +9,8 @@ float32 logits with autocast off, each span's negative log-likelihood a ``cross_
 up in float64; each request is scored alone (batch 1, no padding). How far back a prediction sees
 depends on the family:
 
-* **no position limit** (the DRM variants, MAMBA, RESOLVENT and its controls, LOOPED with
-  ``positions="none"``): the whole text is one carried state -- one parallel
+* **no position limit** (the DRM variants, MAMBA, RESOLVENT and its controls, LLAMA (rotary), LOOPED
+  with ``positions="none"``): the whole text is one carried state -- one parallel
   forward over the first ``max_parallel`` tokens (default 2,048), which also returns the decode
   state (:func:`drmlab.generation.prefill`), then exact ``model.step`` calls carrying that state
   over the rest. Nothing is truncated or windowed: every token is predicted from all tokens before

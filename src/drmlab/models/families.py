@@ -19,7 +19,7 @@ from types import ModuleType
 from drmlab.models.registry import list_models, register
 from drmlab.presets import PRESETS
 
-FAMILIES = ("drm", "gpt2", "looped", "mamba", "resolvent_lm")
+FAMILIES = ("drm", "gpt2", "llama", "looped", "mamba", "resolvent_lm")
 FAMILY_NAMES = ("MODEL_NAMES", "build", "PRESET_DIMS", "closed_form_parameter_count")
 ADDED: dict[str, ModuleType] = {}  # families added from outside drmlab.models (add_family), by name
 

@@ -14,6 +14,7 @@ re-draw), which reproduces the study's parameter counts exactly (705,316 / 762,8
 
     DRM families (A..J, J_*, SSM_CONTROL)  d_token = d_state = W
     GPT2                                   n_embd = W
+    LLAMA                                  hidden_size = W
     LOOPED (and the anchor arms), MAMBA,
     RESOLVENT, RESOLVENT_ROPE, ...         d_model = W
 
@@ -63,7 +64,7 @@ ANCHOR_PARAMS = {"L1_ds8": 705_316, "L1_ds64": 762_884, "L4_ds8": 201_481, "L4_d
 ARM_MODELS = ("study", "registry")
 
 # Config fields the width sets, first match wins (see the module docstring).
-WIDTH_FIELDS = (("d_token", "d_state"), ("n_embd",), ("d_model",))
+WIDTH_FIELDS = (("d_token", "d_state"), ("n_embd",), ("d_model",), ("hidden_size",))
 POSITION_FIELDS = ("max_seq_len", "n_positions")
 
 
