@@ -3,89 +3,74 @@ answers: a pair that holds, one that flips, one whose promotion changes, and stu
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from drmlab.experiments.ablate.recipe_verdicts import markdown, side_by_side
+from drmlab.experiments.ablate.recipe_verdicts import side_by_side
+
+MODELS = ["J_NO_DIRECTION", "J", "SSM_CONTROL", "MAMBA"]
 
 
-def _gate(candidate, baseline, gain, wins, promoted):
-    return {"candidate": candidate, "baseline": baseline, "gain": gain, "wins": wins, "n": 3, "promoted": promoted}
+def _study(recipe: str | None, promoted: dict, gains: dict, finished=MODELS) -> dict:
+    """A collected record: ``promoted`` the (candidate, baseline) pairs the gate promotes, ``gains`` the
+    candidate's mean gain per pair (the other orientation gets its negative)."""
+    train = {"tokens": 5_005_312, "batch_size": 32, "grad_accum": 1, "seq_len": 256}
+    if recipe is not None:
+        train["recipe"] = recipe
+    gate = []
+    for (a, b), gain in gains.items():
+        for cand, base, g in ((a, b, gain), (b, a, -gain)):
+            gate.append(
+                {"candidate": cand, "baseline": base, "gain": g, "wins": 3 if g > 0 else 0, "n": 3}
+                | {"promoted": (cand, base) in promoted}
+            )
+    return {
+        "study": {"preset": "tiny", "seeds": [1, 2, 3], "tokenizer": "bytes", "content_sha256": "c"}
+        | {"models": MODELS, "train": train},
+        "models": {m: {"per_seed": {"1": 1.0, "2": 1.0, "3": 1.0}} for m in finished},
+        "gate": gate,
+    }
 
 
-def _study(recipe, gates):
-    train = {"tokens": 5_005_312, "batch_size": 32, "grad_accum": 1, "seq_len": 256, "recipe": recipe}
-    study = {"preset": "tiny", "seeds": [1, 2, 3], "tokenizer": "bytes", "content_sha256": "c", "train": train}
-    both = gates + [_gate(b, a, -g, 3 - w, False) for a, b, g, w, _ in [tuple(x.values())[:5] for x in gates]]
-    return {"study": study, "gate_rule": {"min_gain": 0.005}, "gate": both}
+GAINS_REFERENCE = {("J_NO_DIRECTION", "J"): 0.025, ("J", "SSM_CONTROL"): 0.008, ("MAMBA", "J"): 0.002}
+GAINS_FIELD = {("J_NO_DIRECTION", "J"): 0.030, ("J", "SSM_CONTROL"): -0.012, ("MAMBA", "J"): 0.020}
+REFERENCE = _study(None, {("J_NO_DIRECTION", "J"), ("J", "SSM_CONTROL")}, GAINS_REFERENCE)
+FIELD = _study("field", {("J_NO_DIRECTION", "J"), ("SSM_CONTROL", "J"), ("MAMBA", "J")}, GAINS_FIELD)
 
 
-REFERENCE = _study(
-    "reference",
-    [
-        _gate("J_NO_DIRECTION", "J", 0.0248, 3, True),  # holds
-        _gate("J", "SSM_CONTROL", 0.0083, 2, True),  # flips
-        _gate("MAMBA", "GPT2", 0.02, 2, True),  # changes: no longer promoted
-        _gate("RESOLVENT", "LLAMA", 0.001, 1, False),  # changes: a tie grows into a lead
-    ],
-)
-FIELD = _study(
-    "field",
-    [
-        _gate("J_NO_DIRECTION", "J", 0.0301, 3, True),
-        _gate("J", "SSM_CONTROL", -0.0120, 0, False),
-        _gate("MAMBA", "GPT2", 0.012, 1, False),
-        _gate("RESOLVENT", "LLAMA", 0.02, 3, True),
-    ],
-)
-
-
-def test_each_pair_once_oriented_by_the_first_recipe_with_its_verdict():
-    rows = side_by_side(REFERENCE, FIELD)
-    verdicts = {(r["candidate"], r["baseline"]): r["verdict"] for r in rows}
-    assert verdicts == {
+def test_each_pair_judged_under_both_recipes_holds_flips_or_changes():
+    rows = {(r["a"], r["b"]): r for r in side_by_side(REFERENCE, FIELD)}
+    assert {pair: r["across"] for pair, r in rows.items()} == {
         ("J_NO_DIRECTION", "J"): "holds",
         ("J", "SSM_CONTROL"): "flips",
-        ("MAMBA", "GPT2"): "changes",
-        ("RESOLVENT", "LLAMA"): "changes",
+        ("J", "MAMBA"): "changes",  # neither promoted under the reference; MAMBA under the field recipe
     }
-    flipped = next(r for r in rows if r["verdict"] == "flips")
-    assert flipped["first"] == {"gain": 0.0083, "wins": 2, "n": 3, "promoted": True}
-    assert flipped["second"] == {"gain": -0.0120, "wins": 0, "n": 3, "promoted": False}
+    flipped = rows[("J", "SSM_CONTROL")]["at"]
+    assert list(flipped) == ["reference", "field"]  # a record without a recipe ran the reference
+    assert flipped["reference"] == {"winner": "A", "gain": 0.008, "wins": 3, "n": 3}
+    assert flipped["field"] == {"winner": "B", "gain": -0.012, "wins": 0, "n": 3}
 
 
-def test_the_orientation_follows_the_first_study_whichever_order_its_gates_come_in():
-    reordered = dict(REFERENCE, gate=list(reversed(REFERENCE["gate"])))
-    assert side_by_side(reordered, FIELD) == side_by_side(REFERENCE, FIELD)
-    swapped = {(r["candidate"], r["baseline"]) for r in side_by_side(FIELD, REFERENCE)}
-    assert ("SSM_CONTROL", "J") in swapped and ("J_NO_DIRECTION", "J") in swapped
+def test_a_pair_not_finished_under_one_recipe_is_left_out():
+    field = _study("field", set(), GAINS_FIELD, finished=["J_NO_DIRECTION", "J", "SSM_CONTROL"])
+    assert {(r["a"], r["b"]) for r in side_by_side(REFERENCE, field)} == {("J_NO_DIRECTION", "J"), ("J", "SSM_CONTROL")}
 
 
-def test_a_pair_gated_in_one_study_only_is_left_out():
-    field = dict(FIELD, gate=[g for g in FIELD["gate"] if "LLAMA" not in (g["candidate"], g["baseline"])])
-    assert {r["candidate"] for r in side_by_side(REFERENCE, field)} == {"J_NO_DIRECTION", "J", "MAMBA"}
-
-
-def test_studies_that_differ_in_more_than_the_recipe_are_refused_naming_each_difference():
-    other = {**FIELD, "study": {**FIELD["study"], "preset": "small", "train": {**FIELD["study"]["train"], "tokens": 1}}}
-    with pytest.raises(ValueError, match=r"preset: 'tiny' and 'small'; tokens: 5005312 and 1"):
+def test_studies_that_differ_in_more_than_the_recipe_or_not_in_it_are_refused():
+    other = json.loads(json.dumps(FIELD))
+    other["study"]["preset"], other["study"]["train"]["tokens"] = "small", 1
+    with pytest.raises(ValueError, match=r"more than their recipe: preset: 'tiny' and 'small'; tokens: 5005312 and 1"):
         side_by_side(REFERENCE, other)
+    with pytest.raises(ValueError, match="both studies trained under recipe 'reference'"):
+        side_by_side(REFERENCE, REFERENCE)
 
 
-def test_the_table_names_both_recipes_and_marks_promotions():
-    table = markdown(side_by_side(REFERENCE, FIELD))
-    assert (
-        table.splitlines()[0]
-        == "| pair (candidate over baseline) | reference: gain, wins | field: gain, wins | verdict |"
-    )
-    assert "| J over SSM_CONTROL | +0.0083, 2 of 3 (promoted) | -0.0120, 0 of 3 | flips |" in table
-
-
-def test_a_committed_study_against_itself_holds_everywhere():
-    import json
-    from pathlib import Path
-
+def test_a_committed_reference_study_against_itself_as_another_recipe_holds_everywhere():
     record = json.loads((Path(__file__).parents[2] / "docs/studies/protocol-tiny/results.json").read_text())
-    rows = side_by_side(record, record)
+    relabelled = json.loads(json.dumps(record))
+    relabelled["study"]["train"]["recipe"] = "field"
+    rows = side_by_side(record, relabelled)
     models = len(record["models"])
-    assert len(rows) == models * (models - 1) // 2
-    assert {r["verdict"] for r in rows} == {"holds"} and all(r["first"]["gain"] >= 0 for r in rows)
+    assert len(rows) == models * (models - 1) // 2 and {r["across"] for r in rows} == {"holds"}

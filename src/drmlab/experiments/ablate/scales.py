@@ -7,7 +7,8 @@ neither), with the gate's numbers, and whether that verdict holds, flips or chan
 to the largest. :func:`bits_per_byte_by_size` gathers, per model, the validation bits per byte against the
 parameter count over the scales, and :func:`plot_bits_per_byte_by_size` draws it. :func:`window_readings`
 reads a third record, the smaller preset run at the larger one's window, to say whether the window alone
-turns a verdict.
+turns a verdict. :mod:`drmlab.experiments.ablate.recipe_verdicts` sets two recipes side by side with the same
+:func:`verdicts`.
 
 A pair's verdict at one scale reads the two gate entries (A over B, B over A): "A" when A is promoted,
 "B" when B is, "-" when neither (the gate's rule is in the record's ``gate_rule``). Across the scales:
