@@ -721,7 +721,10 @@ def _full_budget_paired_table(studies: dict[str, dict]) -> str:
 def _headline_table(studies: dict[str, dict]) -> str:
     """The README's one results table: the protocol at tiny (each model at its swept rate, 5M tokens), bits per
     byte over its seeds and training tokens/s, best first, and beside it the same protocol at small where
-    protocol-small is committed (a model still training there says so; one not in it, "-")."""
+    protocol-small is committed (a model still training there says so; one not in it, "-"); the header names
+    each study's recipe."""
+    from drmlab.experiments.ablate.recipe_verdicts import recipe_of
+
     study = studies["protocol-tiny"]
     small = studies.get("protocol-small")
     rows = []
@@ -739,9 +742,14 @@ def _headline_table(studies: dict[str, dict]) -> str:
                 row += ["-"] * 3
         rows.append(row)
     n = len(study["study"]["seeds"])
-    header = ["model", "params", "lr (swept)", f"val bits/byte, {n} seeds", "train tok/s (1 thread)"]
+    recipe = recipe_of(study)
+    header = ["model", "params", f"lr (swept, {recipe} recipe)", f"val bits/byte, {n} seeds", "train tok/s (1 thread)"]
     if small is not None:
-        header += ["small: params", "small: lr", f"small: val bits/byte, {len(small['study']['seeds'])} seeds"]
+        header += [
+            "small: params",
+            f"small: lr ({recipe_of(small)} recipe)",
+            f"small: val bits/byte, {len(small['study']['seeds'])} seeds",
+        ]
     return _table(header, ["---", "---:", "---:", "---", "---:"] + ["---:", "---:", "---"][: len(header) - 5], rows)
 
 
