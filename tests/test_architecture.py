@@ -2,7 +2,8 @@
 
 ``LAYERS`` below is the one statement of the layering; docs/architecture.md section 1 prints it (checked
 here) and the README links there. A module may import its own package, any package of a lower layer,
-and a package of its own layer only while the graph of those same-layer imports has no loop.
+and a package of its own layer only while the graph of those same-layer imports has no loop. Inside a
+package the files import one another one way too: no circle of files (:func:`_circles`).
 """
 
 from __future__ import annotations
@@ -50,14 +51,14 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(text: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
-    """Every drmlab module that the source ``text`` of ``module`` imports, anywhere (function bodies included)."""
-    tree = ast.parse(text)
+def _import_statements(text: str, module: str, is_package: bool = False) -> list[tuple[int, str, list[str]]]:
+    """(line, the drmlab module named, the names taken from it) of every import in the source ``text`` of
+    ``module``, anywhere (function bodies included), relative ones made absolute; ``import a.b`` takes no name."""
     here = module.split(".")
     found = []
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "drmlab"]
+            found += [(node.lineno, a.name, []) for a in node.names if a.name.split(".")[0] == "drmlab"]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = here if is_package else here[:-1]
@@ -66,10 +67,18 @@ def _imports(text: str, module: str, is_package: bool = False) -> list[tuple[int
             else:
                 target = node.module or ""
             if target.split(".")[0] == "drmlab":
-                if target == "drmlab":  # ``from drmlab import x``: x is a subpackage or a root name
-                    found += [(node.lineno, f"drmlab.{a.name}") for a in node.names]
-                else:
-                    found.append((node.lineno, target))
+                found.append((node.lineno, target, [a.name for a in node.names]))
+    return found
+
+
+def _imports(text: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """Every drmlab module that the source ``text`` of ``module`` imports, anywhere (function bodies included)."""
+    found = []
+    for line, target, names in _import_statements(text, module, is_package):
+        if target == "drmlab" and names:  # ``from drmlab import x``: x is a subpackage or a root name
+            found += [(line, f"drmlab.{name}") for name in names]
+        else:
+            found.append((line, target))
     return found
 
 
@@ -121,6 +130,81 @@ def test_the_checker_sees_imports_inside_functions_and_relative_ones():
     )
     found = sorted(t for _, t in _imports(text, "drmlab.training.trainer"))
     assert found == ["drmlab.cli", "drmlab.data", "drmlab.runs", "drmlab.training", "drmlab.training.trainer"]
+
+
+# -- no circle of files: inside each package (its subfolders included) the files import one another one way
+
+
+def _file_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, dict[str, int]]:
+    """module -> {each module of its own package that it imports: the line}, from ``sources`` (module ->
+    (its source, whether it is a package's ``__init__``)). ``from X import a`` imports the module ``X.a``
+    where there is one (``from . import batches``: the module batches), else ``X`` (a package: its
+    ``__init__``); a parent package's ``__init__`` that runs on the way to a module is not counted, and
+    an import of another package is the layering's business."""
+    graph: dict[str, dict[str, int]] = {}
+    for module, (text, is_package) in sources.items():
+        graph[module] = arrows = {}
+        for line, target, names in _import_statements(text, module, is_package):
+            for imported in [f"{target}.{n}" if f"{target}.{n}" in sources else target for n in names] or [target]:
+                if imported in sources and imported != module and _package(imported) == _package(module):
+                    arrows.setdefault(imported, line)
+    return graph
+
+
+def _circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Every circle of ``graph``: the modules (two or more, sorted) that all reach one another."""
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    reached = {module: reach(module) for module in graph}
+    circles = {tuple(sorted(n for n in reached[m] if m in reached[n])) for m in graph if m in reached[m]}
+    return sorted(list(c) for c in circles if len(c) > 1)
+
+
+def test_no_circle_of_files_inside_a_package():
+    paths = {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+    graph = _file_graph({m: (p.read_text(), p.name == "__init__.py") for m, p in paths.items()})
+    found = []
+    for circle in _circles(graph):
+        found.append("circle: " + ", ".join(paths[m].relative_to(SRC.parent).as_posix() for m in circle))
+        found += [
+            f"  {paths[m].relative_to(SRC.parent).as_posix()}:{line} imports {n}"
+            for m in circle
+            for n, line in graph[m].items()
+            if n in circle
+        ]
+    assert not found, "files that import each other (cut the circle: imports flow one way):\n" + "\n".join(found)
+
+
+def test_the_circle_rule_sees_a_planted_circle():
+    """A lazy absolute import, ``from . import b`` (the module b) and ``from ..a`` close a circle of three
+    files; a name of a package's face (``from . import TABLE``) ties a file to that ``__init__``; one-way
+    imports, a parent ``__init__`` run on the way and a loop through another package are no circle."""
+    planted = {
+        "drmlab.ops": ("from .a import f\nfrom .d import g\n", True),
+        "drmlab.ops.a": ("from . import b\n", False),
+        "drmlab.ops.b": ("def g():\n    from drmlab.ops.sub import c\n", False),
+        "drmlab.ops.sub": ("from .c import h\n", True),
+        "drmlab.ops.sub.c": ("from ..a import f\n", False),
+        "drmlab.ops.d": ("from .a import f\nfrom .sub.c import h\nimport drmlab.models.x\n", False),
+        "drmlab.ops.w": ("from .k import K\nTABLE = {}\n", True),
+        "drmlab.ops.w.k": ("from . import TABLE\n", False),
+        "drmlab.models": ("", True),
+        "drmlab.models.x": ("from drmlab.ops import d\n", False),
+    }
+    graph = _file_graph(planted)
+    assert graph["drmlab.ops.a"] == {"drmlab.ops.b": 1} and graph["drmlab.ops.w.k"] == {"drmlab.ops.w": 1}
+    assert _circles(graph) == [["drmlab.ops.a", "drmlab.ops.b", "drmlab.ops.sub.c"], ["drmlab.ops.w", "drmlab.ops.w.k"]]
+    planted["drmlab.ops.b"] = ("def g():\n    pass\n", False)
+    planted["drmlab.ops.w.k"] = ("TABLE = {}\n", False)
+    assert _circles(_file_graph(planted)) == []
 
 
 # -- one trainer: the optimizer step, the gradient and the signal handlers live in drmlab/training/ (and runs)

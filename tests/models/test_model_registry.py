@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from drmlab.models import build_model, count_parameters, list_models
-from drmlab.models.families import FAMILIES, register_families
+from drmlab.models.families import FAMILIES
+from drmlab.models.registry import register_families
 from drmlab.presets import PRESETS
 
 

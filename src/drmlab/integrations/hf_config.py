@@ -9,7 +9,7 @@ and, as a check, the built model's dataclass config (``model_fields``). The mode
 differs (the export was made by a drmlab whose presets or defaults have changed since).
 ``tokenizer_name`` records the drmlab tokenizer the weights were trained with (``bytes`` or
 ``gpt2``). docs/integrations.md describes the files. A family added from outside drmlab
-(:func:`drmlab.models.families.add_family`) gets a config class made for it, ``model_type``
+(:func:`drmlab.models.add_family`) gets a config class made for it, ``model_type``
 ``drmlab-FAMILY`` (:func:`config_class`).
 """
 

@@ -446,7 +446,7 @@ def load_pretrained(path: str | Path, device: str | torch.device | None = "cpu")
 
 def model_class(family: str) -> type[DrmlabForCausalLM]:
     """The ``PreTrainedModel`` class of ``family``: drmlab's own, or for a family added with
-    :func:`drmlab.models.families.add_family` one made on first use over its config class
+    :func:`drmlab.models.add_family` one made on first use over its config class
     (:func:`drmlab.integrations.hf_config.config_class`) and registered with the Auto classes."""
     if family not in MODEL_CLASSES:
         config = config_class(family)

@@ -1,5 +1,6 @@
 """The model registry: every model family registers a builder under one or more names
-(the families are listed once, in :mod:`drmlab.models.families`).
+(the families are listed once, in :mod:`drmlab.models.families`; they are registered on first use, and
+:func:`add_family` adds one defined outside drmlab).
 
 ``build_model(name, preset, vocab_size, seed, **overrides)`` is the one way to build a
 model; ``list_models()`` lists every registered name. Where a command takes model names, a
@@ -11,11 +12,14 @@ name may carry a named arm, ``NAME:ARM`` (e.g. ``LOOPED:B`` = ``build_model("LOO
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 import torch.nn as nn
 
+from drmlab.models.families import ADDED, FAMILIES, FAMILY_NAMES
 from drmlab.naming import unknown
 from drmlab.presets import PRESETS
 
@@ -31,12 +35,37 @@ def register(names: list[str] | tuple[str, ...] | str, builder: Callable[..., nn
         _BUILDERS[name] = builder
 
 
+def register_families(families: tuple[str, ...] = FAMILIES) -> None:
+    """Import each family package and register its model names with its builder."""
+    for family in families:
+        module = importlib.import_module(f"drmlab.models.{family}")
+        register(module.MODEL_NAMES, module.build)
+
+
+def add_family(family: str, module: ModuleType) -> None:
+    """Register the family ``family`` defined by ``module`` outside drmlab.models: its ``MODEL_NAMES`` join the
+    registry with its ``build``. Refused in one line: a module without the four names of a family package, one
+    that does not size every preset, a family or model name already taken."""
+    missing = [name for name in FAMILY_NAMES if not hasattr(module, name)]
+    if missing:
+        raise ValueError(f"family {family!r}: {module.__name__} lacks {', '.join(missing)} (docs/adding-a-model.md)")
+    if tuple(module.PRESET_DIMS) != PRESETS:
+        raise ValueError(
+            f"family {family!r}: PRESET_DIMS sizes {', '.join(module.PRESET_DIMS)}; it must size {', '.join(PRESETS)}"
+        )
+    if family in FAMILIES or ADDED.get(family, module) is not module:
+        raise ValueError(f"family {family!r} already exists")
+    taken = sorted(set(module.MODEL_NAMES) & set(list_models()) - set(getattr(ADDED.get(family), "MODEL_NAMES", ())))
+    if taken:
+        raise ValueError(f"family {family!r}: model name {taken[0]!r} is already registered")
+    register(module.MODEL_NAMES, module.build)
+    ADDED[family] = module
+
+
 def _ensure_loaded() -> None:
-    """Register the families on first use (lazily: ``families`` imports this module for ``register``)."""
+    """Register the families on first use (lazily: each family package is imported then)."""
     global _families_registered
     if not _families_registered:
-        from drmlab.models.families import register_families
-
         register_families()
         _families_registered = True
 

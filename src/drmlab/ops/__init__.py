@@ -26,7 +26,9 @@ reference beside its fast paths and one dispatcher (the layout of flash-linear-a
 * ``self_check``: the first-use check of every C and Triton backend against its operator's
   reference (forward and gradient, the exactness tests' tolerance), once per (operator, backend,
   device type, dtype) in a process; a backend that fails is replaced by the next one, said in one line
-  (``drmlab.ops.self_check``; ``DRMLAB_NO_BACKEND_CHECK=1`` switches it off).
+  (``drmlab.ops.self_check``; ``DRMLAB_NO_BACKEND_CHECK=1`` switches it off). Each operator's probe
+  (``drmlab.ops.probes``, imported here: it fills ``self_check.PROBES``) sits above the operators it
+  runs; the check, and the backend tables of ``drmlab.ops.backends`` that call it, know no operator.
 
 Note: ``drmlab.ops.linear_scan``, ``drmlab.ops.selective_scan`` and ``drmlab.ops.delta_rule`` name
 both a subpackage and, as attributes of this package, its dispatcher function; reach a
@@ -34,6 +36,7 @@ subpackage's modules with
 ``from drmlab.ops.linear_scan import c``, not ``import drmlab.ops.linear_scan as ...``.
 """
 
+from . import probes  # each operator's first-use probe, into self_check.PROBES
 from .ckernels import c_kernel_available, c_kernel_status
 from .conv import causal_depthwise_conv1d, causal_depthwise_conv1d_step
 from .delta_rule import delta_rule

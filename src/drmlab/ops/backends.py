@@ -4,12 +4,13 @@ Every operator with several implementations of one map (a C kernel, a pure-torch
 log-depth and Triton forms) lists them in a :class:`BackendTable`, in the order ``"auto"`` tries
 them.  Each :class:`Backend` says, for a device and a compute dtype, why it cannot run there (or
 None when it can); asking for a backend that cannot run raises an error that names the backends
-that can.
+that can.  Each table is kept under its operator's name (:func:`table_of`): an operator's custom
+operator (its ``op.py``), which the package's dispatcher imports, finds the table there when it runs.
 
 The C and Triton backends (``self_check=True``) are checked against the operator's reference on
 their first use in a process (:mod:`drmlab.ops.self_check`, issue 36 item 5): under ``"auto"`` one
 that fails is skipped for the next backend, said in one line; asked for by name, it raises
-:class:`~drmlab.ops.self_check.BackendCheckFailed`.
+:class:`BackendCheckFailed`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["Backend", "BackendTable", "BackendUnavailable", "BackendCheckFailed"]
+from . import self_check
+
+__all__ = ["Backend", "BackendTable", "BackendUnavailable", "BackendCheckFailed", "table_of"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -49,13 +52,14 @@ class Backend:
 
 
 class BackendTable:
-    """The backends of one operator, in ``"auto"`` preference order."""
+    """The backends of one operator, in ``"auto"`` preference order (kept for :func:`table_of`)."""
 
     def __init__(self, operator: str, backends: Sequence[Backend]):
         self.operator = operator
         self.backends = {backend.name: backend for backend in backends}
         if len(self.backends) != len(backends):
             raise ValueError(f"{operator}: duplicate backend names")
+        _TABLES[operator] = self
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -69,8 +73,6 @@ class BackendTable:
         """The backend's first-use check (run now when it has not run), or None when unchecked."""
         if not backend.self_check:
             return None
-        from . import self_check
-
         return self_check.verify(self.operator, backend.name, device, dtype)
 
     def choose(self, name: str | None, device: torch.device, dtype: torch.dtype) -> Backend:
@@ -78,8 +80,8 @@ class BackendTable:
         first-use check).
 
         Raises ValueError for an unknown name, :class:`BackendUnavailable` when the named backend
-        cannot run on this device and dtype, and its subclass
-        :class:`~drmlab.ops.self_check.BackendCheckFailed` when it failed its first-use check.
+        cannot run on this device and dtype, and its subclass :class:`BackendCheckFailed` when it
+        failed its first-use check.
         """
         if name in (None, "auto"):
             failed = []
@@ -93,8 +95,6 @@ class BackendTable:
                     failed.append(verdict)
                     continue
                 if failed:
-                    from . import self_check
-
                     for verdict in failed:
                         self_check.announce(verdict, backend.name)
                 return backend
@@ -114,8 +114,6 @@ class BackendTable:
             )
         verdict = self._verdict(backend, device, dtype)
         if verdict is not None and not verdict.passed:
-            from . import self_check
-
             others = ", ".join(repr(n) for n in self.runnable(device, dtype) if n != name) or "none"
             raise BackendCheckFailed(self_check.failure_message(verdict, others))
         return backend
@@ -124,3 +122,12 @@ class BackendTable:
 class BackendCheckFailed(BackendUnavailable):
     """A backend asked for by name failed its first-use check (:mod:`drmlab.ops.self_check`) on
     this device and dtype."""
+
+
+_TABLES: dict[str, BackendTable] = {}  # operator -> its table (the one made last)
+
+
+def table_of(operator: str) -> BackendTable:
+    """The backend table of ``operator``, as the operator's package made it (``drmlab.ops.linear_scan.BACKENDS``
+    for ``"linear_scan"``)."""
+    return _TABLES[operator]

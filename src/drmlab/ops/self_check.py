@@ -9,6 +9,9 @@ dtype), :func:`verify` runs the operator on a small fixed input through that bac
 gradient, and holds it to the operator's plain reference loop (in float64 / complex128 on the same
 rounded inputs) with the tolerance of the exactness tests (:data:`TOLERANCES`, on the largest
 error of the output and every gradient, relative to the reference's largest value and at least 1).
+The run is the operator's probe in :data:`PROBES`, which :mod:`drmlab.ops.probes` fills from above the
+operators it runs: this module knows no operator, so the dispatcher (:mod:`drmlab.ops.backends`) can
+import it.
 The verdict is kept for the process (:func:`backend_checks` lists every one; the trainer records
 them in config.json's ``runtime.backend_checks``):
 
@@ -17,7 +20,8 @@ them in config.json's ``runtime.backend_checks``):
   :meth:`~drmlab.ops.backends.BackendTable.choose` skips it for the next backend and says so in one
   line on stderr, naming the backend, the device and the error (``drmlab: linear_scan backend 'c'
   failed its first-use check on cpu float32 (max error 1.0e-03 > 2e-05); using 'torch'``); a backend
-  asked for by name raises :class:`BackendCheckFailed` in one line instead of running.
+  asked for by name raises :class:`~drmlab.ops.backends.BackendCheckFailed` in one line instead of
+  running (:func:`failure_message`).
 
 The backends made of torch operations (``"torch"``) are the fallbacks and are not checked: they are
 the reference's own operations.  The fused decode step (:mod:`drmlab.ops.decode_step`, one model's
@@ -53,13 +57,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .backends import BackendCheckFailed
-
 __all__ = [
     "DISABLE_ENV",
     "TOLERANCES",
     "PROBES",
-    "BackendCheckFailed",
     "CheckRecord",
     "backend_checks",
     "verify",
@@ -172,108 +173,10 @@ def isolated(device: torch.device):
         yield
 
 
-# --------------------------------------------------------------------------- the probes
-# probe(backend, device, dtype) -> the relative error of the output and every gradient (largest)
-
-
-def _generator() -> torch.Generator:
-    return torch.Generator().manual_seed(36)
-
-
-def _leaves(tensors, dtype, device):
-    """(the inputs rounded to ``dtype`` on ``device`` as leaves, the same rounded values widened
-    to float64 / complex128 on the CPU as the reference's leaves)."""
-    got, ref = [], []
-    for t in tensors:
-        rounded = t.to(dtype)
-        got.append(rounded.to(device).requires_grad_())
-        wide = torch.complex128 if rounded.is_complex() else torch.float64
-        ref.append(rounded.to(wide).requires_grad_())
-    return got, ref
-
-
-def _linear_scan_probe(backend: str, device: torch.device, dtype: torch.dtype) -> float:
-    from .linear_scan import linear_scan, linear_scan_reference
-
-    gen, shape = _generator(), (2, 13, 5)
-    if dtype.is_complex:
-        mag = torch.rand(shape, generator=gen, dtype=torch.float64)
-        f = torch.polar(mag, 2 * math.pi * torch.rand(shape, generator=gen, dtype=torch.float64))
-        u, dm = (torch.randn(shape, generator=gen, dtype=torch.complex128) for _ in range(2))
-        init = torch.randn(shape[0], shape[2], generator=gen, dtype=torch.complex128)
-    else:
-        f = torch.sigmoid(2 * torch.randn(shape, generator=gen, dtype=torch.float64))
-        u, dm = (torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(2))
-        init = torch.randn(shape[0], shape[2], generator=gen, dtype=torch.float64)
-    leaves, refs = _leaves((f, u, init), dtype, device)
-    dm = dm.to(dtype)
-    out = linear_scan(*leaves, backend=backend)
-    grads = torch.autograd.grad(out, leaves, dm.to(device))
-    ref = linear_scan_reference(*refs)
-    ref_grads = torch.autograd.grad(ref, refs, dm.to(ref.dtype))
-    return max(relative_error(a, b) for a, b in zip((out, *grads), (ref, *ref_grads)))
-
-
-def _selective_scan_probe(backend: str, device: torch.device, dtype: torch.dtype) -> float:
-    from .selective_scan import selective_scan, selective_scan_reference
-
-    gen = _generator()
-    b, length, e, n = 2, 13, 5, 3
-    x = torch.randn(b, length, e, generator=gen, dtype=torch.float64)
-    dt = torch.nn.functional.softplus(torch.randn(b, length, e, generator=gen, dtype=torch.float64))
-    A = -2 * torch.rand(e, n, generator=gen, dtype=torch.float64)
-    Bm, Cm = (torch.randn(b, length, n, generator=gen, dtype=torch.float64) for _ in range(2))
-    h0 = torch.randn(b, e, n, generator=gen, dtype=torch.float64)
-    dy = torch.randn(b, length, e, generator=gen, dtype=torch.float64).to(dtype)
-    dh = torch.randn(b, e, n, generator=gen, dtype=torch.float64).to(dtype)
-    leaves, refs = _leaves((x, dt, A, Bm, Cm, h0), dtype, device)
-    y, h = selective_scan(*leaves, backend=backend)
-    grads = torch.autograd.grad((y * dy.to(device)).sum() + (h * dh.to(device)).sum(), leaves)
-    y_ref, h_ref = selective_scan_reference(*refs)
-    ref_grads = torch.autograd.grad((y_ref * dy.double()).sum() + (h_ref * dh.double()).sum(), refs)
-    return max(relative_error(a, b) for a, b in zip((y, h, *grads), (y_ref, h_ref, *ref_grads)))
-
-
-def _state_bound_probe(backend: str, device: torch.device, dtype: torch.dtype) -> float:
-    from .state_bound.op import EagerStateBound
-    from .state_bound.reference import state_bound_reference
-
-    gen = _generator()
-    y = torch.randn(6, 9, generator=gen, dtype=torch.float64)
-    y = y * torch.tensor([0.0, 0.1, 0.5, 1.5, 3.0, 9.0], dtype=torch.float64)[:, None]
-    x = 0.01 * torch.randn(6, 9, generator=gen, dtype=torch.float64)
-    g = torch.randn(6, 9, generator=gen, dtype=torch.float64)
-    leaves, refs = _leaves((y, x), dtype, device)
-    out = EagerStateBound.apply(leaves[0], leaves[1], 2.0)
-    grads = torch.autograd.grad(out, leaves, g.to(dtype).to(device))
-    ref = state_bound_reference(refs[0] + refs[1], 2.0)
-    ref_grads = torch.autograd.grad(ref, refs, g.to(dtype).double())
-    return max(relative_error(a, b) for a, b in zip((out, *grads), (ref, *ref_grads)))
-
-
-def _depthwise_conv_probe(backend: str, device: torch.device, dtype: torch.dtype) -> float:
-    from .conv.causal_depthwise import _FusedCausalDepthwiseConv, causal_depthwise_conv1d_reference
-
-    gen = _generator()
-    x = torch.randn(2, 11, 5, generator=gen, dtype=torch.float64)
-    w = torch.randn(5, 1, 4, generator=gen, dtype=torch.float64)
-    bias = torch.randn(5, generator=gen, dtype=torch.float64)
-    g = torch.randn(2, 11, 5, generator=gen, dtype=torch.float64)
-    leaves, refs = _leaves((x, w, bias), dtype, device)
-    out = _FusedCausalDepthwiseConv.apply(*leaves, 2)
-    grads = torch.autograd.grad(out, leaves, g.to(dtype).to(device))
-    ref = causal_depthwise_conv1d_reference(*refs, dilation=2)
-    ref_grads = torch.autograd.grad(ref, refs, g.to(dtype).double())
-    return max(relative_error(a, b) for a, b in zip((out, *grads), (ref, *ref_grads)))
-
-
-# operator -> probe; an operator without one is never checked
-PROBES: dict[str, Callable[[str, torch.device, torch.dtype], float]] = {
-    "linear_scan": _linear_scan_probe,
-    "selective_scan": _selective_scan_probe,
-    "state_bound": _state_bound_probe,
-    "causal_depthwise_conv1d": _depthwise_conv_probe,
-}
+# operator -> probe(backend, device, dtype) -> the largest relative error of the output and every gradient
+# against the operator's reference (drmlab.ops.probes fills it: the probes run the operators, which sit
+# above this module); an operator without one is never checked
+PROBES: dict[str, Callable[[str, torch.device, torch.dtype], float]] = {}
 
 
 def fused_kernel_passes(operator: str, device: torch.device, dtype: torch.dtype) -> bool:
@@ -394,7 +297,7 @@ def announce(record: CheckRecord, fallback: str) -> None:
 
 
 def failure_message(record: CheckRecord, others: str) -> str:
-    """The one line of :class:`BackendCheckFailed` for a backend asked for by name."""
+    """The one line of :class:`~drmlab.ops.backends.BackendCheckFailed` for a backend asked for by name."""
     return (
         f"{record.operator}: backend {record.backend!r} failed its first-use check on {record.device} "
         f"{record.dtype} ({record.error}); ask for 'auto' (available here: {others}), or set "

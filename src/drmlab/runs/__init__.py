@@ -11,8 +11,9 @@ Everything that reads or writes a run goes through :class:`RunDir`, a facade ove
   the pointer), the checks on load;
 * :mod:`~drmlab.runs.orphans` -- what a killed writer left, removed by the next one;
 * :mod:`~drmlab.runs.optimizer_state` -- the optimizer and RNG state as named tensors;
-* :mod:`~drmlab.runs.rundir` -- :class:`RunDir` itself;
-* :mod:`~drmlab.runs.loading` -- the run's model (the only module here that imports :mod:`drmlab.models`).
+* :mod:`~drmlab.runs.rundir` -- :class:`RunDir` itself, and :func:`load_run_model`;
+* :mod:`~drmlab.runs.loading` -- the run's model, for the facade (the only module here that imports
+  :mod:`drmlab.models`).
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ from .layout import (
     refuse_run_output,
     run_owning,
 )
-from .loading import load_run_model, non_finite_parameters
+from .loading import non_finite_parameters
 from .lock import RunLock, RunLockedError, lock_holder
 from .metrics import MetricsLog, read_metrics
-from .rundir import RunDir
+from .rundir import RunDir, load_run_model
 
 __all__ = [
     "EditedConfigError",

@@ -4,15 +4,15 @@ run directory promises": checked on load; docs/architecture.md section 1).
 The one module of :mod:`drmlab.runs` that imports :mod:`drmlab.models` (tests/runs/test_runs_package.py checks
 it): the rest of the package reads and writes files and knows nothing of the registry. Weights holding NaN
 or infinity are refused, so ``eval`` and ``generate`` never report numbers of a diverged model.
+
+Its functions take the run directory as ``run``: :meth:`RunDir.build_model <drmlab.runs.rundir.RunDir.build_model>`
+and :meth:`RunDir.load_model <drmlab.runs.rundir.RunDir.load_model>` pass the run itself, so this module
+imports nothing of :mod:`~drmlab.runs.rundir`, which imports it.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
-
-from .rundir import RunDir
 
 
 def non_finite_parameters(model: torch.nn.Module) -> list[str]:
@@ -25,7 +25,7 @@ def non_finite_parameters(model: torch.nn.Module) -> list[str]:
     return bad
 
 
-def build_model(run: RunDir, config: dict | None = None) -> torch.nn.Module:
+def build_model(run, config: dict | None = None) -> torch.nn.Module:
     """The model of ``run``, freshly built (untrained) from ``config`` (by default its config.json)."""
     from drmlab.models import build_model as build_registered
 
@@ -39,7 +39,7 @@ def build_model(run: RunDir, config: dict | None = None) -> torch.nn.Module:
 
 
 def load_model(
-    run: RunDir, device: str | torch.device | None = "cpu", *, allow_non_finite: bool = False
+    run, device: str | torch.device | None = "cpu", *, allow_non_finite: bool = False
 ) -> tuple[torch.nn.Module, dict, dict]:
     """(the model of ``run`` with the checkpoint's weights in eval mode, the run's config, trainer state).
     Weights holding NaN or infinity are refused unless ``allow_non_finite``."""
@@ -57,8 +57,3 @@ def load_model(
         )
     model.eval()
     return model, config, state
-
-
-def load_run_model(run_dir: str | Path, device: str | torch.device | None = "cpu"):
-    """(model with the checkpoint's weights, the run's config.json dict, trainer state)."""
-    return RunDir(run_dir).load_model(device)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, config_seal, orphans
+from . import checkpoint, config_seal, loading, orphans
 from .jsonio import jsonable, make_dir, read_json, write_json_atomic
 from .layout import (
     CHECKPOINTS_DIR,
@@ -254,18 +254,19 @@ class RunDir:
         the trainer state."""
         return checkpoint.load_checkpoint(self.path, model, optimizer, restore_rng=restore_rng)
 
-    # the model (drmlab.runs.loading, imported here on use: it sits above this module)
+    # the model (drmlab.runs.loading, the one module of drmlab.runs that imports drmlab.models)
     def build_model(self, config: dict | None = None) -> torch.nn.Module:
         """The run's model, freshly built (untrained) from its config.json."""
-        from .loading import build_model
-
-        return build_model(self, config)
+        return loading.build_model(self, config)
 
     def load_model(
         self, device: str | torch.device | None = "cpu", *, allow_non_finite: bool = False
     ) -> tuple[torch.nn.Module, dict, dict]:
         """(the model with the checkpoint's weights in eval mode, the run's config, trainer state).
         Weights holding NaN or infinity are refused unless ``allow_non_finite``."""
-        from .loading import load_model
+        return loading.load_model(self, device, allow_non_finite=allow_non_finite)
 
-        return load_model(self, device, allow_non_finite=allow_non_finite)
+
+def load_run_model(run_dir: str | Path, device: str | torch.device | None = "cpu"):
+    """(model with the checkpoint's weights, the run's config.json dict, trainer state)."""
+    return RunDir(run_dir).load_model(device)

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from drmlab.experiments.mqar import distance as md
+from drmlab.experiments.mqar.distance_task import CHANCE, PAIRS, check_pairs, context_guess, elimination_guess
 from drmlab.naming import suggest
 
 MEMORY_CONTROLS = ("memory_read_off", "memory_write_off", "pairs_unwritten")
@@ -106,12 +106,12 @@ def memory_switched(model: nn.Module, control: str | None):
 
 @torch.no_grad()
 def read_pairs_unwritten(
-    model: nn.Module, inputs: torch.Tensor, positions, pairs: int = md.PAIRS
+    model: nn.Module, inputs: torch.Tensor, positions, pairs: int = PAIRS
 ) -> tuple[torch.Tensor, object]:
     """(logits [B, len(positions), vocab] at the input ``positions``, the decoding state after the last
     input) with nothing written into the memory at the 2 x ``pairs`` positions of the pairs: those
     prefilled under ``memory_write_off``, every later input stepped with ``model.step`` as usual."""
-    written = 2 * md.check_pairs(pairs)
+    written = 2 * check_pairs(pairs)
     wanted = {int(p) for p in positions}
     if min(wanted) < written:
         raise ValueError(f"pairs_unwritten scores positions after the {written} written tokens only")
@@ -125,7 +125,7 @@ def read_pairs_unwritten(
     return torch.stack([kept[int(p)] for p in positions], dim=1), state
 
 
-def derangement(rng: np.random.Generator, n: int = md.PAIRS) -> np.ndarray:
+def derangement(rng: np.random.Generator, n: int = PAIRS) -> np.ndarray:
     """A uniform random permutation of range(n) without a fixed point (rejection: e^-1 accepted per draw);
     n >= 2."""
     if n < SHUFFLES_NEED:
@@ -137,7 +137,7 @@ def derangement(rng: np.random.Generator, n: int = md.PAIRS) -> np.ndarray:
 
 
 def control_tokens(
-    control: str, tokens: torch.Tensor, eval_seed: int, rows, pairs: int = md.PAIRS
+    control: str, tokens: torch.Tensor, eval_seed: int, rows, pairs: int = PAIRS
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(the examples ``tokens`` [n, L] of evaluation ``rows`` (of ``pairs`` pairs) as ``control`` reads
     them, and for ``keys_shuffled`` the value each queried key is bound to in the written pairs [n,
@@ -163,16 +163,16 @@ def control_tokens(
     return out, bound
 
 
-def binding_levels(pairs: int = md.PAIRS) -> dict:
+def binding_levels(pairs: int = PAIRS) -> dict:
     """The levels a model reaches without binding a key to its value (section 3, ``pairs`` pairs of 64 values)."""
-    return {"chance": md.CHANCE, "all_queries": md.elimination_guess(pairs), "first_query": md.context_guess(pairs)}
+    return {"chance": CHANCE, "all_queries": elimination_guess(pairs), "first_query": context_guess(pairs)}
 
 
 def _overlap(a, b) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
 
 
-def length_verdict(control: str, plain: dict, record: dict, pairs: int = md.PAIRS) -> str | None:
+def length_verdict(control: str, plain: dict, record: dict, pairs: int = PAIRS) -> str | None:
     """Why ``record`` (a read control) does not behave as a recaller's would at its length, or None.
     A falling control: the Wilson lower bounds of its all- and first-query accuracies above the
     no-binding levels; ``queries_shuffled``: its interval disjoint from the plain read's."""
@@ -189,14 +189,14 @@ def length_verdict(control: str, plain: dict, record: dict, pairs: int = md.PAIR
     return "lower bound " + ", ".join(above) if above else None
 
 
-def recalls(plain: dict, pairs: int = md.PAIRS) -> bool:
+def recalls(plain: dict, pairs: int = PAIRS) -> bool:
     """Whether a plain read is above the no-binding levels (a Wilson lower bound above either): only
     there can a control's fall rule anything out."""
     levels = binding_levels(pairs)
     return plain["ci95"][0] > levels["all_queries"] or plain["first_ci95"][0] > levels["first_query"]
 
 
-def control_verdicts(lengths: dict, controls, pairs: int = md.PAIRS) -> dict:
+def control_verdicts(lengths: dict, controls, pairs: int = PAIRS) -> dict:
     """Per control: ``verdict`` ("falls" / "keeps" at every length read, "does not fall" / "does not keep"
     with ``reasons`` per length, "n/a (why)", or "not read"; a fall where no plain read was above the
     no-binding levels is "falls (uninformative: ...)"), from the per-length records (``{length:

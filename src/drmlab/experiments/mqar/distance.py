@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from drmlab.experiments.mqar import controls as recall_controls
 from drmlab.experiments.mqar import distance_report
 from drmlab.experiments.mqar.distance_gates import (  # noqa: F401 (re-exported)
     GATE_THRESHOLD,
@@ -148,8 +149,6 @@ def _read_one(
     """One length read plain (``control`` None) or under a recall control, said in one line; None for
     a long plain length that the control did not authorise; a memory control on a model
     without the memory is "n/a" with the reason."""
-    from drmlab.experiments.mqar import controls as recall_controls
-
     lengths = result["lengths"]
     if control is None and length != study.control_length and not study.read_all:
         rec = lengths.get(str(study.control_length)) or {}
@@ -373,7 +372,6 @@ def evaluate_ckpt(study: DistanceStudy, runtime: Runtime, out: Path, ckpt: str |
 def summarize(study: DistanceStudy, results: list[dict]) -> dict:
     """The study's numbers: their provenance (:func:`drmlab.experiments.results.provenance`), the protocol,
     then per trained run or evaluated checkpoint its milestones, per-length records and gate verdicts."""
-    from drmlab.experiments.mqar import controls as recall_controls
     from drmlab.experiments.results import provenance
 
     def bare(record: dict) -> dict:

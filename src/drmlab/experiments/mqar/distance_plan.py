@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from drmlab.experiments.mqar import controls as recall_controls
 from drmlab.experiments.mqar.distance_read import DEFAULT_CHUNK, DEFAULT_EVAL_BATCH, DEFAULT_EVAL_SEED
 from drmlab.experiments.mqar.distance_task import PAIRS, VOCAB_SIZE, check_length, check_pairs, control_length
 from drmlab.experiments.mqar.models import ANCHOR_ARMS, POSITION_FIELDS, width_overrides
@@ -146,7 +147,6 @@ def plan_study(spec: DistanceSpec) -> DistanceStudy:
     """Check every model, run directory, length and setting of ``spec`` and plan the study. The
     milestones (steps at which the control accuracy is measured) always end at ``steps``; the control
     (5 x ``pairs`` tokens) is always among the lengths."""
-    from drmlab.experiments.mqar import controls as recall_controls
     from drmlab.models import list_models
     from drmlab.models.registry import config_fields
     from drmlab.runs import RunDir

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from .. import ckernels, threads
+from .reference import causal_depthwise_conv1d_reference
 
 __all__ = ["KERNEL", "forward", "backward", "unavailable", "C_DTYPES"]
 
@@ -37,8 +38,6 @@ def prepare(lib: ctypes.CDLL) -> None:
 
 
 def _self_test(lib: ctypes.CDLL) -> None:
-    from .causal_depthwise import causal_depthwise_conv1d_reference
-
     gen = torch.Generator().manual_seed(0)
     for dtype in C_DTYPES:
         tol = 1e-5 if dtype == torch.float32 else 1e-12

@@ -27,8 +27,10 @@ as before, with the same numbers.
 A backend module supplies ``forward(f, u, init) -> m`` (a new tensor) and ``backward(f, m,
 init, dm, need_f, need_init) -> (du, df or None, dinit or None)``, and ``DENSE_INPUTS`` (True:
 it reads contiguous buffers only).  The backend is looked up by name in
-:data:`drmlab.ops.linear_scan.BACKENDS` when the operator runs; :func:`choose_backend` resolves
-``"auto"`` to a name once per trace (a compiled graph holds the name as a constant).
+:data:`drmlab.ops.linear_scan.BACKENDS` when the operator runs (through
+:func:`drmlab.ops.backends.table_of`: the package that builds the table imports this module);
+:func:`choose_backend` resolves ``"auto"`` to a name once per trace (a compiled graph holds the name
+as a constant).
 """
 
 from __future__ import annotations
@@ -36,15 +38,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..backends import table_of
+
 __all__ = ["linear_scan_op", "linear_scan_backward_op", "EagerLinearScan", "choose_backend", "result_dtype"]
 
 
 def _backend(name: str, like: Tensor):
     """The backend module called ``name``, checked to run on ``like``'s device and dtype (it
     loads the C kernel on first use; the table is built in the package ``__init__``)."""
-    from . import BACKENDS
-
-    return BACKENDS.choose(name, like.device, like.dtype).impl
+    return table_of("linear_scan").choose(name, like.device, like.dtype).impl
 
 
 @torch.compiler.assume_constant_result
@@ -53,9 +55,7 @@ def choose_backend(name: str | None, device: torch.device, dtype: torch.dtype) -
     backend name) on ``device`` with compute ``dtype``; raises as
     :meth:`drmlab.ops.backends.BackendTable.choose`.  Under ``torch.compile`` the answer is taken
     once, at trace time (building the C kernel on first use is no part of a graph)."""
-    from . import BACKENDS
-
-    return BACKENDS.choose(name, device, dtype).name
+    return table_of("linear_scan").choose(name, device, dtype).name
 
 
 def _dense(x: Tensor | None) -> Tensor | None:

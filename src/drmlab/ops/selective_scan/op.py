@@ -22,7 +22,9 @@ graph.  The gradient is first-order only (the kernel's adjoint is not itself dif
 A backend module that runs through this operator supplies ``forward(x, dt, A, Bm, Cm, h0,
 need_grad) -> (y, h_last, saved)``, ``backward(x, dt, A, Bm, Cm, h0, saved, dy, dh_last) ->
 (dx, ddt, dA, dB, dC, dh0)`` and ``saved_shape(B, T, E, N)``, and is looked up by name in
-:data:`drmlab.ops.selective_scan.BACKENDS` when the operator runs.  The chunked torch backend
+:data:`drmlab.ops.selective_scan.BACKENDS` when the operator runs (through
+:func:`drmlab.ops.backends.table_of`: the package that builds the table imports this module, and so
+do the fused backends that run through it).  The chunked torch backend
 does not need it: it is made of torch operations and :func:`drmlab.ops.linear_scan` (itself a
 custom operator), which the compiler traces.  :func:`choose_backend` resolves ``"auto"`` to a
 backend name once per trace.
@@ -33,15 +35,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..backends import table_of
+
 __all__ = ["selective_scan_op", "selective_scan_backward_op", "choose_backend"]
 
 
 def _backend(name: str, like: Tensor | None = None):
     """The backend module called ``name``; with ``like``, checked to run on its device and dtype
     (which loads the C kernel on first use).  The table is built in the package ``__init__``."""
-    from . import BACKENDS
-
-    return BACKENDS.backends[name].impl if like is None else BACKENDS.choose(name, like.device, like.dtype).impl
+    table = table_of("selective_scan")
+    return table.backends[name].impl if like is None else table.choose(name, like.device, like.dtype).impl
 
 
 @torch.compiler.assume_constant_result
@@ -50,9 +53,7 @@ def choose_backend(name: str | None, device: torch.device, dtype: torch.dtype) -
     backend name) on ``device`` with compute ``dtype``; raises as
     :meth:`drmlab.ops.backends.BackendTable.choose`.  Under ``torch.compile`` it is asked once,
     at trace time."""
-    from . import BACKENDS
-
-    return BACKENDS.choose(name, device, dtype).name
+    return table_of("selective_scan").choose(name, device, dtype).name
 
 
 def _result_dtype(dtype: torch.dtype) -> torch.dtype:
