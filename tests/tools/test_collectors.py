@@ -156,3 +156,32 @@ def test_the_zoology_collector_writes_the_provenance_out_and_says_whether_every_
     assert collect.main(["--study", str(tmp_path / "other"), *args]) == 2
     assert "not a Zoology study's record" in capsys.readouterr().err
     assert not (collect.ROOT / "docs" / "studies" / "zoology-x").exists()
+
+
+def test_the_recipe_parts_collector_keeps_each_arms_scores_and_checks_what_it_puts_back(tmp_path):
+    """tools/collect_recipe_parts.py over three arm studies restored from a record (here protocol-tiny's sweep
+    under each arm's settings): per arm its scores as the sweep has them, the settings it puts back, its
+    command; an arm whose study does not put back what the arm says is refused naming the setting."""
+    from drmlab.experiments.ablate.restore import restore_study
+    from drmlab.training.recipes import recipe_settings
+
+    tool = _tool("collect_recipe_parts")
+    committed = json.loads((ROOT / "docs" / "studies" / "protocol-tiny" / "results.json").read_text())
+    for folder, settings, _ in tool.ARMS.values():
+        arm = json.loads(json.dumps(committed))
+        arm["study"]["train"].update(recipe_settings("field"), recipe="field", **settings)
+        restore_study(arm, tmp_path / folder)
+    record = tool.record(tmp_path, "M", "H")
+    assert set(record["arms"]) == {"betas", "schedule", "decay"} and record["complete"]
+    scores = {m: s["scores"] for m, s in committed["lr_sweep"].items()}
+    assert all(a["scores"] == scores for a in record["arms"].values())
+    assert record["arms"]["decay"]["puts_back"] == {"weight_decay": 0.01, "decay_all_params": True}
+    assert "--set weight_decay=0.01 --set decay_all_params=true" in record["arms"]["decay"]["command"]
+    assert (record["provenance"]["machine"], record["provenance"]["how"]) == ("M", "H")
+    assert str(tmp_path) not in json.dumps(record)
+    wrong = tmp_path / "recipe-parts-betas" / "study.json"
+    study = json.loads(wrong.read_text())
+    study["train"]["beta2"] = 0.95
+    wrong.write_text(json.dumps(study))
+    with pytest.raises(ValueError, match="recipe-parts-betas: beta2 is 0.95, the arm puts back 0.999"):
+        tool.record(tmp_path, "M", "H")
