@@ -309,11 +309,14 @@ def written_files(out, always: list[str], maybe: list[str]) -> str:
     return ", ".join(always + [name for name in maybe if (Path(out) / name).exists()])
 
 
-def load_corpus_for(data: str | None, tokenizer: str | None, cache_dir: str | None):
-    """``drmlab.data.load_corpus`` with the command line's arguments."""
+def load_corpus_for(data: str | None, tokenizer: str | None, cache_dir: str | None, *, need_doc_starts: bool = False):
+    """``drmlab.data.load_corpus`` with the command line's arguments (``need_doc_starts``: a cache written before
+    document starts were recorded is rebuilt with them)."""
     from drmlab.data import load_corpus
 
-    return load_corpus(source=data, tokenizer=tokenizer or "bytes", cache_dir=cache_dir)
+    return load_corpus(
+        source=data, tokenizer=tokenizer or "bytes", cache_dir=cache_dir, need_doc_starts=need_doc_starts
+    )
 
 
 def split_list(text: str, flag: str) -> list[str]:

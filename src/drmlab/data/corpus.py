@@ -26,6 +26,14 @@ Steps (all deterministic):
 
 A cached corpus loads after its shards are verified (size and SHA-256); a damaged one raises
 ``CorruptShardError`` naming the file; ``rebuild=True`` rebuilds it.
+
+6. Document starts: the token offset of each document of each split, with its leading separator
+   (``documents.py``), written as two more shards (``train.docs.bin``, ``val.docs.bin``) under the
+   manifest's ``documents`` entry and given as ``TokenCorpus.doc_starts`` (the entry is null, and
+   ``doc_starts`` None, for a tokenizer whose tokens' bytes do not add up to the stream's). A cache
+   written before they were recorded has no such entry: it loads as before with ``doc_starts = None``,
+   and ``need_doc_starts=True`` rebuilds it in place (the same key and folder, the same token shards;
+   the manifest gains the entry).
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ from typing import Any
 import numpy as np
 
 from .audit import STRIDE, WINDOW, audit_streams, documents_touched, is_validation
+from .documents import RULE as DOC_STARTS_RULE
+from .documents import document_starts, token_byte_lengths
 from .shards import CorruptShardError, dtype_for_vocab, open_shard, read_manifest, write_manifest, write_shard
 from .sources import RawSource, read_source
 from .tokenizers import Tokenizer, get_tokenizer
@@ -68,6 +78,7 @@ class TokenCorpus:
     meta: dict[str, Any]
     cache_dir: Path
     from_cache: bool = field(default=False)
+    doc_starts: dict[str, np.ndarray] | None = field(default=None)  # split -> token offsets (documents.py)
 
     @property
     def vocab_size(self) -> int:
@@ -223,6 +234,7 @@ def load_corpus(
     on_overlap: str = "move",
     rebuild: bool = False,
     verify: bool = True,
+    need_doc_starts: bool = False,
 ) -> TokenCorpus:
     """Load (building and caching on first use) a corpus as train/validation token streams.
 
@@ -230,7 +242,8 @@ def load_corpus(
     ``tokenizer``: "bytes" (default), "gpt2", or a Tokenizer. ``cache_dir``: the cache root (see the
     module docstring). ``val_fraction``/``split_seed``: the document split. ``documents``: "auto",
     "file" or "paragraph". ``on_overlap``: "move" or "raise". ``rebuild``: ignore and replace an
-    existing cache. ``verify``: check shard checksums when loading from the cache.
+    existing cache. ``verify``: check shard checksums when loading from the cache. ``need_doc_starts``:
+    rebuild a cache that predates the document starts (module docstring, step 6).
 
     ``meta`` holds: source (as named), source_kind, python_version, content_sha256, n_files,
     n_skipped_undecodable, documents, n_docs (non-blank, before deduplication), n_blank_dropped,
@@ -264,6 +277,8 @@ def load_corpus(
     current = {**raw.meta(), "python_version": raw.info.get("python_version") or platform.python_version()}
 
     manifest = None if rebuild else read_manifest(folder)
+    if manifest is not None and need_doc_starts and "documents" not in manifest:
+        manifest = None  # an older cache: rebuilt in place, the same tokens, with the document starts
     if manifest is not None:
         if manifest.get("key") != key or manifest.get("format") != FORMAT:
             raise CorruptShardError(f"cache manifest {folder / 'manifest.json'} does not belong to this corpus; {hint}")
@@ -277,7 +292,8 @@ def load_corpus(
                     f"cache shard {folder / manifest['shards'][split]['file']} holds {arr.dtype}, expected {want}; {hint}"
                 )
         meta = {**manifest["meta"], **current, **_paths_meta(folder, manifest)}
-        return TokenCorpus(shards["train"], shards["val"], tok, meta, folder, from_cache=True)
+        starts = _open_doc_starts(folder, manifest.get("documents"), verify, hint)
+        return TokenCorpus(shards["train"], shards["val"], tok, meta, folder, from_cache=True, doc_starts=starts)
 
     t0 = time.perf_counter()
     if rebuild and (folder / "manifest.json").exists():
@@ -305,6 +321,21 @@ def load_corpus(
         if ids.size == 0:
             raise ValueError(f"the {split} stream of {raw.spec!r} tokenizes to no tokens")
     entries = {split: write_shard(folder, f"{split}.bin", ids) for split, ids in tokens.items()}
+    split_docs = {"train": train_docs, "val": val_docs}
+    starts = {
+        split: document_starts(
+            [len(t.encode("utf-8")) for _, t in split_docs[split]],
+            len(SEPARATOR.encode("utf-8")),
+            token_byte_lengths(tok, ids),
+        )
+        for split, ids in tokens.items()
+    }
+    documents = None
+    if all(v is not None for v in starts.values()):
+        documents = {
+            "rule": DOC_STARTS_RULE,
+            "shards": {split: write_shard(folder, f"{split}.docs.bin", v) for split, v in starts.items()},
+        }
     meta = {
         **current,
         "documents": mode,
@@ -329,7 +360,16 @@ def load_corpus(
         "build_seconds": round(time.perf_counter() - t0, 3),
     }
     manifest = {"format": FORMAT, "key": key, "key_fields": key_fields, "shards": entries, "meta": meta}
+    manifest["documents"] = documents  # null: a tokenizer whose bytes do not add up (recorded: not rebuilt again)
     write_manifest(folder, manifest)
     meta = {**meta, **_paths_meta(folder, manifest)}
     train, val = (open_shard(folder, entries[s], verify=False, hint=hint) for s in ("train", "val"))
-    return TokenCorpus(train, val, tok, meta, folder, from_cache=False)
+    starts = _open_doc_starts(folder, documents, False, hint)
+    return TokenCorpus(train, val, tok, meta, folder, from_cache=False, doc_starts=starts)
+
+
+def _open_doc_starts(folder: Path, documents: dict | None, verify: bool, hint: str) -> dict[str, np.ndarray] | None:
+    """The manifest's document starts per split (verified memmaps), or None for a cache without them."""
+    if not isinstance(documents, dict) or not isinstance(documents.get("shards"), dict):
+        return None
+    return {split: open_shard(folder, entry, verify=verify, hint=hint) for split, entry in documents["shards"].items()}

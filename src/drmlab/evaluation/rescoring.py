@@ -5,7 +5,8 @@ seq_len, 2 seq_len, ...: window ``i`` feeds ``tokens[s : s + L]`` (a fresh model
 carried context) and scores ``tokens[s + 1 : s + L + 1]``. The targets are the first
 ``min(len - 1, max_targets)`` tokens after the first, so each is scored exactly once; the last
 window may be shorter. Windows are batched ``batch_size`` at a time (the short one alone), in
-eval mode, fp32, ``step=None``, and the negative log-likelihoods are summed in float64.
+eval mode, fp32 (a float64 model: float64), ``step=None``; the negative log-likelihoods are summed in
+float64.
 
 Reported: ``ce`` (nats per token, token-weighted), ``bpb`` (bits per byte of the scored text:
 total nats / (ln 2 * bytes), comparable across tokenizers; for the bytes tokenizer CE / ln 2)
@@ -22,8 +23,35 @@ import torch
 import torch.nn.functional as F
 
 
-def _windows(n_targets: int, seq_len: int) -> list[tuple[int, int]]:
+def stream_windows(n_targets: int, seq_len: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of the non-overlapping windows of ``seq_len`` targets over ``n_targets``."""
     return [(s, min(seq_len, n_targets - s)) for s in range(0, n_targets, seq_len)]
+
+
+def as_stream(tokens: np.ndarray | torch.Tensor, n_targets: int) -> torch.Tensor:
+    """The first ``n_targets + 1`` tokens as a CPU int64 tensor (a memmap is copied once)."""
+    if isinstance(tokens, torch.Tensor):
+        return tokens[: n_targets + 1].long().cpu()
+    return torch.from_numpy(np.array(tokens[: max(n_targets + 1, 0)], dtype=np.int64))
+
+
+def window_logits(model, stream: torch.Tensor, windows, batch_size: int, device):
+    """Yield ``(starts [b], rows [b, length + 1], logits [b, length, vocab])`` over ``windows`` (``(start,
+    length)`` pairs: inputs ``stream[start : start + length]``, targets one further): windows of one
+    length together, longest first, ``batch_size`` at a time, each from a fresh state (``step=None``,
+    autocast off; float32 logits, float64 for a float64 model). The caller sets eval mode and no_grad."""
+    groups: dict[int, list[int]] = {}
+    for start, length in windows:
+        groups.setdefault(int(length), []).append(int(start))
+    for length in sorted(groups, reverse=True):
+        starts = groups[length]
+        for i in range(0, len(starts), batch_size):
+            chunk = torch.tensor(starts[i : i + batch_size])
+            index = chunk[:, None] + torch.arange(length + 1)[None, :]
+            rows = stream[index].to(device)
+            with torch.autocast(device_type=torch.device(device).type, enabled=False):
+                logits = model(rows[:, :-1], step=None).logits
+            yield chunk, rows, logits if logits.dtype == torch.float64 else logits.float()
 
 
 @torch.no_grad()
@@ -50,17 +78,10 @@ def rescore(
     n_targets = len(tokens) - 1
     if max_targets is not None:
         n_targets = min(n_targets, int(max_targets))
-    if isinstance(tokens, torch.Tensor):
-        stream = tokens[: n_targets + 1].long().cpu()
-    else:
-        stream = torch.from_numpy(np.array(tokens[: max(n_targets + 1, 0)], dtype=np.int64))
+    stream = as_stream(tokens, n_targets)
     if n_targets <= 0:
         raise ValueError(f"nothing to score: the stream has {len(stream)} tokens")
-    windows = _windows(n_targets, seq_len)
-    groups: dict[int, list[int]] = {}
-    for start, length in windows:
-        groups.setdefault(length, []).append(start)
-
+    windows = stream_windows(n_targets, seq_len)
     was_training = model.training
     model.eval()
     total = 0.0
@@ -70,18 +91,11 @@ def rescore(
 
         bar = tqdm(total=n_targets, unit="tok", desc="rescoring", leave=False)
     try:
-        for length in sorted(groups, reverse=True):
-            starts = groups[length]
-            for i in range(0, len(starts), batch_size):
-                chunk = torch.tensor(starts[i : i + batch_size])
-                index = chunk[:, None] + torch.arange(length + 1)[None, :]
-                rows = stream[index].to(device)
-                with torch.autocast(device_type=torch.device(device).type, enabled=False):
-                    logits = model(rows[:, :-1], step=None).logits.float()
-                nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1), reduction="sum")
-                total += float(nll.double())
-                if bar is not None:
-                    bar.update(rows.shape[0] * length)
+        for _, rows, logits in window_logits(model, stream, windows, batch_size, device):
+            nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1), reduction="sum")
+            total += float(nll.double())
+            if bar is not None:
+                bar.update(rows[:, 1:].numel())
     finally:
         if bar is not None:
             bar.close()

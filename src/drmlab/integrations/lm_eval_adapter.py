@@ -46,18 +46,13 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from drmlab.generation import prefill, sample_next
+from drmlab.models.decode_state import position_limit
 
 DEFAULT_PREFIX = "\n\n"  # drmlab's corpus separator (drmlab.data.corpus.SEPARATOR): what every document follows
 DEFAULT_MAX_PARALLEL = 2048
 
 
-def context_limit(model) -> int | None:
-    """How many tokens one forward of ``model`` may take: the rows of its learned position table
-    (GPT2's ``n_positions``, LOOPED's ``max_seq_len``), or None when it has no such limit."""
-    if not getattr(model, "has_position_limit", False):
-        return None
-    config = model.config
-    return int(getattr(config, "n_positions", None) or config.max_seq_len)
+context_limit = position_limit  # how many tokens one forward may take (its learned position table), or None
 
 
 class StreamScore:

@@ -13,7 +13,8 @@ A run directory holds
   tensors once), ``optimizer.safetensors`` (optimizer tensors as ``state.<param index>.<name>`` and
   the torch RNG state(s) as ``rng.*``), ``trainer_state.json`` (step, tokens, timings, optimizer
   hyper-parameters and its non-tensor state) and ``manifest.json`` (the same sums as the pointer);
-* ``summary.json`` -- the finished run's numbers; ``eval.json`` -- a later ``drmlab eval``;
+* ``summary.json`` -- the finished run's numbers; ``eval.json`` -- a later ``drmlab eval``; ``eval-carried.json``,
+  ``eval-by-position.json`` / ``.png`` and ``eval-carried-by-position.json`` / ``.png`` -- its long-context modes;
 * ``tensorboard/`` -- with ``--tensorboard``, metrics.jsonl's rows as TensorBoard event files;
 * ``.lock`` -- held (``flock``) by the one process writing the run; it names that process.
 
@@ -38,8 +39,16 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "manifest.json"
 CONFIG_SEAL_FILE = "config.seal.json"  # config.json's sha256 and the copy it was taken of
+# The long-context evaluation's outputs (drmlab eval --carry-state / --by-position; each figure beside its JSON)
+EVAL_CONTEXT_FILES = (
+    "eval-carried.json",
+    "eval-by-position.json",
+    "eval-by-position.png",
+    "eval-carried-by-position.json",
+    "eval-carried-by-position.png",
+)
 # Files a run writes at its top level (what --overwrite removes; nothing else is touched).
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, EVAL_FILE, POINTER_FILE, CONFIG_SEAL_FILE)
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, EVAL_FILE, POINTER_FILE, CONFIG_SEAL_FILE, *EVAL_CONTEXT_FILES)
 # Leftovers of a killed writer: a checkpoint being written, metrics.jsonl being truncated.
 TEMP_CHECKPOINT_PREFIX = ".checkpoint-"
 TEMP_METRICS_FILE = METRICS_FILE + ".tmp"

@@ -13,15 +13,14 @@ the task's pair count (``pairs``, default 8).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import torch
 import torch.nn as nn
 
+from drmlab.experiments.mqar import controls
 from drmlab.experiments.mqar.distance_gates import wilson_interval
 from drmlab.experiments.mqar.distance_task import (
-    MARKER,
     PAIRS,
     check_length,
     check_pairs,
@@ -29,65 +28,15 @@ from drmlab.experiments.mqar.distance_task import (
     scored_positions,
     split_tokens,
 )
+from drmlab.models.decode_state import (  # noqa: F401 (re-exported: the distance study's own names)
+    context_limit,
+    decode_state_grows,
+    state_nbytes,
+)
 
 DEFAULT_EVAL_BATCH = 128
 DEFAULT_EVAL_SEED = 0
 DEFAULT_CHUNK = 512
-
-
-def state_nbytes(state) -> int:
-    """Bytes of every tensor in a decoding state (dataclasses, tuples, lists and dicts walked), without the
-    fields a state type lists in ``CACHE_FIELDS`` (caches recomputable from the rest, such as the DRM
-    fast step's block constants): the state a sequence must carry."""
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    derived = getattr(type(state), "CACHE_FIELDS", ())
-    if dataclasses.is_dataclass(state) and not isinstance(state, type):
-        return sum(state_nbytes(getattr(state, f.name)) for f in dataclasses.fields(state) if f.name not in derived)
-    if derived and hasattr(state, "_fields"):  # a NamedTuple
-        return sum(state_nbytes(getattr(state, name)) for name in state._fields if name not in derived)
-    if isinstance(state, (tuple, list)):
-        return sum(state_nbytes(s) for s in state)
-    if isinstance(state, dict):
-        return sum(state_nbytes(s) for s in state.values())
-    return 0
-
-
-@torch.no_grad()
-def decode_state_grows(model: nn.Module, probe: int = 8) -> bool:
-    """Whether the decoding state gets larger with every token (a key/value cache): steps ``probe``
-    tokens at batch 1 and checks the state's bytes rise at each step after the first."""
-    device = next(model.parameters()).device
-    state = model.init_state(1)
-    sizes = []
-    for _ in range(probe):
-        _, state = model.step(torch.full((1,), MARKER, dtype=torch.long, device=device), state)
-        sizes.append(state_nbytes(state))
-    return all(b > a for a, b in zip(sizes[1:], sizes[2:]))
-
-
-def context_limit(model: nn.Module) -> int | None:
-    """The most input tokens the model can read, or None for no limit: the rows of a learned position
-    table (``has_position_limit``: n_positions or max_seq_len), or the training window max_seq_len of a
-    model whose decoding state grows with every token; None for a constant-size state."""
-    config = getattr(model, "config", None)
-    if getattr(model, "has_position_limit", False):
-        return int(getattr(config, "n_positions", None) or config.max_seq_len)
-    was_training = model.training
-    model.eval()
-    try:
-        grows = decode_state_grows(model)
-    finally:
-        model.train(was_training)
-    if grows:
-        window = getattr(config, "max_seq_len", None) or getattr(config, "n_positions", None)
-        if not isinstance(window, int):
-            raise ValueError(
-                f"{getattr(model, 'model_name', type(model).__name__)}'s decoding state grows with "
-                "every token and its config names no window (max_seq_len)"
-            )
-        return window
-    return None
 
 
 @torch.no_grad()
@@ -133,8 +82,6 @@ def read_length(
     of :mod:`drmlab.experiments.mqar.controls` (section 8.1) read instead of the plain examples; with
     ``keys_shuffled`` also the hits on the values the queried keys are now bound to (``bound_*``) and
     ``binder_level``, the share of targets equal to that bound value (a perfect binder's accuracy)."""
-    from drmlab.experiments.mqar import controls
-
     check_length(length, check_pairs(pairs))
     record = {"length": length, "n_eval": n_eval, "eval_seed": eval_seed}
     if control is not None:
