@@ -1,4 +1,5 @@
-"""bf16 autocast against float32 for a training step on this CPU, measured in the same run (issue 24 item 3).
+"""bf16 autocast against float32 for a training step on this CPU, measured in the same run (quoted in
+docs/results-in-full.md, "bf16 on the CPU's matrix units").
 
     python benchmarks/bench_bf16.py [--models J,J_NO_DIRECTION,SSM_CONTROL,MAMBA] [--preset tiny] [--steps 4]
 

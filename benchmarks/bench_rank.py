@@ -1,5 +1,5 @@
 """Training-step and decode-step cost against the variable rank, masked and sliced, as ratios to full rank
-measured in the same run (issue 27 item 4; ``docs/variable-rank.md`` section 5).
+measured in the same run (``docs/variable-rank.md`` section 5).
 
     python benchmarks/bench_rank.py [--models ASM_VR_S,ASM_VR_R,ASM_CM_VR] [--preset tiny] [--ranks 16,32,64,128]
                                     [--batch 8] [--seq-len 256] [--decode-batch 16] [--decode-tokens 32]

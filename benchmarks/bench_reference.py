@@ -24,10 +24,10 @@ are printed: tokens per wall second, and tokens per CPU second of the calling th
 only the calling thread's time is counted).
 
 ``--fast-memory`` also times the fast setting with the selective memory's matrix products in bf16
-(``memory_products_in_autocast``: ``drmlab train --fast`` since issue 33's decision, docs/drm.md A.4.7).
+(``memory_products_in_autocast``: what ``drmlab train --fast`` does now, docs/drm.md A.4.7).
 ``--plain`` also times drmlab with its fused kernels off (``drmlab.ops.fusion.plain_reference``: what the
 fusion gains), ``--fast`` the fast setting with the memory's products in float32 (as ``--fast`` trained
-before that decision: bf16 autocast around a ``torch.compile``d model, fused kernels on; its compiling first
+before it included them: bf16 autocast around a ``torch.compile``d model, fused kernels on; its compiling first
 steps are not timed). Each is a copy of
 drmlab's model with the same weights, timed in the same rounds; the ratios are to the reference's float32.
 """

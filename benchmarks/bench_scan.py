@@ -12,7 +12,7 @@ torch thread count unless --threads) for
   scan can beat it;
 * linear_scan on the compiled C kernel (skipped when unavailable);
 * linear_scan on the pure-torch backend, the log-depth scan (``linear_scan/log_depth.py``);
-* the pure-torch backend it replaced (issue 13), a loop over time with a reverse-loop backward,
+* the pure-torch backend it replaced, a loop over time with a reverse-loop backward,
   kept here only as a baseline (:class:`TimeLoop`);
 * a naive autograd Python loop indexing ``f[:, t]`` (its backward is O(T^2); it is run at full
   size only if the estimate scaled from T=256 is under 30 s, otherwise the estimate is printed);
@@ -68,7 +68,7 @@ def loop64(f, u):
 
 
 class TimeLoop(torch.autograd.Function):
-    """The pure-torch backend before issue 13, as a baseline: one addcmul per step forward
+    """The pure-torch backend before the log-depth scan, as a baseline: one addcmul per step forward
     (m_t = f_t m_{t-1} + u_t, m_{-1} = 0) and one per step backward
     (g_t = dm_t + conj(f_{t+1}) g_{t+1}, df_t = g_t conj(m_{t-1})), so about 2 T dispatched
     kernels.  Inputs f, u: [B, T, D] of one dtype."""

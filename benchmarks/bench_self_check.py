@@ -1,4 +1,4 @@
-"""What the first-use self-check of the fast backends costs (issue 36 item 5, ``drmlab.ops.self_check``).
+"""What the first-use self-check of the fast backends costs (``drmlab.ops.self_check``).
 
     python benchmarks/bench_self_check.py [--models J,MAMBA] [--repeats 20] [--json results.json]
 

@@ -1,16 +1,16 @@
-"""Two ``drmlab train`` runs sharing one machine against one run alone (issue 33 item 4).
+"""Two ``drmlab train`` runs sharing one machine against one run alone (docs/guide.md section 3).
 
     python benchmarks/bench_sharing.py [--model J] [--preset tiny] [--tokens 196608]
 
 Three settings, each once alone and then twice started together, every run a fresh ``drmlab train``
 process: ``before`` (OpenMP threads spin while they wait, ``OMP_WAIT_POLICY=ACTIVE``, and ``--threads``
-at the core count: torch's default, as the CLI ran before issue 33), ``passive`` (waiting threads sleep,
-``--threads`` at the core count) and ``default`` (the CLI as it is now: sleeping waits and no
-``--threads``, so a run that finds the cores busy takes the cores left). Printed: the training rate of
-each (``tokens_per_s`` of summary.json: training time only, the final rescoring cut to
+at the core count: torch's default, as the CLI ran before it made waiting threads sleep and trained on the
+cores left), ``passive`` (waiting threads sleep, ``--threads`` at the core count) and ``default`` (the CLI
+as it is now: sleeping waits and no ``--threads``, so a run that finds the cores busy takes the cores left).
+Printed: the training rate of each (``tokens_per_s`` of summary.json: training time only, the final rescoring cut to
 ``--eval-tokens``), the threads each used (its config.json), and each concurrent run's rate as a
 fraction of the solo rate of the same setting measured in this run.
-The issue's target: each of two concurrent default runs keeps at least 40% of its solo speed.
+The target: each of two concurrent default runs keeps at least 40% of its solo speed.
 Run it on an otherwise quiet machine (every other busy process shows up in the fractions).
 """
 

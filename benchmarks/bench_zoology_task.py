@@ -12,7 +12,7 @@ time of ``generate(L, kv, n)`` in int64 and in int16 (the study keeps int16), an
   keys, values and query slots (the way a straightforward generator -- Zoology's own -- draws
   them), timed on ``--loop-rows`` rows and scaled to ``n``.
 
-The target of issue 26 is ``generate(512, 64, 100_000)`` under 10 s; the line for it says PASS or
+The target is ``generate(512, 64, 100_000)`` under 10 s; the line for it says PASS or
 FAIL. Repeats run round-robin (one of each per round) so drift in machine load affects them alike.
 """
 

@@ -1,4 +1,4 @@
-"""Damage campaign: the adversarial cases of issue 36 against real ``drmlab`` verbs, counted.
+"""Damage campaign: adversarial cases against real ``drmlab`` verbs, counted (docs/runs.md "The damage campaign").
 
 Each case damages a copy of a finished micro run (SSM_CONTROL, 2k tokens, 8 steps) or gives a verb a bad
 path, setting or number, runs the verb in a forked child (:class:`kill_campaign.Campaign`, without the

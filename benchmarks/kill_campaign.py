@@ -1,8 +1,8 @@
 """Kill campaign: drmlab as a crashing machine, a full disk, a damaged file and a second writer treat it.
 
-One command runs the matrix of issue 23 with real ``drmlab`` verbs (``drmlab.cli.main`` in a forked child of
-this process: the same code as ``python -m drmlab``, without paying the imports per child) on a preset-micro
-run, and prints counts:
+One command runs the matrix of docs/runs.md ("The rows") with real ``drmlab`` verbs (``drmlab.cli.main``
+in a forked child of this process: the same code as ``python -m drmlab``, without paying the imports per
+child) on a preset-micro run, and prints counts:
 
 * **syscall kills** -- SIGKILL at the K-th rename, fsync and open-for-write inside the run directory (an
   LD_PRELOAD shim compiled with gcc counts them; every K of a census run), then the follow-up a user would

@@ -1,9 +1,9 @@
-"""What the Zoology MQAR study at CPU budget costs (issue 34 item 2; docs/mqar.md section 10.9), in
+"""What the Zoology MQAR study at CPU budget costs (docs/mqar.md section 10.9), in
 one-thread hours, before any of it is run: per model and (length, width) cell, one training step
 (forward, loss at the query positions, backward) timed on a slice of the protocol's batch and scaled to
 the whole batch, then to the budget's steps.
 
-    PYTHONPATH=src python benchmarks/zoology_budget.py                  # the issue's models, L 64/256, W 64/128
+    PYTHONPATH=src python benchmarks/zoology_budget.py                  # the study's models, L 64/256, W 64/128
     PYTHONPATH=src python benchmarks/zoology_budget.py --json out.json --slice 32 --repeats 3
 
 Per cell, with ``E`` the steps of one epoch (100,000 examples / the length's batch), ``t`` the seconds of

@@ -1,4 +1,4 @@
-"""ASM_CM's capacity at 32,768 tokens within the byte vocabulary (issue 34 items 3 and 4, docs/mqar.md
+"""ASM_CM's capacity at 32,768 tokens within the byte vocabulary (docs/mqar.md
 section 9.2): the study's driver and its collector.
 
 Per seed S a J_NO_DIRECTION base (tiny, 2M tokens, as in docs/studies/asm-cm-controls); per pair count P
@@ -51,7 +51,7 @@ CONTROL_KEYS = ("acc", "first_acc", "bound_acc")
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """What the jobs run with: the issue's settings (a test shrinks them). ``read_lengths`` and
+    """What the jobs run with: the study's settings (a test shrinks them). ``read_lengths`` and
     ``control_lengths`` follow the control, 5 x pairs, which every read takes first."""
 
     base: tuple[str, ...] = ("--model", BASE_MODEL, "--preset", "tiny", "--tokens", "2M")
@@ -463,7 +463,7 @@ def record(found: dict, seeds, pairs, widths, machine: str, how: str, s: Setting
     return {
         "title": "ASM_CM's recall against pairs and state bytes at up to 32,768 tokens in the byte vocabulary: "
         "drmlab specialise at ten times the recipe's rates at 8, 16 and 32 pairs and two fast-weight widths, "
-        "per seed, with the read-off, write-off and shuffled-key controls (issue 34 item 3)",
+        "per seed, with the read-off, write-off and shuffled-key controls",
         "provenance": provenance(commands(s), command="python tools/capacity_study.py run (the commands in settings)")
         | {
             "machine": machine,

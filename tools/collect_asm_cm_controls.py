@@ -1,4 +1,4 @@
-"""Collect ASM_CM's recall under controls over three seeds (issue 26 item 3, docs/mqar.md section 8.1)
+"""Collect ASM_CM's recall under controls over three seeds (docs/mqar.md section 8.1)
 into docs/studies/asm-cm-controls.
 
 The study folder holds, per seed S: a J_NO_DIRECTION base run (base/J_NO_DIRECTION-seedS), its
@@ -94,7 +94,7 @@ def main() -> None:
     seeds = sorted({int(s) for arm in found["arms"] for s in arm["runs"]})
     record = {
         "title": "ASM_CM's recall over distance under the recall controls, per seed: the specialisation recipe "
-        "at its rates and at ten times them, and ASM_CM trained on the control alone (issue 26 item 3)",
+        "at its rates and at ten times them, and ASM_CM trained on the control alone",
         "provenance": provenance(COMMANDS, command="the commands in settings, per seed S")
         | {
             "machine": args.machine,

@@ -1,4 +1,4 @@
-"""Collect the geometry study (issue 25, docs/geometry.md section 10) into docs/studies/geometry-tiny.
+"""Collect the geometry study (docs/geometry.md section 10) into docs/studies/geometry-tiny.
 
 Reads every run folder STUDY/MODEL-seedS that has a ``summary.json`` and a ``geometry-v2/geometry.json``
 (written by the two commands in the record's provenance) and writes the run's entry: the scalar
@@ -138,7 +138,7 @@ def main() -> None:
     seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else "seeds " + ", ".join(map(str, seeds))
     record["title"] = (
         "The geometry instruments (docs/geometry.md) on DRM runs trained at the protocol's tiny settings: "
-        f"{', '.join(models)}, {seed_text} (issue 25)"
+        f"{', '.join(models)}, {seed_text}"
     )
     prov = record["provenance"]
     if args.how:

@@ -1,4 +1,4 @@
-"""Collect the PMCS-64 specialisations (issue 27 item 5, docs/variable-rank.md section 11) into
+"""Collect the PMCS-64 specialisations (docs/variable-rank.md section 11) into
 docs/studies/pmcs-tiny.
 
 Reads every specialisation folder STUDY/spec/MODEL-seedS (``drmlab specialise --recipe interleaved``,

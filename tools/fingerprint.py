@@ -1,5 +1,5 @@
 """Bit-level fingerprint of every registered model: parameters, logits, stepped logits and a training
-gradient at preset micro, in float32 and float64 (issue 22's "behaviour stays the same" check).
+gradient at preset micro, in float32 and float64 (the check that a change leaves every model's behaviour the same).
 
     PYTHONPATH=src python tools/fingerprint.py --out before.json        # on the old tree
     PYTHONPATH=src python tools/fingerprint.py --compare before.json    # on the new tree: lists every difference

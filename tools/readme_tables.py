@@ -406,7 +406,7 @@ CAPACITY_CONTROLS = tuple(c for c in CONTROL_COLUMNS if c[0] != "pairs_unwritten
 
 
 def _asm_cm_controls_table(studies: dict[str, dict]) -> str:
-    """ASM_CM's recall under the controls per arm and seed (docs/mqar.md section 8.1, issue 26 item 3):
+    """ASM_CM's recall under the controls per arm and seed (docs/mqar.md section 8.1):
     the plain reads per length with the Wilson interval at the longest, the first query there, and each
     control at the longest length it was read with its verdict over the lengths read."""
     study = studies["asm-cm-controls"]
@@ -451,7 +451,7 @@ def _asm_cm_controls_table(studies: dict[str, dict]) -> str:
 
 
 def _asm_cm_capacity_table(studies: dict[str, dict]) -> str:
-    """ASM_CM's capacity (docs/mqar.md section 9.2, issue 34 item 3): per (pairs, fast-weight width) the
+    """ASM_CM's capacity (docs/mqar.md section 9.2): per (pairs, fast-weight width) the
     decoding state's bytes, the mean recall over the seeds collected at each length (the control, 5P,
     first), the seeds at 80% or more at the longest, the first query there, each control at its longest
     length (mean accuracy, the seeds in which it falls) and the language CE before and after; a last row
@@ -611,7 +611,7 @@ def _protocol_table(studies: dict[str, dict], name: str = "protocol-tiny") -> st
 
 
 def _precision_table(studies: dict[str, dict], fast: str = "protocol-small", plain: str = "protocol-small-fp32") -> str:
-    """The float32 check beside a protocol run with ``--fast`` (issue 34 item 1): per model of the float32
+    """The float32 check beside a protocol run with ``--fast`` (docs/results-in-full.md section 6, "The float32 check"): per model of the float32
     record, both runs at the seeds they share (seed 1), the same rate, their bits per byte, the difference
     (``--fast`` less float32; negative: ``--fast`` lower) and each run's own tokens/s."""
     header = [
@@ -791,6 +791,67 @@ def _verdict_cell(v: dict | None, a: str, b: str) -> str:
         return "not finished"
     promoted = {"A": a, "B": b, NEITHER: "neither"}[v["winner"]]
     return f"{v['gain']:+.4f}, {v['wins']} of {v['n']}: {promoted}"
+
+
+def _recipes_table(
+    studies: dict[str, dict], reference: str = "protocol-tiny", field: str = "protocol-tiny-field"
+) -> str:
+    """The protocol at tiny under the reference's recipe and the field's, side by side
+    (:func:`drmlab.experiments.ablate.recipe_verdicts.side_by_side`): per pair of models finished under both,
+    the gate's verdict under each (as in :func:`_scales_table`) and whether it holds, flips or changes."""
+    from drmlab.experiments.ablate.recipe_verdicts import recipe_of, side_by_side
+
+    header = ["A vs B", "reference: A's gain, wins, promoted", "field: A's gain, wins, promoted", "reference to field"]
+    align = ["---"] * 4
+    if reference not in studies or field not in studies:
+        return _table(header, align, [["not run yet", *["-"] * 3]])
+    first, second = studies[reference], studies[field]
+    rows = []
+    for r in side_by_side(first, second):
+        cells = [_verdict_cell(r["at"][recipe_of(record)], r["a"], r["b"]) for record in (first, second)]
+        rows.append([f"{r['a']} vs {r['b']}", *cells, r["across"]])
+    if not rows:
+        rows.append(["no pair is finished under both recipes yet", *["-"] * 3])
+    return _table(header, align, rows)
+
+
+# what each arm of recipe-parts-tiny puts back to the reference's (tools/collect_recipe_parts.py ARMS)
+PARTS_PUT_BACK = {
+    "betas": "betas (0.9, 0.999)",
+    "schedule": "a constant rate, no warm-up",
+    "decay": "decay 0.01 on every tensor",
+}
+
+
+def _recipe_parts_table(studies: dict[str, dict], name: str = "recipe-parts-tiny") -> str:
+    """The field recipe's parts (tools/collect_recipe_parts.py): per model and rate the sweep's tuning CE under
+    the reference's whole recipe, the field's, and the field's with one part put back to the reference's."""
+    if name not in studies:
+        return _table(["arm", "scores"], ["---", "---"], [["not run yet", "-"]])
+    record = studies[name]
+    arms = record["arms"]
+    cells = [(model, rate) for model, scores in next(iter(arms.values()))["scores"].items() for rate in scores]
+    header = ["recipe", *(f"{model} at {_sci(float(rate))}" for model, rate in cells)]
+    whole = {
+        label: studies[study]["lr_sweep"] if study in studies else {}
+        for label, study in (
+            ("reference (whole)", record["beside"]["reference"]),
+            ("field (whole)", record["beside"]["field"]),
+        )
+    }
+    rows = [
+        [label, *(_score(sweep.get(model, {}).get("scores", {}).get(rate)) for model, rate in cells)]
+        for label, sweep in whole.items()
+    ]
+    rows += [
+        [f"field, but {PARTS_PUT_BACK[arm]}", *(_score(a["scores"].get(model, {}).get(rate)) for model, rate in cells)]
+        for arm, a in arms.items()
+    ]
+    return _table(header, ["---"] + ["---:"] * len(cells), rows)
+
+
+def _score(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 # the micro confound (docs/drm.md A.7.3): micro as it ran, micro at tiny's 256-byte window, tiny

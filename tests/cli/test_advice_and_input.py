@@ -1,4 +1,4 @@
-"""Issue 36 items 3 and 4: advice that works when followed (each test runs the advised command once), and bad
+"""Advice that works when followed (each test runs the advised command once), and bad
 input refused in one line: a NaN temperature, an eval_windows the validation stream cannot hold."""
 
 from __future__ import annotations

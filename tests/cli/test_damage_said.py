@@ -1,4 +1,4 @@
-"""Issue 36 item 2: damage that passed unsaid. A damaged manifest.json is refused by the readers as by resume;
+"""Damage is said, not passed over: a damaged manifest.json is refused by the readers as by resume;
 metrics.jsonl's rows before the checkpoint are checked against the length and sha256 the checkpoint recorded
 (resume and report say it in one line); report never calls a run with lost metrics verified; a recovered
 checkpoint.json is said."""

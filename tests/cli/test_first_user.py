@@ -1,4 +1,4 @@
-"""What a first user meets on the command line (issue 35 item 4): each verb's help says what it does with the
+"""What a first user meets on the command line: each verb's help says what it does with the
 data (eval reads the run's own), every verb that computes takes --threads, a budget may be given in optimizer
 steps, an unknown setting names the nearest ones first, a recovered checkpoint.json is said in one line by every
 reader, and the folders the documentation's examples write are ignored by git."""

@@ -1,4 +1,4 @@
-"""Issue 36 item 1: an output path given to a verb never lands on a run's own files (config, metrics, pointer,
+"""An output path given to a verb never lands on a run's own files (config, metrics, pointer,
 the checkpoint's files): report, eval, export and the other writers refuse it in one line, saying where to
 write instead."""
 

@@ -1,4 +1,4 @@
-"""The pair count of the distance MQAR task (docs/mqar.md section 8.2, issue 34 item 3): the default 8
+"""The pair count of the distance MQAR task (docs/mqar.md section 8.2): the default 8
 draws what the task drew before it was a setting, bit for bit; at 16 and 32 pairs an example has
 distinct keys, asks each written key once and is scored at its queries; the no-binding levels follow
 their closed forms; the distance study and ``drmlab specialise`` take ``--pairs`` (and the specialisation

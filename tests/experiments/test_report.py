@@ -376,7 +376,7 @@ def _damaged_copy(studies, tmp_path, damage: str) -> Path:
     ],
 )
 def test_the_run_page_states_a_damaged_or_recovered_checkpoint(studies, tmp_path, capsys, damage, status):
-    """Issue 23 item 7: the page verified only trainer_state.json, so damaged weights or optimizer state went
+    """Before the fix, the page verified only trainer_state.json, so damaged weights or optimizer state went
     unmentioned (and a damaged pointer could raise). Every file is verified; the page says what it found in its
     status line and its Checkpoint section, renders everything else, and changes no file."""
     run = _damaged_copy(studies, tmp_path, damage)

@@ -519,7 +519,7 @@ def test_fast_specialises_in_bf16_where_the_cpu_has_bf16_units_and_says_when_not
 
 
 def test_fast_puts_the_selective_memory_s_products_in_bf16_in_both_models(base_run, corpus, tmp_path, monkeypatch):
-    """settings.bf16_memory_products (``--fast`` since issue 33's decision): the teacher's memory is switched
+    """settings.bf16_memory_products (on under ``--fast``, docs/drm.md A.4.7): the teacher's memory is switched
     by the job, the student's by the trainer while it trains, and the run records it; without bf16 it is
     refused."""
     import argparse

@@ -294,7 +294,7 @@ class _Payload:
 
 
 def test_weights_load_only_from_safetensors_never_from_a_pickle(tmp_path):
-    """Issue 23 item 7: a plain pickled state dict was accepted by the Hugging Face loading path."""
+    """Before the fix, a plain pickled state dict was accepted by the Hugging Face loading path."""
     model = _perturbed("J")
     dhf.DrmlabForCausalLM.from_drmlab(model, "J", "micro", seed=3).save_pretrained(tmp_path)
     state = {f"model.{k}": v for k, v in model.state_dict().items()}

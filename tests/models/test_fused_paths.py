@@ -1,4 +1,4 @@
-"""The fused paths of the DRM block path (issue 33; ``drmlab.ops.fusion``) against the plain reference: on
+"""The fused paths of the DRM block path (docs/drm.md A.4.6; ``drmlab.ops.fusion``) against the plain reference: on
 every registered DRM model, logits and every parameter's gradient within 1e-5 relative in float32 and
 1e-12 in float64, with a short final block, and in the stressed settings (the clip active on every state,
 variable rank, the selective memory at a sliced width)."""

@@ -51,7 +51,7 @@ def test_count_parameters_agrees_with_the_closed_form(name, family):
     )  # the tied head counted once
 
 
-# earlier names -> today's (the block shared by LOOPED and RESOLVENT*, issue 12)
+# earlier names -> today's (the block shared by LOOPED and RESOLVENT*; drmlab.models.legacy_names)
 RESOLVENT_OLD_NAMES = {
     "mixer.qkv_weight": "attn.qkv.weight",
     "mixer.qkv_bias": "attn.qkv.bias",

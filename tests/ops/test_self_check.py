@@ -1,4 +1,4 @@
-"""The first-use self-check of the fast backends (drmlab.ops.self_check, issue 36 item 5): a backend made
+"""The first-use self-check of the fast backends (drmlab.ops.self_check): a backend made
 wrong on purpose (the C kernels of linear_scan, selective_scan and the fused decode step: a wrong
 forward, a wrong gradient, an exception, a NaN) is caught on its first use, said in one line naming the
 backend, the device and the error, replaced by the next backend (whose results are the reference's), and
@@ -337,7 +337,7 @@ def test_the_run_records_the_checks_in_its_config(tmp_path, monkeypatch, capsys)
     assert "drmlab: linear_scan backend 'c' failed its first-use check on cpu float32" in capsys.readouterr().err
 
 
-# --------------------------------------------------------------------------- the fused kernels (issue 33)
+# --------------------------------------------------------------------------- the fused kernels (docs/drm.md A.4.6)
 
 
 def test_a_wrong_fused_state_bound_is_caught_and_the_plain_bound_runs(monkeypatch, capsys):

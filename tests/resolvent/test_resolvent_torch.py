@@ -391,7 +391,7 @@ def test_the_clamp_is_the_freeze():
         assert (u.grad[..., 1:] == 0).double().mean() < 0.05, name
 
 
-# --------------------------------------------------------------------------- flex (issue 13)
+# --------------------------------------------------------------------------- flex
 # The ``flex`` path (drmlab.resolvent.flex): on a CPU only its forward runs (torch has no CPU
 # backward for flex_attention); the CUDA test below is the GPU check and was not run when written.
 

@@ -1,4 +1,4 @@
-"""Readers racing a writer's commits (issue 23 item 7: 3 false "checkpoint missing" in 977 loads).
+"""Readers racing a writer's commits (what it guards against: 3 false "checkpoint missing" in 977 loads).
 
 A writer process commits checkpoints in a loop (``RunDir.save_checkpoint``: temporary folder, one rename,
 the pointer replaced, the superseded folder removed) while reader threads of this process load them through

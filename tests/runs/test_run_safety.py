@@ -305,7 +305,7 @@ def _checkpoint_bytes(run):
 
 @pytest.mark.parametrize("damage", ["lost", "not json", "a flipped step", "a key renamed", "a flipped folder name"])
 def test_a_lost_or_damaged_pointer_is_recovered_from_the_manifest_and_nothing_is_deleted(tmp_path, damage):
-    """Issue 23 item 1: resume verified nothing and deleted every folder the pointer did not name."""
+    """Before the fix, resume verified nothing and deleted every folder the pointer did not name."""
     cfg = _cfg()
     train(SmallLM(), _stream(), None, cfg, tmp_path, quiet=True, stop_after_step=3)
     run = RunDir(tmp_path)
@@ -547,7 +547,7 @@ def test_progress_lines_without_a_terminal(tmp_path, capsys):
 
 
 def test_an_edited_config_is_refused_with_its_fields_unless_accepted(tmp_path):
-    """Issue 23 item 2: resume and eval read the run's settings from config.json, which had no checksum."""
+    """Before the fix, resume and eval read the run's settings from config.json, which had no checksum."""
     from drmlab.runs import EditedConfigError
 
     train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, stop_after_step=2)
@@ -598,7 +598,7 @@ class WideLM(SmallLM):
 
 
 def test_a_full_real_disk_is_one_line_naming_the_path(small_tmpfs, capsys):
-    """Issue 23 item 3: safetensors' SafetensorError on ENOSPC was a 24-line traceback."""
+    """Before the fix, safetensors' SafetensorError on ENOSPC was a 24-line traceback."""
     with pytest.raises(OSError) as caught:
         train(WideLM(), _stream(), None, _cfg(), small_tmpfs / "run", quiet=True, stop_after_step=2)
     message = str(caught.value)
@@ -691,7 +691,7 @@ def test_a_damaged_manifest_is_refused_in_one_line(tmp_path, damage):
 
 
 def test_weights_readers_need_only_the_files_they_read(tmp_path):
-    """Issue 23 item 7: a damaged optimizer file blocked eval, generate and export, which read only the weights."""
+    """Before the fix, a damaged optimizer file blocked eval, generate and export, which read only the weights."""
     train(SmallLM(), _stream(), None, _cfg(), tmp_path, quiet=True, stop_after_step=3)
     run = RunDir(tmp_path)
     optimizer_file = run.checkpoint_dir() / "optimizer.safetensors"
@@ -702,7 +702,7 @@ def test_weights_readers_need_only_the_files_they_read(tmp_path):
 
 
 def test_a_short_run_whose_final_ce_is_worse_than_uniform_is_diverged_not_finished(tmp_path):
-    """Issue 23 item 5: --lr 10 on a run shorter than the divergence window finished with val CE 1,994."""
+    """Before the fix, --lr 10 on a run shorter than the divergence window finished with val CE 1,994."""
     cfg = _cfg(tokens=4 * 8 * 3)  # 3 steps, fewer than divergence_steps
     with pytest.raises(
         DivergenceError,
@@ -716,7 +716,7 @@ def test_a_short_run_whose_final_ce_is_worse_than_uniform_is_diverged_not_finish
 
 
 def test_the_cli_refuses_an_edited_config_unless_accepted(tmp_path, capsys, corpus_text):
-    """Issue 23 item 2 on the command line: eval and --resume refuse an edited config.json in one line;
+    """The sealed config.json on the command line: eval and --resume refuse an edited config.json in one line;
     --accept-edited-config takes it and records it."""
     from drmlab.cli import main
 
@@ -747,7 +747,7 @@ def test_an_unknown_device_is_one_line(device):
 
 
 def test_the_advice_after_a_stop_without_a_checkpoint_is_a_command_that_works(tmp_path, capsys, corpus_text):
-    """Issue 23 item 5: --lr 1e6 stopped cleanly but advised --resume, which failed (no checkpoint)."""
+    """Before the fix, --lr 1e6 stopped cleanly but advised --resume, which failed (no checkpoint)."""
     from drmlab.cli import main
 
     argv = _train_argv(tmp_path / "run", corpus_text)
@@ -773,7 +773,7 @@ def test_a_resume_over_lost_metrics_rows_says_so_and_records_it(tmp_path, capsys
 
 
 def test_a_model_too_large_for_memory_is_refused_before_it_is_built(tmp_path, capsys, corpus_text, monkeypatch):
-    """Issue 23 item 6: --set d_state=100000000 hung in the allocation, then raised a traceback."""
+    """Before the fix, --set d_state=100000000 hung in the allocation, then raised a traceback."""
     from drmlab.cli import common, main
 
     monkeypatch.setattr(common, "available_memory_bytes", lambda device: 8 * 2**30)
@@ -787,7 +787,7 @@ def test_a_model_too_large_for_memory_is_refused_before_it_is_built(tmp_path, ca
 
 
 def test_a_second_sigterm_stops_at_once_with_143_and_one_line(tmp_path, monkeypatch, capsys, corpus_text):
-    """Issue 23 item 6: a second SIGTERM exited 130 (as Ctrl-C) instead of 143."""
+    """Before the fix, a second SIGTERM exited 130 (as Ctrl-C) instead of 143."""
     from drmlab.cli import main
 
     real_step = Trainer.train_step
@@ -807,7 +807,7 @@ def test_a_second_sigterm_stops_at_once_with_143_and_one_line(tmp_path, monkeypa
 
 
 def test_sigterm_during_the_final_evaluation_is_one_line_and_resume_evaluates(tmp_path, capsys, corpus_text):
-    """Issue 23 item 6: SIGTERM during the final evaluation killed the process (exit -15) without a word."""
+    """Before the fix, SIGTERM during the final evaluation killed the process (exit -15) without a word."""
     from drmlab.cli import main
     from drmlab.evaluation import rescoring
 

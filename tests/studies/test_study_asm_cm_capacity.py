@@ -1,4 +1,4 @@
-"""ASM_CM's capacity against pairs and width (docs/studies/asm-cm-capacity, issue 34 item 3): what
+"""ASM_CM's capacity against pairs and width (docs/studies/asm-cm-capacity): what
 docs/results.md and docs/results-in-full.md say of it."""
 
 from study_results import fmt, load, stated

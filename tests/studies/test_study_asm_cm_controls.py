@@ -1,5 +1,5 @@
 """The claims docs/results.md and docs/results-in-full.md make about ASM_CM's recall under controls at three seeds
-(docs/studies/asm-cm-controls, issue 26 item 3): at ten times the recipe's rates the specialised model recalls at
+(docs/studies/asm-cm-controls): at ten times the recipe's rates the specialised model recalls at
 32,768 tokens in every seed and every control falls; at the recipe's rates nothing is recalled; ASM_CM trained on the
 control alone recalls at 40 tokens only."""
 

@@ -105,7 +105,7 @@ def test_against_the_reference_only_the_drm_variants_are_clearly_faster():
     controls = [ratio[p, m] for p in ("tiny", "small") for m in ("SSM_CONTROL", "J_DIRECT_CONTROL_MATCHED")]
     assert (fmt(min(drm), 2), fmt(max(drm), 2)) == (said("1.69"), said("2.02"))
     assert (fmt(min(controls), 2), fmt(max(controls), 2)) == (said("1.15"), said("1.41"))
-    assert max(ratio[p, "SSM_CONTROL"] for p in ("tiny", "small")) < 1.5  # issue 33's target, not met
+    assert max(ratio[p, "SSM_CONTROL"] for p in ("tiny", "small")) < 1.5  # the controls' 1.5x target: not met
     assert ratio["small", "J"] >= 2.0 and min(drm) < 2.0  # the DRM variants' 2.0x: met by J at small only
 
 
@@ -122,7 +122,7 @@ def test_the_fast_setting_against_the_reference_and_the_factors_the_trainer_quot
                 assert FAST_FACTORS[name] == round(cpu["fast"] / cpu["ours"], 2)
     assert (fmt(min(fast.values()), 2), fmt(max(fast.values()), 2)) == (said("2.06"), said("3.68"))
     assert fmt(fused["tiny", "J"], 2) == said("1.14")
-    # issue 33's 2.5x: met by J and J_NO_DIRECTION at both presets, not by the controls
+    # the 2.5x target of --fast: met by J and J_NO_DIRECTION at both presets, not by the controls
     assert min(fast[p, m] for p in ("tiny", "small") for m in ("J", "J_NO_DIRECTION")) >= 2.5
     assert max(fast[p, m] for p in ("tiny", "small") for m in ("SSM_CONTROL", "J_DIRECT_CONTROL_MATCHED")) < 2.5
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
@@ -172,7 +172,7 @@ def test_the_controls_memory_in_bf16_against_the_fast_setting_as_it_is():
 
 
 def test_runs_sharing_the_machine_keep_the_quoted_fractions_of_solo():
-    """Threads on a busy CPU: two default runs each keep >= 0.40 of solo (issue 33's target)."""
+    """Threads on a busy CPU: two default runs each keep >= 0.40 of solo (benchmarks/bench_sharing.py's target)."""
     results = load("bench-sharing")["results"]
     pair = lambda name: [f"{p['fraction_of_solo']:.2f}" for p in results[name]["pair"]]
     assert pair("default") == [said("0.82"), said("0.85")] and pair("before") == [said("0.23"), said("0.14")]
@@ -182,7 +182,7 @@ def test_runs_sharing_the_machine_keep_the_quoted_fractions_of_solo():
 
 
 def test_the_backend_self_check_costs_under_a_hundredth_of_a_training_step():
-    """docs/architecture.md "First-use self-check": what the check costs a process, once (issue 36 item 5)."""
+    """docs/architecture.md "First-use self-check": what the check costs a process, once."""
     s = load("bench-self-check")
     checks = s["checks"]
     assert all(c["max_error"] <= c["tolerance"] for c in checks.values())  # every kernel here passed

@@ -1,4 +1,4 @@
-"""tools/capacity_study.py (issue 34 items 3 and 4): the jobs in their order with their commands, a finished
+"""tools/capacity_study.py (docs/mqar.md section 9.2): the jobs in their order with their commands, a finished
 job skipped and a half-finished one resumed, a job another process holds left to it, a failure stopping
 only what needs it, each job's wall seconds recorded; the collector over a study folder of the verbs'
 files; and the study end to end at preset micro."""

@@ -216,7 +216,7 @@ def test_no_record_names_a_machine_path_or_who_ran_it():
             assert not found, f"{path.relative_to(ROOT)}: {sorted(set(found))}"
 
 
-# bytes; 310 KiB in use before issue 34's studies at preset small (protocol, capacity, Zoology), 551 KiB with
+# bytes; 310 KiB in use before the studies at preset small (protocol, capacity, Zoology), 551 KiB with
 # them and micro at 256-byte windows (a protocol record with its curves is about 60 KiB): room for the
 # Zoology record at length 64 and a few protocol records more
 STUDY_DATA_BUDGET = 768 * 1024

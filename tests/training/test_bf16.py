@@ -1,4 +1,4 @@
-"""bf16 autocast on every registered model (issue 13): under ``torch.autocast("cpu",
+"""bf16 autocast on every registered model (docs/architecture.md "bf16"): under ``torch.autocast("cpu",
 dtype=torch.bfloat16)`` the logits stay within a stated bound of the float32 logits, and the
 recurrences run on float32 inputs -- every call of the scan dispatchers
 (:func:`drmlab.ops.linear_scan`, :func:`drmlab.ops.selective_scan`) gets float32 (or wider)
@@ -234,7 +234,7 @@ def _one_step_loss(bf16: bool, bf16_memory_products: bool):
 
 
 def test_the_train_setting_puts_the_memory_products_in_bf16_under_bf16_only():
-    """``bf16_memory_products`` (--fast's since issue 33's decision) switches the selective memory's products into
+    """``bf16_memory_products`` (on under --fast, docs/drm.md A.4.7) switches the selective memory's products into
     the autocast: the first step's loss moves by bf16 round-off; without bf16 the setting changes nothing."""
     plain, plain_switches = _one_step_loss(bf16=True, bf16_memory_products=False)
     fast, fast_switches = _one_step_loss(bf16=True, bf16_memory_products=True)

@@ -1,4 +1,4 @@
-"""Compile-ready models (issue 13): the scans are ``torch.library`` custom operators
+"""Compile-ready models (docs/architecture.md "Compiled models"): the scans are ``torch.library`` custom operators
 (``drmlab/ops/linear_scan/op.py``, ``drmlab/ops/selective_scan/op.py``) with fake
 implementations and registered gradients, and ``torch.compile(model, fullgraph=True)`` works for
 every registered model and equals eager; ``drmlab train --compile`` trains; a model that cannot
@@ -7,7 +7,7 @@ compile is refused in one line naming the operation that broke the graph
 
 Compiler backends, chosen for the time budget of a 2-core CPU (inductor's C++ compile costs
 30-60 s per model there): ``aot_eager`` -- Dynamo's full graph capture plus AOT autograd's
-forward and backward graphs, run eagerly -- for the five models the issue names, forward and
+forward and backward graphs, run eagerly -- for the five models of ``REQUIRED``, forward and
 one backward; ``eager`` (Dynamo's capture alone, forward) for every other registered model;
 ``inductor`` once, in ``drmlab train --compile`` on MAMBA with one layer (the C selective-scan
 operator inside an inductor graph, forward and backward), checked against the eager run.

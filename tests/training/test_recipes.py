@@ -31,7 +31,7 @@ def test_every_recipe_sets_the_same_train_settings():
         TrainConfig(recipe=name, **settings).validate()
 
 
-def test_the_field_recipe_is_the_one_the_issue_describes():
+def test_the_field_recipe_is_the_one_the_guide_describes():
     cfg = resolve_train_config("tiny", recipe="field", tokens=5_005_312)
     assert (cfg.beta1, cfg.beta2, cfg.weight_decay, cfg.decay_all_params, cfg.grad_clip) == (0.9, 0.95, 0.1, False, 1.0)
     assert (cfg.schedule, cfg.warmup_fraction, cfg.min_lr_ratio) == ("cosine", 0.05, 0.1)

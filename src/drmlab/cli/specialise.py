@@ -43,10 +43,10 @@ under another value is refused.
 
 --fast: the teacher's and the student's training forwards in bf16 autocast where the device multiplies
 bf16 natively, with the selective memory's products in bf16 too (as drmlab train --fast); --bf16 forces
-the autocast and leaves the memory's products in float32 (the setting of --fast before issue 33's
-decision). The losses, the stage reads and the rescoring stay float32, and the fast-weight memory's state
-and recurrence stay float32 inside the autocast. No torch.compile here: the curriculum changes the batch
-shapes at every stage. Recorded in specialise.json (settings.bf16, settings.bf16_memory_products);
+the autocast and leaves the memory's products in float32 (as --fast did before it put them in bf16:
+docs/drm.md A.4.7). The losses, the stage reads and the rescoring stay float32, and the fast-weight
+memory's state and recurrence stay float32 inside the autocast. No torch.compile here: the curriculum
+changes the batch shapes at every stage. Recorded in specialise.json (settings.bf16, settings.bf16_memory_products);
 continuing a run with another setting is refused.
 
 --recipe interleaved (upstream's PMCS-64 memory specialisation): the base's own model, every stage's
@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
 
 def fast_memory_products(args: argparse.Namespace, bf16: bool) -> bool:
     """Whether the selective memory's products join the bf16 autocast: under --fast wherever it chose bf16
-    (issue 33's decision, as ``drmlab train --fast``); --bf16 alone keeps them in float32."""
+    (as ``drmlab train --fast``, docs/drm.md A.4.7); --bf16 alone keeps them in float32."""
     return bool(bf16 and args.fast)
 
 

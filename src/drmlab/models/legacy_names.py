@@ -1,4 +1,4 @@
-"""Checkpoints written before the model families shared their layers (issue 12) name some
+"""Checkpoints written before the model families shared their layers (``drmlab/models/layers``) name some
 parameters differently; :func:`accept_legacy_names` maps those names to today's on load, so
 every earlier run directory still loads with ``strict=True`` into the same numbers."""
 

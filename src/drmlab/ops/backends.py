@@ -8,7 +8,7 @@ that can.  Each table is kept under its operator's name (:func:`table_of`): an o
 operator (its ``op.py``), which the package's dispatcher imports, finds the table there when it runs.
 
 The C and Triton backends (``self_check=True``) are checked against the operator's reference on
-their first use in a process (:mod:`drmlab.ops.self_check`, issue 36 item 5): under ``"auto"`` one
+their first use in a process (:mod:`drmlab.ops.self_check`): under ``"auto"`` one
 that fails is skipped for the next backend, said in one line; asked for by name, it raises
 :class:`BackendCheckFailed`.
 """

@@ -1,5 +1,5 @@
-"""The switch between drmlab's fused kernels and their plain references (issue 33, ``docs/drm.md``
-appendix A.4.6).
+"""The switch between drmlab's fused kernels and their plain references (``docs/drm.md`` appendix
+A.4.6).
 
 Fused paths (the state bound, the selective memory's packed gates) are on by default wherever they
 apply; each computes its plain reference's function to round-off (tested per dtype). ``plain_reference()``

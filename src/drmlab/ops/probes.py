@@ -1,4 +1,4 @@
-r"""The first-use probes of the checked operators (:mod:`drmlab.ops.self_check`, issue 36 item 5).
+r"""The first-use probes of the checked operators (:mod:`drmlab.ops.self_check`).
 
 A probe ``probe(backend, device, dtype)`` runs its operator on a small fixed input through one backend,
 forward and gradient, and returns the largest relative error of the output and every gradient

@@ -1,5 +1,5 @@
-r"""The first-use self-check of the fast backends (issue 36 item 5): no kernel runs unchecked where
-it has never run.
+r"""The first-use self-check of the fast backends (``docs/architecture.md`` section 2): no kernel runs
+unchecked where it has never run.
 
 The C kernels are compiled on whatever CPU a process starts on and the Triton kernels on whatever
 GPU it finds; the exactness tests (``tests/ops``) ran them on other machines, or not at all.  So

@@ -1,4 +1,4 @@
-"""The one fast setting (issue 33 item 2; ``docs/architecture.md`` "The fast setting"): ``--fast`` is bf16
+"""The one fast setting (``docs/architecture.md`` "The fast setting"): ``--fast`` is bf16
 autocast where the device multiplies bf16 natively, ``torch.compile`` with a persistent cache, and the fused
 kernels (on by default, :mod:`drmlab.ops.fusion`).
 

@@ -188,7 +188,7 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
             torch.manual_seed(self.cfg.seed)
         self.utilisation = self._measure_utilisation()
         if run is not None and main:
-            self.config["runtime"]["backend_checks"] = backend_checks()  # issue 36 item 5: the checks so far
+            self.config["runtime"]["backend_checks"] = backend_checks()  # the first-use checks run so far
             run.write_config(self.config)
         dist_utils.barrier(self.info)
         if resume and self.pieces.hooks and run.metrics_path.is_file():  # which hook rows the kept metrics hold

@@ -26,7 +26,7 @@ CHECK_VOCAB = 256
 ADDED_LATER = ("steps", "bf16_memory_products", "recipe")
 # a train setting --fast gained after studies were run with it: how to continue such a study as it ran
 LATER_FAST = {
-    "bf16_memory_products": " (--fast includes it since issue 33's decision; --set bf16_memory_products=false "
+    "bf16_memory_products": " (--fast now includes it, docs/drm.md A.4.7; --set bf16_memory_products=false "
     "continues the study as it ran)"
 }
 

@@ -1,4 +1,4 @@
-"""One protocol at several model sizes, side by side (issue 34, ``docs/drm.md`` appendix A.7.3).
+"""One protocol at several model sizes, side by side (``docs/drm.md`` appendix A.7.3).
 
 Each scale is a collected ``drmlab ablate`` record (``results.json``: ``models``, ``gate``, ``study``).
 :func:`verdicts` sets the promotion gate's verdicts of the scales side by side: for each unordered pair of

@@ -106,10 +106,10 @@ def protocol_model(
 def decode_state_bytes(
     name: str, preset: str, width: int, seq_len: int, settings: dict | None = None, recipe: ZoologyRecipe = RECIPE
 ) -> int:
-    """Bytes of one sequence's decoding state after ``seq_len`` tokens (issue 26's frontier: the key/value
-    cache of attention at that length, MAMBA's conv and SSM state, ASM_CM's matrices, J's vector), from
-    the model as built (the architecture decides it, not the weights): a batch-1 prefill of ``seq_len``
-    tokens with ``return_state=True``."""
+    """Bytes of one sequence's decoding state after ``seq_len`` tokens (the state-size frontier of
+    docs/mqar.md section 10.5: the key/value cache of attention at that length, MAMBA's conv and SSM state,
+    ASM_CM's matrices, J's vector), from the model as built (the architecture decides it, not the weights):
+    a batch-1 prefill of ``seq_len`` tokens with ``return_state=True``."""
     from drmlab.experiments.mqar.distance import state_nbytes
 
     model, _, _ = protocol_model(name, preset, width, seq_len, recipe.seed, settings, recipe)

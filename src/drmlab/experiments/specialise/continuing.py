@@ -14,7 +14,7 @@ RESULT_FILE = "specialise.json"
 FIXES_AFTER_NON_FINITE = ("backbone_lr", "memory_lr")
 # a setting added later that a command of before now turns on: how to continue such a run as it ran
 LATER_SETTINGS = {
-    "settings.bf16_memory_products: False in the run, True now": " (--fast includes the memory's products in bf16 since issue 33's decision; "
+    "settings.bf16_memory_products: False in the run, True now": " (--fast now includes the memory's products in bf16, docs/drm.md A.4.7; "
     "--bf16 without --fast continues the run as it ran)",
 }
 

@@ -114,8 +114,8 @@ class Settings:
     ``fast_weight_dim`` the width of a new memory (None: the model's default or the base's own); ``bf16``
     the teacher's and the student's forwards under a bf16 autocast (``drmlab specialise --fast``; the
     losses, the weights and the optimizer stay float32); ``bf16_memory_products`` the selective memory's
-    products in that autocast's bf16 too (``--fast`` since issue 33's decision, docs/drm.md A.4.7; a
-    run recorded before it reads as off)."""
+    products in that autocast's bf16 too (on under ``--fast``, docs/drm.md A.4.7; a run
+    recorded before the setting existed reads as off)."""
 
     curriculum: list  # [[length, steps], ...] after scaling
     seed: int

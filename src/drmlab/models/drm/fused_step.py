@@ -256,7 +256,7 @@ def _tensors(state) -> list[torch.Tensor]:
 
 
 def first_use_check(out, dtype: torch.dtype, reference):
-    """The fused step's first-use self-check (:mod:`drmlab.ops.self_check`, issue 36 item 5): on the first
+    """The fused step's first-use self-check (:mod:`drmlab.ops.self_check`): on the first
     token the kernel takes in this process (per dtype), ``reference()`` -- the fast step of the same token
     and state, :meth:`DRMModel.step_reference`'s logits bit for bit -- runs too, and the kernel's logits
     and new state are held to it with the tolerance of ``tests/models/test_fused_step.py``. Passed: ``out``

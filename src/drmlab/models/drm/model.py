@@ -324,7 +324,7 @@ class DRMModel(nn.Module):
         if self.fused_step_unsupported() is None:
             check_step_tokens(tokens_t, self.config.vocab_size, state.z_start.shape[0], self.model_name)
             out = fused_step.step(self, tokens_t, state, self.naturalization_strength(step))
-            if out is not None:  # checked against the fast step on its first token (issue 36 item 5)
+            if out is not None:  # checked against the fast step on its first token (drmlab.ops.self_check)
                 return fused_step.first_use_check(out, state.z_start.dtype, lambda: self.step(tokens_t, state, step))
         return self.step(tokens_t, state, step)
 
