@@ -83,6 +83,8 @@ PAGES: dict[Path, tuple[str, ...]] = {
         "loop-study-tiny",
         "compare-tiny",
         "protocol-tiny",
+        "protocol-tiny-field-sweep",
+        "recipe-parts-tiny",
         "protocol-small",
         "distance-tiny",
         "zoology-l64",
