@@ -64,9 +64,10 @@ def test_bad_overrides_and_lengths():
         build_model("GPT2", "micro", n_head=5)
 
 
-def test_never_passes_labels_and_pins_the_next_token_target(monkeypatch):
+@pytest.mark.parametrize("name", ["GPT2", "LLAMA"])  # the two wrappers of models/layers/hf_causal_lm.py
+def test_never_passes_labels_and_pins_the_next_token_target(monkeypatch, name):
     """HF given labels shifts them itself; pre-shifted labels would train on x_{t+2}."""
-    model = build_model("GPT2", "micro", seed=0)
+    model = build_model(name, "micro", seed=0)
     window = torch.randint(0, 256, (3, 17), generator=torch.Generator().manual_seed(0))
     x, y = window[:, :-1], window[:, 1:]
     seen = []

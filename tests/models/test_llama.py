@@ -119,28 +119,6 @@ def test_seeded_init_leaves_the_global_rng_alone():
     assert build_model("LLAMA", "micro", vocab_size=65).hf.lm_head.out_features == 65
 
 
-def test_never_passes_labels(monkeypatch):
-    """Hugging Face given labels shifts them itself; the trainer scores the logits against x_{t+1}."""
-    from drmlab.training import lm_loss
-
-    model = build_model("LLAMA", "micro", seed=0)
-    window = torch.randint(0, 256, (3, 17), generator=torch.Generator().manual_seed(0))
-    seen = []
-    original = type(model.hf).forward
-
-    def spy(self, *args, **kwargs):
-        seen.append(kwargs.get("labels"))
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(type(model.hf), "forward", spy)
-    _, ce = lm_loss(model, window, step=1)
-    assert seen and all(label is None for label in seen)
-    monkeypatch.undo()
-    logits = model(window[:, :-1]).logits
-    by_hand = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), window[:, 1:].reshape(-1))
-    torch.testing.assert_close(ce, by_hand)
-
-
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="did you mean 'num_hidden_layers'"):
         build_model("LLAMA", "micro", num_hidden_layer=3)
