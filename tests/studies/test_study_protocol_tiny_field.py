@@ -82,3 +82,14 @@ def test_the_schedule_is_the_part_that_costs_at_the_sweep_s_budget():
 def test_no_paired_run_is_claimed_before_it_finishes():
     finished = {(r["model"], r["seed"]) for r in FIELD["runs"]}
     assert FIELD["complete"] == (len(finished) == len(FIELD["study"]["models"]) * len(FIELD["study"]["seeds"]))
+
+
+def test_seed_one_at_the_full_budget_lowers_the_drm_rows_and_raises_gpt2():
+    before = {(r["model"], r["seed"]): r["val_ce"] for r in REFERENCE["runs"]}
+    gain = {r["model"]: before[(r["model"], r["seed"])] - r["val_ce"] for r in FIELD["runs"] if r["seed"] == 1}
+    drm = ("J", "J_NO_DIRECTION", "SSM_CONTROL", "J_DIRECT_CONTROL_MATCHED")
+    assert set(drm) <= set(gain) and all(gain[m] > 0 for m in drm)
+    assert fmt(max(gain[m] for m in drm), 4) == said("0.1013") and max(drm, key=gain.get) == "J"
+    assert fmt(min(gain[m] for m in drm), 4) == said("0.0286") and min(drm, key=gain.get) == "J_NO_DIRECTION"
+    assert [fmt(gain[m], 4) for m in ("SSM_CONTROL", "J_DIRECT_CONTROL_MATCHED")] == [said("0.0840"), said("0.0615")]
+    assert fmt(-gain["GPT2"], 4) == said("0.1919")
