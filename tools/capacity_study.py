@@ -22,14 +22,15 @@ each job is taken under its lock (``locks/JOB.lock``, :class:`drmlab.runs.RunLoc
 other process is left to it, and a job whose input is not finished yet (a specialisation's base, the
 reads' specialisation) waits for it. ``collect`` writes docs/studies/asm-cm-capacity/results.json from
 the finished cells and lists the others as pending.
+
+This file runs the jobs and holds the command line; the jobs themselves (the settings, the plan, each job's
+state on disk) are in tools/capacity_jobs.py and the collector in tools/capacity_record.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
-import json
 import shlex
 import signal
 import subprocess
@@ -39,191 +40,26 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import distance_record  # tools/distance_record.py, beside this file
+# the study's other parts, beside this file: its jobs and its collector (their names stay reachable from here)
+from capacity_jobs import (  # noqa: F401
+    BASE_MODEL,
+    PAIRS,
+    SEEDS,
+    WIDTHS,
+    Job,
+    Settings,
+    base_dir,
+    cell_name,
+    command_now,
+    commands,
+    finished,
+    job_record,
+    plan,
+    spec_dir,
+)
+from capacity_record import RECORD, ROOT, collect, record, table
 
-ROOT = Path(__file__).resolve().parents[1]
-RECORD = ROOT / "docs" / "studies" / "asm-cm-capacity" / "results.json"
-SEEDS, PAIRS, WIDTHS = (0, 1, 2), (8, 16, 32), (64, 32)
-BASE_MODEL = "J_NO_DIRECTION"
-READ_KEYS = ("acc", "ci95", "first_acc", "state_bytes")
-CONTROL_KEYS = ("acc", "first_acc", "bound_acc")
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """What the jobs run with: the study's settings (a test shrinks them). ``read_lengths`` and
-    ``control_lengths`` follow the control, 5 x pairs, which every read takes first."""
-
-    base: tuple[str, ...] = ("--model", BASE_MODEL, "--preset", "tiny", "--tokens", "2M")
-    specialise: tuple[str, ...] = ("--backbone-lr", "1e-4", "--memory-lr", "1e-3")
-    read: tuple[str, ...] = ("--n-eval", "128", "--eval-batch", "8", "--chunk", "32768", "--read-all")
-    read_lengths: tuple[int, ...] = (512, 4096, 32768)
-    control_lengths: tuple[int, ...] = (512, 4096)
-    controls: tuple[str, ...] = ("memory_read_off", "memory_write_off", "keys_shuffled")
-    threads: int = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class Job:
-    """One ``drmlab`` command of the study: ``kind`` base, specialise, reads or controls; ``out`` the
-    folder it writes; ``needs`` the jobs whose output it reads."""
-
-    name: str
-    kind: str
-    argv: tuple[str, ...]
-    out: Path
-    needs: tuple[str, ...] = ()
-    lengths: tuple[int, ...] = ()
-    controls: tuple[str, ...] = ()
-
-
-def cell_name(pairs, width, seed) -> str:
-    return f"p{pairs}-w{width}-seed{seed}"
-
-
-def base_dir(study: Path, seed) -> Path:
-    return study / "base" / f"{BASE_MODEL}-seed{seed}"
-
-
-def spec_dir(study: Path, pairs, width, seed) -> Path:
-    return study / "spec" / cell_name(pairs, width, seed)
-
-
-def _train(s: Settings, seed, out) -> list[str]:
-    return ["train", *s.base, "--seed", str(seed), "--out", str(out), "--threads", str(s.threads), "--quiet"]
-
-
-def _specialise(s: Settings, base, out, pairs, width) -> list[str]:
-    return [
-        "specialise",
-        *("--base", str(base), "--out", str(out), "--pairs", str(pairs), "--fast-weight-dim", str(width)),
-        *s.specialise,
-        *("--threads", str(s.threads), "--quiet"),
-    ]
-
-
-def _read(s: Settings, spec, pairs, lengths: str, out, controls: str | None = None) -> list[str]:
-    return [
-        "mqar",
-        *("--protocol", "distance", "--ckpt", str(spec), "--pairs", str(pairs), "--lengths", lengths),
-        *s.read,
-        *(("--controls", controls) if controls else ()),
-        *("--out", str(out), "--threads", str(s.threads), "--quiet"),
-    ]
-
-
-def commands(s: Settings = Settings()) -> dict[str, str]:
-    """The four commands as templates (S the seed, P the pairs, D the width), for the record."""
-    reads, controls = (",".join(["5P", *map(str, ls)]) for ls in (s.read_lengths, s.control_lengths))
-    return {
-        kind: shlex.join(["drmlab", *argv])
-        for kind, argv in {
-            "base": _train(s, "S", "BASE"),
-            "specialise": _specialise(s, "BASE", "SPEC", "P", "D"),
-            "reads": _read(s, "SPEC", "P", reads, "SPEC/reads"),
-            "controls": _read(s, "SPEC", "P", controls, "SPEC/controls", ",".join(s.controls)),
-        }.items()
-    }
-
-
-def plan(study: Path, seeds=SEEDS, pairs=PAIRS, widths=WIDTHS, s: Settings = Settings()) -> list[Job]:
-    """Every job in the order it is taken: the bases, then per seed, pair count and width the
-    specialisation, its reads and its controls."""
-    from drmlab.experiments.mqar.distance_task import check_pairs, control_length
-
-    for p in pairs:
-        if check_pairs(p) < 2:
-            raise ValueError(f"--pairs {p}: the shuffled-key control needs at least 2 pairs")
-    jobs = [
-        Job(f"base-seed{seed}", "base", tuple(_train(s, seed, base_dir(study, seed))), base_dir(study, seed))
-        for seed in seeds
-    ]
-    for seed, p, d in ((seed, p, d) for seed in seeds for p in pairs for d in widths):
-        name, spec, control = cell_name(p, d, seed), spec_dir(study, p, d, seed), control_length(p)
-        reads = (control, *(L for L in s.read_lengths if L > control))
-        controlled = (control, *(L for L in s.control_lengths if L > control))
-        made = (f"{name}-specialise",)
-        jobs += [
-            Job(
-                made[0],
-                "specialise",
-                tuple(_specialise(s, base_dir(study, seed), spec, p, d)),
-                spec,
-                (f"base-seed{seed}",),
-            ),
-            Job(
-                f"{name}-reads",
-                "reads",
-                tuple(_read(s, spec, p, ",".join(map(str, reads)), spec / "reads")),
-                spec / "reads",
-                made,
-                reads,
-            ),
-            Job(
-                f"{name}-controls",
-                "controls",
-                tuple(_read(s, spec, p, ",".join(map(str, controlled)), spec / "controls", ",".join(s.controls))),
-                spec / "controls",
-                made,
-                controlled,
-                s.controls,
-            ),
-        ]
-    return jobs
-
-
-# ---------------------------------------------------------------------------------------------- state
-
-
-def finished(job: Job) -> bool:
-    """Whether ``job``'s output is complete: a rescored run, a specialisation with its language CE
-    after, every length read (and under every control)."""
-    from drmlab.runs import RunDir
-
-    if job.kind == "base":
-        return RunDir(job.out).finished_summary() is not None
-    if job.kind == "specialise":
-        summary = RunDir(job.out).read_summary() or {}
-        return bool(summary.get("finished")) and "after" in _json(job.out / "specialise.json")
-    entries = _json(job.out / "results.json").get("entries") or [{}]
-    lengths = entries[0].get("lengths", {})
-    for length in job.lengths:
-        record = lengths.get(str(length), {})
-        if record.get("status") != "read":
-            return False
-        done = record.get("controls") or {}
-        if any(done.get(c, {}).get("status") not in ("read", "n/a") for c in job.controls):
-            return False
-    return True
-
-
-def _json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):  # not written yet, or being written
-        return {}
-
-
-def command_now(job: Job) -> list[str]:
-    """The job's command as it runs now: a run with a checkpoint is continued (``drmlab train
-    --resume``; ``drmlab specialise`` continues by itself), one killed before its first checkpoint
-    starts again (``--overwrite``: nothing is lost); the reads reuse what they have read."""
-    from drmlab.runs import RunDir
-
-    argv = list(job.argv)
-    if job.kind in ("base", "specialise"):
-        run = RunDir(job.out)
-        if run.has_checkpoint():
-            return argv + (["--resume"] if job.kind == "base" else [])
-        if run.holds_run() or (job.out / "specialise.json").exists():
-            return argv + ["--overwrite"]
-    return argv
-
-
-def job_record(study: Path, name: str) -> dict:
-    """``jobs/NAME.json``: the job's attempts (start, wall seconds, exit code -- None where this process
-    was stopped --, the flags added to resume) and their seconds in all; empty before its first attempt."""
-    return _json(study / "jobs" / f"{name}.json")
+# ---------------------------------------------------------------------------------------------- running
 
 
 def _record_attempt(study: Path, job: Job, argv: list[str], started: str, seconds: float, code) -> None:
@@ -349,148 +185,6 @@ def dry_run(jobs: list[Job], say: Callable[[str], None] = print) -> None:
     for number, job in enumerate(jobs, 1):
         state = "done" if finished(job) else "to run"
         say(f"[{number}/{len(jobs)}] {job.name} ({state}): drmlab {shlex.join(command_now(job))}")
-
-
-# ---------------------------------------------------------------------------------------------- collecting
-
-
-def collect(study: Path, seeds=SEEDS, pairs=PAIRS, widths=WIDTHS, s: Settings = Settings()) -> dict:
-    """The record's numbers: the bases, per (pairs, width) its finished seeds and their means, and the
-    unfinished cells (``pending``, with the jobs each still needs)."""
-    jobs = plan(study, seeds, pairs, widths, s)
-    open_jobs = [job.name for job in jobs if not finished(job)]
-    base = {}
-    for seed in seeds:
-        summary = _json(base_dir(study, seed) / "summary.json")
-        if f"base-seed{seed}" not in open_jobs:
-            base[str(seed)] = {k: summary[k] for k in ("val_ce", "steps", "params")} | _seconds(
-                study, f"base-seed{seed}"
-            )
-    rows, pending = [], []
-    for p in pairs:
-        for d in widths:
-            runs = {}
-            for seed in seeds:
-                name = cell_name(p, d, seed)
-                missing = [j.split(f"{name}-")[1] for j in open_jobs if j.startswith(f"{name}-")]
-                run = (
-                    None
-                    if missing
-                    else distance_record.specialised(spec_dir(study, p, d, seed), READ_KEYS, CONTROL_KEYS)
-                )
-                if run is None:
-                    pending.append(f"{name}: " + ", ".join(missing or ["files"]))
-                    continue
-                runs[str(seed)] = _compact(run) | {
-                    "wall_seconds": {
-                        k: _seconds(study, f"{name}-{k}")["wall_seconds"] for k in ("specialise", "reads", "controls")
-                    }
-                }
-            if runs:
-                rows.append(
-                    {
-                        "pairs": p,
-                        "fast_weight_dim": d,
-                        "state_bytes": _one({r["state_bytes"] for r in runs.values()}, f"p{p}-w{d}: state bytes"),
-                        "complete": len(runs) == len(seeds),
-                        "mean": _mean(runs),
-                        "runs": runs,
-                    }
-                )
-    return {"base": base, "rows": rows, "pending": pending}
-
-
-def _seconds(study: Path, name: str) -> dict:
-    seconds = job_record(study, name).get("seconds")
-    return {"wall_seconds": None if seconds is None else round(seconds, 1)}
-
-
-def _one(values: set, what: str):
-    if len(values) != 1:
-        raise ValueError(f"{what}: the seeds differ ({sorted(values)})")
-    return values.pop()
-
-
-def _compact(run: dict) -> dict:
-    """A cell's run with the decoding state's bytes once (every length leaves the same state)."""
-    states = {r.pop("state_bytes") for r in run["reads"].values()}
-    return {"state_bytes": _one(states, "state bytes across lengths"), **run}
-
-
-def _mean(runs: dict) -> dict:
-    """Over the seeds of a row: the language CE, every length's all- and first-query accuracy, every
-    control's accuracy per length, and how many seeds each control falls in."""
-
-    def mean(values) -> float:
-        values = list(values)
-        return sum(values) / len(values)
-
-    first = next(iter(runs.values()))
-    return {
-        "seeds": sorted(runs, key=int),
-        "ce_before": mean(r["ce_before"] for r in runs.values()),
-        "ce_after": mean(r["ce_after"] for r in runs.values()),
-        "reads": {
-            L: {k: mean(r["reads"][L][k] for r in runs.values()) for k in ("acc", "first_acc")} for L in first["reads"]
-        },
-        "controls": {
-            c: {
-                "falls": sum(r["controls"][c]["verdict"] == "falls" for r in runs.values()),
-                **{L: mean(r["controls"][c][L]["acc"] for r in runs.values()) for L in v if L != "verdict"},
-            }
-            for c, v in first["controls"].items()
-        },
-    }
-
-
-def table(found: dict) -> str:
-    """Recall against pairs and state bytes, one line per (pairs, width): the mean all-query accuracy
-    per length over the seeds collected."""
-    lines = []
-    for row in found["rows"]:
-        reads = ", ".join(f"{L}: {100 * r['acc']:.1f}%" for L, r in row["mean"]["reads"].items())
-        seeds = len(row["mean"]["seeds"])
-        lines.append(
-            f"{row['pairs']:>2} pairs, width {row['fast_weight_dim']:>3}, {row['state_bytes']:,} B: {reads} ({seeds} seeds)"
-        )
-    return "\n".join(lines)
-
-
-def record(found: dict, seeds, pairs, widths, machine: str, how: str, s: Settings = Settings()) -> dict:
-    from drmlab.experiments.mqar.controls import binding_levels
-    from drmlab.experiments.results import provenance
-
-    return {
-        "title": "ASM_CM's recall against pairs and state bytes at up to 32,768 tokens in the byte vocabulary: "
-        "drmlab specialise at ten times the recipe's rates at 8, 16 and 32 pairs and two fast-weight widths, "
-        "per seed, with the read-off, write-off and shuffled-key controls",
-        "provenance": provenance(commands(s), command="python tools/capacity_study.py run (the commands in settings)")
-        | {
-            "machine": machine,
-            "how": how,
-            "source": "the runs' summary.json and specialise.json, the reads' results.json and the study's "
-            "jobs/*.json (not committed), by tools/capacity_study.py collect",
-        },
-        "units": {
-            "acc": "share of the P query positions per sequence answered by the argmax over the 256 logits, "
-            "128 sequences (128 x P targets) per length; lengths from the control, 5P tokens",
-            "ci95": "Wilson 95% interval",
-            "first_acc": "the first query of each sequence only (128 targets)",
-            "bound_acc": "keys_shuffled: share of answers naming the value the queried key now precedes",
-            "state_bytes": "the decoding state per sequence after the last token, the same at every length",
-            "ce": "nats per byte over the whole validation stream",
-            "wall_seconds": "each job's wall time, all its attempts together (two processes at one thread each)",
-            "falls": "the seeds in which the control falls (docs/mqar.md section 8.1)",
-        },
-        "plan": {
-            "seeds": list(seeds),
-            "pairs": list(pairs),
-            "fast_weight_dims": list(widths),
-            "controls": list(s.controls),
-        },
-        "no_binding_levels": {str(p): binding_levels(p) for p in pairs},
-        **found,
-    }
 
 
 # ---------------------------------------------------------------------------------------------- command line

@@ -13,7 +13,7 @@ values, bits per byte from nats (divided by ln 2), ratios of two measurements --
 
 * the tables, each between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``
   (:func:`render_blocks` over ``readme_tables.BLOCK_RENDERERS``, one renderer per table, in
-  ``tools/readme_tables.py``; :func:`replace_blocks` writes them into a page's text); :data:`PAGES` says
+  the package ``tools/readme_tables/``; :func:`replace_blocks` writes them into a page's text); :data:`PAGES` says
   which page holds which tables;
 * the figures (``readme_figures.FIGURES``, in ``tools/readme_figures.py``): ``docs/figures/compare-tiny.png``,
   MQAR accuracy against bits per byte (:func:`drmlab.experiments.probes.compare.plot`), and

@@ -1,0 +1,128 @@
+"""The benchmark tables: training tokens/s per preset (``bench-models``), against the upstream reference
+implementation (``bench-reference`` and its fast-memory runs), decoding time per token against context
+(``bench-decode``) and the block solvers' iterations against speed and accuracy (``bench-solvers``).
+"""
+
+from __future__ import annotations
+
+from .format import markdown_table, two_places_below_ten
+
+
+def _bench_models_table(studies: dict[str, dict]) -> str:
+    rows = []
+    for p in studies["bench-models"]["presets"]:
+        t = p["tokens_per_s"]
+        cells = ["-" if t[m] is None else f"{t[m]:,}" for m in ("J", "J_NO_DIRECTION", "SSM_CONTROL")]
+        rows.append([p["label"], *cells, f"{t['J'] / t['SSM_CONTROL']:.2f}"])
+    return markdown_table(
+        ["preset", "J", "J_NO_DIRECTION", "SSM_CONTROL", "J / SSM_CONTROL"],
+        ["---", "---:", "---:", "---:", "---:"],
+        rows,
+    )
+
+
+def _bench_reference_table(studies: dict[str, dict], name: str = "bench-reference") -> str:
+    """Training tokens/s against the upstream reference implementation (benchmarks/bench_reference.py):
+    per preset and variant, ours and the reference's rate in thread CPU time and their ratio, the
+    wall-clock ratio beside it, where the record has them drmlab with its fused kernels off, its fast
+    setting and the fast setting with the memory's products in bf16 (each against the reference, CPU
+    time), and the float64 gap of the pair."""
+    presets = studies[name]["presets"]
+    extra = [
+        side
+        for side in ("plain", "fast", "fast_memory")
+        if all(side in v["cpu_tokens_per_s"] for p in presets for v in p["variants"].values())
+    ]
+    titles = {
+        "plain": "fused off / reference",
+        "fast": "**--fast** / reference",
+        "fast_memory": "--fast, memory products in bf16 / reference",
+    }
+    rows = []
+    for p in presets:
+        for name, v in p["variants"].items():
+            cpu, wall = v["cpu_tokens_per_s"], v["wall_tokens_per_s"]
+            rows.append(
+                [
+                    p["preset"],
+                    name,
+                    f"{v['params']:,}",
+                    f"{cpu['ours']:,.0f}",
+                    f"{cpu['ref']:,.0f}",
+                    f"**{cpu['ours'] / cpu['ref']:.2f}x**",
+                    f"{wall['ours'] / wall['ref']:.2f}x",
+                    *(f"{cpu[side] / cpu['ref']:.2f}x" for side in extra),
+                    f"{v['f64_gap']:.0e}",
+                ]
+            )
+    return markdown_table(
+        [
+            "preset",
+            "variant",
+            "params",
+            "ours tok/s (CPU)",
+            "reference tok/s (CPU)",
+            "ours / reference",
+            "wall clock",
+            *(titles[side] for side in extra),
+            "f64 gap",
+        ],
+        ["---", "---", "---:", "---:", "---:", "---:", "---:", *(["---:"] * len(extra)), "---:"],
+        rows,
+    )
+
+
+def _bench_decode_table(studies: dict[str, dict]) -> str:
+    study = studies["bench-decode"]
+    contexts = study["contexts"]
+    header = [
+        "model",
+        f"N = {contexts[0]:,}",
+        *(f"{n:,}" for n in contexts[1:]),
+        f"{contexts[-1]:,} / {contexts[0]:,}",
+        f"state at {contexts[-1]:,}",
+    ]
+    rows = []
+    for m in study["models"]:
+        ms = m["ms_per_token"]
+        rows.append(
+            [m["label"], *(two_places_below_ten(x) for x in ms), two_places_below_ten(ms[-1] / ms[0]), m["state"]]
+        )
+    return markdown_table(header, ["---"] + ["---:"] * (len(header) - 1), rows)
+
+
+def _bench_solvers_table(studies: dict[str, dict]) -> str:
+    """One row per (velocity, solver) with its iteration counts side by side; one row per other step
+    mode, its plain form beside its solver."""
+    settings = studies["bench-solvers"]["settings"]
+    rows = []
+    velocity_solvers = list(dict.fromkeys(s["block_solver"] for s in settings if s["step_mode"] == "velocity"))
+    for solver in velocity_solvers:
+        group = [s for s in settings if s["step_mode"] == "velocity" and s["block_solver"] == solver]
+        iters = " / ".join(str(s["iters"]) for s in group) if solver else "-"
+        rows.append(
+            [
+                "velocity",
+                solver or "-",
+                iters,
+                " / ".join(s["x_velocity"] for s in group),
+                " / ".join(s["max_distance"] for s in group),
+            ]
+        )
+    for mode in dict.fromkeys(s["step_mode"] for s in settings if s["step_mode"] != "velocity"):
+        group = [s for s in settings if s["step_mode"] == mode]
+        solvers = " / ".join(f"{s['block_solver']} {s['iters']}" if s["block_solver"] else "-" for s in group)
+        rows.append(
+            [
+                mode,
+                solvers,
+                "",
+                " / ".join(s["x_velocity"] for s in group),
+                " / ".join(s["max_distance"] for s in group),
+            ]
+        )
+    return markdown_table(
+        ["step mode", "block solver", "iters", "x velocity", "max distance to rollout"],
+        ["---", "---", "---:", "---:", "---:"],
+        rows,
+    )

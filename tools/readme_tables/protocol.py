@@ -1,0 +1,207 @@
+"""The protocol studies one at a time: each model at its swept rate (``protocol-tiny``, ``-small``,
+``-micro`` ...), the learning-rate sweep that chose it, the float32 check beside ``--fast``, the rate
+choices checked again at the full budget, and the README's headline table.
+"""
+
+from __future__ import annotations
+
+from drmlab.experiments.ablate.scales import seeds_done
+from drmlab.experiments.stats import mean_std
+
+from .format import LN2, bits_per_byte_cells, markdown_table, scientific, seed_values
+
+
+def _protocol_table(studies: dict[str, dict], name: str = "protocol-tiny") -> str:
+    """The protocol at one preset, each model at its swept rate: bits per byte (mean +- population std over
+    seeds, per seed), the whole-stream rescoring at the 1M and 2M milestones, tokens/s; a study still
+    running shows its finished models and a row naming the rest, one not yet collected a row saying so."""
+    header = ["model", "params", "lr (swept)", "bits/byte", "seeds 1 / 2 / 3", "at 1M tokens", "at 2M tokens", "tok/s"]
+    align = ["---", "---:", "---:", "---", "---", "---:", "---:", "---:"]
+    if name not in studies:
+        return markdown_table(header, align, [["not run yet", *["-"] * 7]])
+    study = studies[name]
+    rows = []
+    for model, m in sorted(study["models"].items(), key=lambda kv: mean_std(seed_values(kv[1]["per_seed"]))[0]):
+        done, wanted = seeds_done(study, model)
+        if done < wanted:  # its paired seeds so far, no mean
+            cells = [f"{v / LN2:.4f}" for v in seed_values(m["per_seed"])] + ["-"] * (wanted - done)
+            rows.append(
+                [model, f"{m['params']:,}", scientific(m["lr"]), f"{done} of {wanted} seeds", " / ".join(cells)]
+            )
+            rows[-1] += ["-"] * 3
+            continue
+        runs = sorted((r for r in study["runs"] if r["model"] == model), key=lambda r: r["seed"])
+        marks = sorted({tokens for r in runs for tokens, _, _ in r["milestones"]})
+        at = [mean_std([next(b for t, _, b in r["milestones"] if t == mark) for r in runs])[0] for mark in marks]
+        speed = mean_std([r["tokens_per_s"] for r in runs])[0]
+        rows.append(
+            [
+                model,
+                f"{m['params']:,}",
+                scientific(m["lr"]),
+                *bits_per_byte_cells(m),
+                *(f"{v:.4f}" for v in at),
+                f"{speed:,.0f}",
+            ]
+        )
+    waiting = [model for model in study["study"]["models"] if model not in study["models"]]
+    if waiting:
+        rows.append([f"still training: {', '.join(waiting)}", *["-"] * 7])
+    return markdown_table(header, align, rows)
+
+
+def _precision_table(studies: dict[str, dict], fast: str = "protocol-small", plain: str = "protocol-small-fp32") -> str:
+    """The float32 check beside a protocol run with ``--fast`` (docs/results-in-full.md section 6, "The float32 check"): per model of the float32
+    record, both runs at the seeds they share (seed 1), the same rate, their bits per byte, the difference
+    (``--fast`` less float32; negative: ``--fast`` lower) and each run's own tokens/s."""
+    header = [
+        "model",
+        "lr",
+        "seed",
+        "--fast bits/byte",
+        "float32 bits/byte",
+        "--fast - float32",
+        "tok/s --fast / float32",
+    ]
+    align = ["---", "---:", "---:", "---:", "---:", "---:", "---:"]
+    if plain not in studies:
+        return markdown_table(header, align, [["not run yet", *["-"] * 6]])
+    rows = []
+    for model in studies[plain]["study"]["models"]:
+        for seed in studies[plain]["study"]["seeds"]:
+            runs = [
+                next((r for r in studies[name]["runs"] if r["model"] == model and r["seed"] == seed), None)
+                for name in (fast, plain)
+            ]
+            if None in runs:
+                rows.append([model, "-", str(seed), *["-"] * 4])
+                continue
+            lrs = {studies[name]["models"][model]["lr"] for name in (fast, plain)}
+            if len(lrs) != 1:
+                raise ValueError(f"{plain}: {model} ran at another rate than in {fast} ({sorted(lrs)})")
+            (a, b), (sa, sb) = [r["val_bpb"] for r in runs], [r["tokens_per_s"] for r in runs]
+            rows.append(
+                [
+                    model,
+                    scientific(lrs.pop()),
+                    str(seed),
+                    f"{a:.4f}",
+                    f"{b:.4f}",
+                    f"{a - b:+.4f}",
+                    f"{sa:,.0f} / {sb:,.0f}",
+                ]
+            )
+    return markdown_table(header, align, rows)
+
+
+def _protocol_sweep_table(studies: dict[str, dict], name: str = "protocol-tiny") -> str:
+    """The learning-rate sweep of a protocol study (docs/drm.md section A.7.1): tuning CE per model and
+    rate, the chosen rate (:func:`drmlab.experiments.lr_sweep.choose`) in bold, edge flagged; a model whose
+    sweep has not finished shows "-" at the rates it has not tried."""
+    from drmlab.experiments.lr_sweep import choose
+
+    if name not in studies:
+        return markdown_table(["model", "lr", "best"], ["---", "---:", "---"], [["not run yet", "-", "-"]])
+    study = studies[name]
+    grid = study["study"]["lr_grid"]
+    rows = []
+    for model, sweep in study["lr_sweep"].items():
+        scores = {float(k): v for k, v in sweep["scores"].items()}
+        best = choose(scores)
+        cells = [
+            ("**%.4f**" if lr == best["lr"] else "%.4f") % scores[lr]
+            if scores.get(lr) is not None
+            else ("diverged" if lr in best["diverged"] else "-")
+            for lr in grid
+        ]
+        verdict = (
+            "-" if best["lr"] is None else scientific(best["lr"]) + (" (edge of the grid)" if best["edge"] else "")
+        )
+        rows.append([model, *cells, verdict])
+    return markdown_table(
+        ["model", *(f"lr {scientific(lr)}" for lr in grid), "best"], ["---"] + ["---:"] * len(grid) + ["---"], rows
+    )
+
+
+def full_budget_sweeps(check: dict) -> dict[str, dict]:
+    """Every model's sweep over the parts of the full-budget check (``lr_sweep`` of each part)."""
+    return {model: sweep for part in check["parts"].values() for model, sweep in (part.get("lr_sweep") or {}).items()}
+
+
+def full_budget_paired(check: dict) -> dict[str, dict]:
+    """Every model's paired runs over the parts of the full-budget check (``models`` of each part)."""
+    return {model: m for part in check["parts"].values() for model, m in part["models"].items()}
+
+
+def _full_budget_sweep_table(studies: dict[str, dict]) -> str:
+    """The protocol's rate choices checked at the full budget: per model the two rates tried again
+    for 5,005,312 tokens (seed 1, the same held-out slice), beside their scores after 1M tokens in
+    the protocol's own sweep; each budget's best rate in bold."""
+    short = studies["protocol-tiny"]["lr_sweep"]
+    check = studies["protocol-tiny-fullbudget"]
+    sweeps = full_budget_sweeps(check)
+
+    def cell(value: float | None, best: bool) -> str:
+        return "-" if value is None else ("**%.4f**" if best else "%.4f") % value
+
+    rows = []
+    for model, sweep in sorted(sweeps.items(), key=lambda kv: list(short).index(kv[0])):
+        full = {float(k): v for k, v in sweep["scores"].items()}
+        early = {float(k): v for k, v in short[model]["scores"].items() if v is not None}
+        best_full, best_early = min(full, key=full.get), min(early, key=early.get)
+        for lr in sorted(full):
+            rows.append([model, scientific(lr), cell(early.get(lr), lr == best_early), cell(full[lr], lr == best_full)])
+    tokens = check["protocol"]["tokens"]
+    return markdown_table(
+        ["model", "lr", "tuning CE after 1M tokens", f"after {tokens:,} tokens"], ["---", "---:", "---:", "---:"], rows
+    )
+
+
+def _full_budget_paired_table(studies: dict[str, dict]) -> str:
+    """Paired runs (3 seeds, the protocol's budget and batches) of the models whose full-budget choice
+    differs from the protocol's: bits per byte at each rate, and the gate against the protocol's
+    other models at their own rates."""
+    protocol = studies["protocol-tiny"]["models"]
+    paired = full_budget_paired(studies["protocol-tiny-fullbudget"])
+    rows = []
+    for model, run in paired.items():
+        for label, m in ((f"{model} (the protocol's rate)", protocol[model]), (f"{model} (full-budget choice)", run)):
+            rows.append([label, scientific(m["lr"]), *bits_per_byte_cells(m)])
+    return markdown_table(["model", "lr", "bits/byte", "seeds 1 / 2 / 3"], ["---", "---:", "---", "---"], rows)
+
+
+def _headline_table(studies: dict[str, dict]) -> str:
+    """The README's one results table: the protocol at tiny (each model at its swept rate, 5M tokens), bits per
+    byte over its seeds and training tokens/s, best first, and beside it the same protocol at small where
+    protocol-small is committed (a model still training there says so; one not in it, "-"); the header names
+    each study's recipe."""
+    from drmlab.experiments.ablate.recipe_verdicts import recipe_of
+
+    study = studies["protocol-tiny"]
+    small = studies.get("protocol-small")
+    rows = []
+    for model, m in sorted(study["models"].items(), key=lambda kv: mean_std(seed_values(kv[1]["per_seed"]))[0]):
+        speed = mean_std([r["tokens_per_s"] for r in study["runs"] if r["model"] == model])[0]
+        row = [model, f"{m['params']:,}", scientific(m["lr"]), bits_per_byte_cells(m)[0], f"{speed:,.0f}"]
+        if small is not None:
+            s = small["models"].get(model)
+            done, wanted = seeds_done(small, model)
+            if s is not None and done == wanted:
+                row += [f"{s['params']:,}", scientific(s["lr"]), bits_per_byte_cells(s)[0]]
+            elif model in small["study"]["models"]:
+                row += [f"training ({done} of {wanted} seeds)", "-", "-"]
+            else:
+                row += ["-"] * 3
+        rows.append(row)
+    n = len(study["study"]["seeds"])
+    recipe = recipe_of(study)
+    header = ["model", "params", f"lr (swept, {recipe} recipe)", f"val bits/byte, {n} seeds", "train tok/s (1 thread)"]
+    if small is not None:
+        header += [
+            "small: params",
+            f"small: lr ({recipe_of(small)} recipe)",
+            f"small: val bits/byte, {len(small['study']['seeds'])} seeds",
+        ]
+    return markdown_table(
+        header, ["---", "---:", "---:", "---", "---:"] + ["---:", "---:", "---"][: len(header) - 5], rows
+    )
