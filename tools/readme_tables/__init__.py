@@ -7,7 +7,8 @@ Not part of the installed package; it imports drmlab as a library.
 renderers of one group of studies: ``protocol.py`` (each protocol study, its sweep, the float32 and
 full-budget checks, the headline), ``comparisons.py`` (protocol records side by side: presets, recipes,
 windows, the recipe's parts), ``tiny.py`` (the first tiny studies), ``benchmarks.py``, ``recall.py``
-(distance MQAR, PMCS), ``zoology.py``, ``asm_cm.py`` and ``geometry.py``.
+(distance MQAR, PMCS), ``zoology.py``, ``asm_cm.py``, ``geometry.py`` and ``long_context.py`` (loss by
+position and with the state carried).
 
 To add a study's table: write its renderer -- a function of the committed records by study name
 (``studies: dict[str, dict]``, as ``readme.load_studies`` returns them) giving the table's markdown, built
@@ -25,6 +26,7 @@ from .asm_cm import _asm_cm_capacity_table, _asm_cm_controls_table
 from .benchmarks import _bench_decode_table, _bench_models_table, _bench_reference_table, _bench_solvers_table
 from .comparisons import _recipe_parts_table, _recipes_table, _scales_table, _window_table, protocol_records
 from .geometry import _geometry_table
+from .long_context import _long_context_table
 from .protocol import (
     _full_budget_paired_table,
     _full_budget_sweep_table,
@@ -83,4 +85,9 @@ BLOCK_RENDERERS = {
     "asm-cm-controls": _asm_cm_controls_table,
     "asm-cm-capacity": _asm_cm_capacity_table,
     "geometry-tiny": _geometry_table,
+    # Not placed yet: every block here must be on a page (tools/readme.py's PAGES gives docs/results-in-full.md
+    # every block, and `--check` and tests/tools/test_readme.py fail on a block without its markers). Uncomment
+    # when the study is complete and docs/studies/long-context-tiny/results.json is committed, with the block's
+    # markers on its page(s).
+    # "long-context-tiny": _long_context_table,
 }
