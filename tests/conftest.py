@@ -1,8 +1,10 @@
-"""Test-wide settings: one intra-op thread, the Hypothesis profiles, and the rule for the one
+"""Test-wide settings: one intra-op thread, one training process, the Hypothesis profiles, and the rule for the one
 capability a test may find missing (the C kernel needs a C compiler on the machine).
 
 One thread: the suite runs mostly tiny tensors, for which thread hand-offs cost more than they
-save, and CI machines are shared (2 cores).
+save, and CI machines are shared (2 cores). One training process (``DRMLAB_PROCS=1``): ``drmlab train
+--procs auto`` would start one process per idle core, which depends on the load of the moment; the tests
+of --procs ask for their processes by name.
 
 Hypothesis profiles (https://hypothesis.readthedocs.io/en/latest/reference/api.html#settings):
 ``ci`` is the default and is deterministic -- examples are drawn from a seed derived from each
@@ -21,6 +23,7 @@ import torch
 from hypothesis import settings
 
 torch.set_num_threads(1)
+os.environ["DRMLAB_PROCS"] = "1"
 
 # --------------------------------------------------------------------------- Hypothesis
 

@@ -152,16 +152,16 @@ def test_nothing_below_the_cli_reads_flags_or_prints():
 
 
 def test_a_busy_machine_trains_on_the_cores_left_and_says_so_in_one_line(monkeypatch, capsys):
-    from drmlab.cli import common
+    from drmlab.cli import machine
 
-    assert common.busy_thread_choice(threads=2, cores=2, others=0) is None
-    assert common.busy_thread_choice(threads=1, cores=2, others=5) is None  # one thread waits for no other
-    assert common.busy_thread_choice(threads=4, cores=8, others=3) is None
-    assert common.busy_thread_choice(threads=2, cores=2, others=None) is None  # not Linux: nothing known
-    assert common.busy_thread_choice(threads=2, cores=2, others=1) == 1
-    assert common.busy_thread_choice(threads=2, cores=2, others=7) == 1  # never fewer than one
-    assert common.busy_thread_choice(threads=8, cores=8, others=3) == 5
-    line = common.busy_machine_note(2, 1, 2, 1)
+    assert machine.busy_thread_choice(threads=2, cores=2, others=0) is None
+    assert machine.busy_thread_choice(threads=1, cores=2, others=5) is None  # one thread waits for no other
+    assert machine.busy_thread_choice(threads=4, cores=8, others=3) is None
+    assert machine.busy_thread_choice(threads=2, cores=2, others=None) is None  # not Linux: nothing known
+    assert machine.busy_thread_choice(threads=2, cores=2, others=1) == 1
+    assert machine.busy_thread_choice(threads=2, cores=2, others=7) == 1  # never fewer than one
+    assert machine.busy_thread_choice(threads=8, cores=8, others=3) == 5
+    line = machine.busy_machine_note(2, 1, 2, 1)
     assert "1 other task already busy on this 2-core machine: using 1 thread instead of torch's 2" in line
     assert "\n" not in line and line.endswith("pass --threads N to choose")
     # the count is the fewest runnable tasks over the looks, less this process
@@ -175,25 +175,25 @@ def test_a_busy_machine_trains_on_the_cores_left_and_says_so_in_one_line(monkeyp
         "open",
         lambda path, *a, **k: io.StringIO(next(looks)) if path == "/proc/loadavg" else real_open(path, *a, **k),
     )
-    assert common.other_busy_tasks(gap=0) == 1
+    assert machine.other_busy_tasks(gap=0) == 1
     # apply_threads takes the cores left on the CPU when --threads is not given; never with --threads, and a
     # resumed run's recorded thread count (``recorded``) wins over the busy machine's choice
     import argparse
 
-    monkeypatch.setattr(common, "other_busy_tasks", lambda: 1)
-    monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(machine, "other_busy_tasks", lambda: 1)
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     import torch
 
     chosen = []
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(torch, "set_num_threads", chosen.append)
-    common.apply_threads(argparse.Namespace(threads=None, device="cpu"))
+    machine.apply_threads(argparse.Namespace(threads=None, device="cpu"))
     assert chosen == [1] and "using 1 thread instead of torch's 2" in capsys.readouterr().err
-    common.apply_threads(argparse.Namespace(threads=2, device="cpu"))
+    machine.apply_threads(argparse.Namespace(threads=2, device="cpu"))
     assert chosen == [1, 2] and capsys.readouterr().err == ""
-    common.apply_threads(argparse.Namespace(threads=None, device="cpu"), recorded=2)
+    machine.apply_threads(argparse.Namespace(threads=None, device="cpu"), recorded=2)
     assert chosen == [1, 2, 2] and capsys.readouterr().err == ""
-    common.apply_threads(argparse.Namespace(threads=1, device="cpu"), recorded=2)  # told otherwise
+    machine.apply_threads(argparse.Namespace(threads=1, device="cpu"), recorded=2)  # told otherwise
     assert chosen == [1, 2, 2, 1]
 
 

@@ -99,13 +99,13 @@ def test_by_position_defaults_to_16_windows_and_counts_every_target(finished_run
 
 
 def test_a_window_past_the_memory_is_one_line_naming_the_largest_that_fits(finished_run, capsys, monkeypatch):
-    from drmlab.cli import common
+    from drmlab.cli import machine
     from drmlab.evaluation.memory import fit_memory
     from drmlab.models import build_model
 
     run, corpus = finished_run
     budget = fit_memory(build_model("SSM_CONTROL", "micro", seed=0), "cpu").bytes(1, 1000)  # about 1,000 tokens
-    monkeypatch.setattr(common, "available_memory_bytes", lambda device: budget)
+    monkeypatch.setattr(machine, "available_memory_bytes", lambda device: budget)
     for flags in (["--by-position"], [], ["--carry-state", "--no-reset"]):  # --no-reset: the stream is one document
         capsys.readouterr()
         assert main(_eval(run, corpus, *flags, "--seq-len", "5000", "--eval-tokens", "all")) == 2

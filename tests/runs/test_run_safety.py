@@ -774,9 +774,9 @@ def test_a_resume_over_lost_metrics_rows_says_so_and_records_it(tmp_path, capsys
 
 def test_a_model_too_large_for_memory_is_refused_before_it_is_built(tmp_path, capsys, corpus_text, monkeypatch):
     """Before the fix, --set d_state=100000000 hung in the allocation, then raised a traceback."""
-    from drmlab.cli import common, main
+    from drmlab.cli import machine, main
 
-    monkeypatch.setattr(common, "available_memory_bytes", lambda device: 8 * 2**30)
+    monkeypatch.setattr(machine, "available_memory_bytes", lambda device: 8 * 2**30)
     out = tmp_path / "run"
     argv = [*_train_argv(out, corpus_text, "J", "1k"), "--quiet"]
     assert main([*argv, "--set", "d_state=100000000"]) == 2

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from drmlab.cli import common
+from drmlab.cli import common, machine
 from drmlab.cli.common import load_corpus_for
 
 EPILOG = """\
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     run = RunDir(args.ckpt)
     default_output = run.path / output_name(args)
     common.refuse_run_output(args.output, "--output", default_output, allow=[default_output])
-    common.apply_threads(args)
+    machine.apply_threads(args)
     common.accept_edited_config(args, args.ckpt)
     common.say_recovered_checkpoint(args.ckpt)
     model, config, state = run.load_model(args.device)

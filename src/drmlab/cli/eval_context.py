@@ -24,7 +24,7 @@ GIB = 2**30
 
 def memory_budget(model, device: str | None):
     """(the fitted :class:`~drmlab.evaluation.memory.MemoryModel` or None, the bytes available or None)."""
-    from drmlab.cli.common import available_memory_bytes
+    from drmlab.cli.machine import available_memory_bytes
     from drmlab.evaluation.memory import fit_memory
     from drmlab.models.decode_state import position_limit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from drmlab.cli import common
+from drmlab.cli import common, machine
 
 EPILOG = """\
 examples:
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, flags=True)  # before the model is loaded
     if args.max_tokens < 0:
         raise ValueError(f"--max-tokens must be >= 0, got {args.max_tokens}")
-    common.apply_threads(args)
+    machine.apply_threads(args)
     common.accept_edited_config(args, args.ckpt)
     common.say_recovered_checkpoint(args.ckpt)
     model, config, _ = load_run_model(args.ckpt, device=args.device)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 
 from drmlab.cli import common
-from drmlab.cli.common import add_data_arguments, add_runtime_arguments, apply_threads
+from drmlab.cli.common import add_data_arguments, add_runtime_arguments
+from drmlab.cli.machine import apply_threads
 
 EPILOG = """\
 examples:

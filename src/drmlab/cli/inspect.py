@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from drmlab.cli import common
+from drmlab.cli import common, machine
 
 DEFAULT_MODEL = "J"
 DEFAULT_PRESET = "tiny"
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if args.settings:
         print_settings(args.model or DEFAULT_MODEL, args.preset or DEFAULT_PRESET, args.assignments)
         return 0
-    common.apply_threads(args)
+    machine.apply_threads(args)
     if args.ckpt is not None:
         given = [
             flag

@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from drmlab.cli import common
+from drmlab.cli import common, machine
 
 EPILOG = """\
 examples:
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         from drmlab.integrations.lm_eval_adapter import evaluate
     except ImportError as exc:
         raise ImportError(f"drmlab lm-eval needs lm-evaluation-harness: pip install 'drmlab[eval]' ({exc})") from None
-    common.apply_threads(args)
+    machine.apply_threads(args)
     try:  # loading an export: no transformers progress bars between the harness's lines
         from transformers.utils import logging as hf_logging
 

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from drmlab.cli import common
+from drmlab.cli import common, machine
 
 
 def add_parser(subparsers) -> None:
@@ -36,7 +36,7 @@ def _fmt(value, spec: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from drmlab.experiments.probes.residual import probe_model
 
-    common.apply_threads(args)
+    machine.apply_threads(args)
     report = probe_model(
         args.model,
         args.preset,

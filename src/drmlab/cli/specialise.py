@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from drmlab.cli import common
+from drmlab.cli import common, machine
 from drmlab.cli.common import load_corpus_for, log_to_stderr
 
 # drmlab.experiments.specialise.DEFAULT_CURRICULUM, spelled here so --help needs no torch (a test compares them)
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     common.refuse_run_output(args.out, "--out")
     common.accept_edited_config(args, args.base)
     common.say_recovered_checkpoint(args.base)
-    common.apply_threads(args)
+    machine.apply_threads(args)
     bf16 = fast_bf16(args)
     memory_products = fast_memory_products(args, bf16)
     pairs = args.pairs

@@ -16,7 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from drmlab.cli import common
+from drmlab.cli import common, machine, processes
 from drmlab.cli.common import check_model_names, load_corpus_for, model_setting_names, parse_assignments
 from drmlab.presets import PRESET_DEFAULTS
 from drmlab.training.config import SCHEDULES, TRAIN_KEYS, parse_tokens, resolve_train_config, split_overrides
@@ -152,6 +152,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "FSDP2 (each block, then the root) instead of DDP; the run directory keeps the "
         "single-process format (no effect without torchrun; torchrun of one process shards over one rank)",
     )
+    parser.add_argument(
+        "--procs",
+        default=os.environ.get(processes.PROCS_VARIABLE, processes.AUTO),
+        metavar="N",
+        help="train on the CPU as N processes of one thread each, data-parallel (the batch split across "
+        "them); auto: one per idle core when --threads is not given and the run has "
+        f"{processes.AUTO_MIN_STEPS} steps or more, one process on a busy machine or a GPU; a resume keeps "
+        f"the run's own count; 1: one process (default: ${processes.PROCS_VARIABLE}, else auto)",
+    )
     common.add_tensorboard_argument(parser)
     common.add_accept_edited_config_argument(parser)
     common.add_runtime_arguments(parser)
@@ -241,15 +250,98 @@ def _recorded_threads(args: argparse.Namespace) -> int | None:
     return runtime.get("threads") if isinstance(runtime, dict) else None
 
 
+def procs_choice(args: argparse.Namespace, cfg, saved: dict | None) -> processes.ProcsChoice:
+    """The processes that train this run (:func:`drmlab.cli.processes.choose_procs`) from --procs, --threads,
+    the device, the machine's idle cores and, on a resume, the run's own count (its config.json)."""
+    from drmlab.devices import resolve_device
+
+    recorded = None
+    if args.resume:
+        runtime = (saved or {}).get("runtime") or {}
+        world, threads = runtime.get("world_size"), runtime.get("threads")
+        recorded = (world if isinstance(world, int) and world > 0 else 1, threads if isinstance(threads, int) else None)
+    return processes.choose_procs(
+        processes.parse_procs(args.procs),
+        threads=args.threads,
+        on_cpu=resolve_device(args.device).type == "cpu",
+        launched="RANK" in os.environ,
+        cores=machine.cpu_cores(),
+        others=machine.other_busy_tasks(),
+        batch_size=cfg.batch_size,
+        steps=cfg.total_steps,
+        recorded=recorded,
+    )
+
+
+def _resume_after_torchrun_restart(args: argparse.Namespace) -> None:
+    """Under ``torchrun --max-restarts N`` (N >= 1), continue the unfinished run in --out from its last
+    checkpoint, as --resume would: after a failure torchrun starts the whole group again with the same
+    command, and each restarted process must pick the run up where the group left it.
+
+    Every process decides from what all of them see alike -- the launcher's --max-restarts and the
+    checkpoint in --out -- and not from ``TORCHELASTIC_RESTART_COUNT`` alone: that count is each node's own,
+    and a node whose processes were stopped only because another node failed restarts them with its count
+    unchanged (torchrun counts a membership change as no retry), so on two nodes it can be 0 on one and 1
+    on the other. A finished run is left to the usual refusal, a run of other settings to the resume checks.
+    --overwrite is refused under restarts: a restarted process could not tell the run it was told to delete
+    from the one this job has checkpointed since. Process 0 says when it resumes, and warns when torchrun
+    shares its rendezvous store with the processes (torch's default since 2.5), under which a restarted
+    group can read the addresses of the processes it replaces and fail to connect or hang
+    (pytorch/pytorch#135712; ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` avoids it)."""
+    from drmlab.runs import RunDir
+
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        return
+    max_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"] or 0)
+    if max(max_restarts, restart) <= 0:
+        return
+    main_process = os.environ.get("RANK", "0") == "0"
+    if main_process and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        print(
+            f"drmlab train: note: torchrun --max-restarts {max_restarts} with its rendezvous store shared with the "
+            "processes: a restarted group may fail to connect or hang (pytorch/pytorch#135712); "
+            "start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node",
+            file=sys.stderr,
+            flush=True,
+        )
+    if args.resume:
+        return
+    if args.overwrite:
+        raise ValueError(
+            f"--overwrite under torchrun --max-restarts {max_restarts}: a restarted process could not tell the "
+            "run it was told to delete from the one this job has checkpointed since; delete the old run "
+            "first (rm -r its folder) or give another --out"
+        )
+    if args.out is None:  # the default folder, as run() names it
+        name, preset, _, _, _, cfg = resolve_settings(args, None)
+        args.out = f"runs/{name}-{preset}-seed{cfg.seed}"
+    run_dir = RunDir(args.out)
+    if not run_dir.has_checkpoint() or run_dir.finished_summary() is not None:
+        return
+    args.resume = True
+    if main_process:
+        try:
+            step = run_dir.read_pointer().get("step", "?")
+        except (OSError, ValueError):  # a lost or damaged pointer: the resume recovers it or says why
+            step = "?"
+        print(
+            f"drmlab train: under torchrun --max-restarts {max_restarts} (restart {restart} on this node): "
+            f"resuming {args.out} from its last checkpoint (step {step})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from drmlab.evaluation import byte_counter, rescorer
     from drmlab.models import build_model, count_parameters
     from drmlab.runs import RunDir
 
+    _resume_after_torchrun_restart(args)
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
     common.check_tensorboard(args)
-    common.apply_threads(args, recorded=_recorded_threads(args) if args.resume else None)
     common.apply_fast(args)
     main_process = os.environ.get("RANK", "0") == "0"  # under torchrun only process 0 reports
     if not main_process:
@@ -279,7 +371,16 @@ def run(args: argparse.Namespace) -> int:
         )
 
     corpus = load_corpus_for(data, tokenizer, args.cache_dir)
-    common.check_model_fits(name, preset, corpus.vocab_size, model_overrides, args.device)
+    machine.check_model_fits(name, preset, corpus.vocab_size, model_overrides, args.device)
+    choice = procs_choice(args, cfg, saved)
+    if choice.procs > 1:  # the corpus cache is now built once; each process reads it
+        del corpus
+        print(choice.note, file=sys.stderr)
+        from drmlab.training.launcher import launch
+
+        command = [sys.executable, "-m", "drmlab", *processes.child_argv(args.argv, choice.threads)]
+        return launch(command, choice.procs, choice.threads)
+    machine.apply_threads(args, recorded=_recorded_threads(args) if args.resume else None)
     model = build_model(name, preset, vocab_size=corpus.vocab_size, seed=cfg.seed, **model_overrides)
     common.check_seq_len(model, cfg.seq_len)
     run_info = RunInfo(name, preset, model_overrides, data=DataInfo.of(corpus, data))
