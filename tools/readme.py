@@ -95,6 +95,7 @@ PAGES: dict[Path, tuple[str, ...]] = {
         "bench-models",
         "bench-reference",
         "bench-decode",
+        "bench-procs",
     ),
     DETAILS_PATH: tuple(name for name in BLOCK_RENDERERS if name != "headline"),
 }

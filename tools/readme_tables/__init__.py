@@ -23,7 +23,13 @@ from __future__ import annotations
 import functools
 
 from .asm_cm import _asm_cm_capacity_table, _asm_cm_controls_table
-from .benchmarks import _bench_decode_table, _bench_models_table, _bench_reference_table, _bench_solvers_table
+from .benchmarks import (
+    _bench_decode_table,
+    _bench_models_table,
+    _bench_procs_table,
+    _bench_reference_table,
+    _bench_solvers_table,
+)
 from .comparisons import _recipe_parts_table, _recipes_table, _scales_table, _window_table, protocol_records
 from .geometry import _geometry_table
 from .long_context import _long_context_table
@@ -77,6 +83,7 @@ BLOCK_RENDERERS = {
     "bench-fast-memory": functools.partial(_bench_reference_table, name="bench-fast-memory"),
     "bench-fast-memory-amd": functools.partial(_bench_reference_table, name="bench-fast-memory-amd"),
     "bench-decode": _bench_decode_table,
+    "bench-procs": _bench_procs_table,
     "bench-solvers": _bench_solvers_table,
     "zoology-cpu": _zoology_table,
     "zoology-l64": functools.partial(_zoology_table, name="zoology-l64"),

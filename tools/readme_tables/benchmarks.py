@@ -126,3 +126,25 @@ def _bench_solvers_table(studies: dict[str, dict]) -> str:
         ["---", "---", "---:", "---:", "---:"],
         rows,
     )
+
+
+def _bench_procs_table(studies: dict[str, dict]) -> str:
+    """One row per model and preset: steady training tokens/s of one process at one thread, one at N threads
+    and N one-thread processes (``drmlab train --procs N``), each with its ratio to one thread."""
+    study = studies["bench-procs"]
+    n = study["procs"]
+    header = ["model", "preset", "1 thread", f"{n} threads", f"{n} processes (--procs {n})"]
+    rows = []
+    for r in study["results"]:
+        rates, ratio = r["tokens_per_s"], r["vs_one_thread"]
+        one, threads, procs = (rates[k] for k in ("one thread", f"{n} threads", f"{n} processes"))
+        rows.append(
+            [
+                r["model"],
+                r["preset"],
+                f"{one:,.0f}",
+                f"{threads:,.0f} ({ratio[f'{n} threads']:.2f}x)",
+                f"**{procs:,.0f} ({ratio[f'{n} processes']:.2f}x)**",
+            ]
+        )
+    return markdown_table(header, ["---", "---", "---:", "---:", "---:"], rows)
