@@ -172,36 +172,60 @@ def _full_budget_paired_table(studies: dict[str, dict]) -> str:
 
 def _headline_table(studies: dict[str, dict]) -> str:
     """The README's one results table: the protocol at tiny (each model at its swept rate, 5M tokens), bits per
-    byte over its seeds and training tokens/s, best first, and beside it the same protocol at small where
-    protocol-small is committed (a model still training there says so; one not in it, "-"); the header names
-    each study's recipe."""
+    byte over its seeds, best first under the reference's recipe; beside it the same protocol under the field's
+    recipe (protocol-tiny-field, where committed: its rate and bits per byte, or how many seeds have finished)
+    and at small (protocol-small). A model one study lacks shows "-" there; a model only the field's study has
+    comes last. The header names each study's recipe."""
     from drmlab.experiments.ablate.recipe_verdicts import recipe_of
 
     study = studies["protocol-tiny"]
-    small = studies.get("protocol-small")
+    others = [(studies.get("protocol-tiny-field"), "field"), (studies.get("protocol-small"), "small")]
+    others = [(record, label) for record, label in others if record is not None]
+
+    def by_mean(record: dict) -> list[str]:
+        return sorted(record["models"], key=lambda m: mean_std(seed_values(record["models"][m]["per_seed"]))[0])
+
+    field_models = others[0][0]["study"]["models"] if others and others[0][1] == "field" else []
+    order = by_mean(study) + [m for m in field_models if m not in study["models"]]
     rows = []
-    for model, m in sorted(study["models"].items(), key=lambda kv: mean_std(seed_values(kv[1]["per_seed"]))[0]):
-        speed = mean_std([r["tokens_per_s"] for r in study["runs"] if r["model"] == model])[0]
-        row = [model, f"{m['params']:,}", scientific(m["lr"]), bits_per_byte_cells(m)[0], f"{speed:,.0f}"]
-        if small is not None:
-            s = small["models"].get(model)
-            done, wanted = seeds_done(small, model)
-            if s is not None and done == wanted:
-                row += [f"{s['params']:,}", scientific(s["lr"]), bits_per_byte_cells(s)[0]]
-            elif model in small["study"]["models"]:
-                row += [f"training ({done} of {wanted} seeds)", "-", "-"]
-            else:
-                row += ["-"] * 3
+    for model in order:
+        m = study["models"].get(model)
+        row = [model, f"{m['params']:,}" if m is not None else _params_elsewhere(model, others)]
+        row += [scientific(m["lr"]), bits_per_byte_cells(m)[0]] if m is not None else ["-", "-"]
+        for record, label in others:
+            row += _headline_cells(record, model, params=label == "small")
         rows.append(row)
-    n = len(study["study"]["seeds"])
-    recipe = recipe_of(study)
-    header = ["model", "params", f"lr (swept, {recipe} recipe)", f"val bits/byte, {n} seeds", "train tok/s (1 thread)"]
-    if small is not None:
-        header += [
-            "small: params",
-            f"small: lr ({recipe_of(small)} recipe)",
-            f"small: val bits/byte, {len(small['study']['seeds'])} seeds",
-        ]
-    return markdown_table(
-        header, ["---", "---:", "---:", "---", "---:"] + ["---:", "---:", "---"][: len(header) - 5], rows
-    )
+    header = [
+        "model",
+        "params",
+        f"lr ({recipe_of(study)} recipe)",
+        f"val bits/byte, {len(study['study']['seeds'])} seeds",
+    ]
+    align = ["---", "---:", "---:", "---"]
+    for record, label in others:
+        n = len(record["study"]["seeds"])
+        if label == "small":
+            header += ["small: params"]
+            align += ["---:"]
+        header += [f"{label}: lr ({recipe_of(record)} recipe)", f"{label}: val bits/byte, {n} seeds"]
+        align += ["---:", "---"]
+    return markdown_table(header, align, rows)
+
+
+def _params_elsewhere(model: str, others: list[tuple[dict, str]]) -> str:
+    """The parameter count of ``model`` from the first other study that has finished a seed of it, else "-"."""
+    return next((f"{r['models'][model]['params']:,}" for r, _ in others if model in r["models"]), "-")
+
+
+def _headline_cells(record: dict, model: str, params: bool) -> list[str]:
+    """A study's cells of one headline row: (params,) rate and bits per byte; while its seeds run, the rate
+    its sweep chose and "training (k of n seeds)"; "-" for a model it does not train."""
+    m = record["models"].get(model)
+    done, wanted = seeds_done(record, model)
+    size = ([f"{m['params']:,}"] if m is not None else ["-"]) if params else []
+    if m is not None and done == wanted:
+        return size + [scientific(m["lr"]), bits_per_byte_cells(m)[0]]
+    if model in record["study"]["models"]:
+        chosen = (record.get("lr_sweep") or {}).get(model, {}).get("lr")
+        return size + [scientific(chosen) if chosen else "-", f"training ({done} of {wanted} seeds)"]
+    return ["-"] * (3 if params else 2)
