@@ -93,25 +93,42 @@ def add_bf16_argument(parser, help: str = "bf16 autocast for training") -> None:
 
 
 def apply_fast(args: argparse.Namespace) -> None:
-    """Under --fast: --bf16 (where the device has bf16 matrix units; one line where it has not), the memory's
-    products in bf16 with it (``bf16_memory_products``, not for a resumed run) and --compile, each unless given;
-    Inductor's cache moves to drmlab's cache folder. Nothing without --fast."""
+    """Under --fast: :func:`fast_choices` written back into the parsed flags (``bf16``, ``bf16_memory_products``,
+    ``compile``). Nothing without --fast."""
     if not getattr(args, "fast", None):
         return
+    args.bf16, products, args.compile = fast_choices(
+        getattr(args, "device", None),
+        bf16=args.bf16,
+        bf16_memory_products=getattr(args, "bf16_memory_products", None),
+        compile=getattr(args, "compile", None),
+        resume=getattr(args, "resume", False),
+    )
+    if products is not None:
+        args.bf16_memory_products = products
+
+
+def fast_choices(
+    device: str | None, *, bf16: bool | None, bf16_memory_products: bool | None, compile: bool | None, resume: bool
+) -> tuple[bool | None, bool | None, bool | None]:
+    """(bf16, bf16_memory_products, compile) of --fast on ``device``, each kept where given: bf16 where the
+    device has bf16 matrix units (one line where it has not), the memory's products in bf16 with it (not for a
+    resumed run) and torch.compile; Inductor's cache moves to drmlab's cache folder."""
     from drmlab.devices import resolve_device
     from drmlab.training.fast import fast_settings, use_persistent_compile_cache
 
-    settings, note = fast_settings(resolve_device(getattr(args, "device", None)))
+    settings, note = fast_settings(resolve_device(device))
     if note is not None:
         print(f"drmlab: {note}", file=sys.stderr)
-    if args.bf16 is None:
-        args.bf16 = settings["bf16"]
+    if bf16 is None:
+        bf16 = settings["bf16"]
     # the memory's products in bf16 (docs/drm.md A.4.7): for new runs; a resumed run keeps its own setting
-    if getattr(args, "bf16_memory_products", None) is None and not getattr(args, "resume", False):
-        args.bf16_memory_products = settings.get("bf16_memory_products", False) and args.bf16
-    if getattr(args, "compile", None) is None:
-        args.compile = settings["compile"]
+    if bf16_memory_products is None and not resume:
+        bf16_memory_products = settings.get("bf16_memory_products", False) and bf16
+    if compile is None:
+        compile = settings["compile"]
     use_persistent_compile_cache()
+    return bf16, bf16_memory_products, compile
 
 
 def train_settings(args: argparse.Namespace, assignments: dict) -> dict:
@@ -206,7 +223,7 @@ def runtime(args: argparse.Namespace, log=None):
     from drmlab.cli.machine import apply_threads
     from drmlab.experiments.spec import Runtime
 
-    check_tensorboard(args)
+    check_tensorboard(getattr(args, "tensorboard", False))
     apply_threads(args)
     return Runtime(
         device=getattr(args, "device", "auto"),
@@ -230,9 +247,9 @@ def add_tensorboard_argument(parser: argparse.ArgumentParser, where: str = "the 
     )
 
 
-def check_tensorboard(args: argparse.Namespace) -> None:
-    """Refuse --tensorboard without the tensorboard package, in one line, before any corpus is loaded."""
-    if getattr(args, "tensorboard", False):
+def check_tensorboard(wanted: bool) -> None:
+    """Refuse --tensorboard (``wanted``) without the tensorboard package, in one line, before any corpus is loaded."""
+    if wanted:
         from drmlab.training.tensorboard import require_tensorboard
 
         require_tensorboard()
@@ -379,8 +396,14 @@ def add_accept_edited_config_argument(parser) -> None:
 
 
 def accept_edited_config(args: argparse.Namespace, run_dir) -> None:
-    """With ``--accept-edited-config``: take the edits of ``run_dir``'s config.json (one line saying which)."""
-    if not getattr(args, "accept_edited_config", False) or run_dir is None:
+    """With ``--accept-edited-config``: :func:`take_config_edits` of ``run_dir``."""
+    if getattr(args, "accept_edited_config", False):
+        take_config_edits(run_dir)
+
+
+def take_config_edits(run_dir) -> None:
+    """Take the edits of ``run_dir``'s config.json (one line saying which), as --accept-edited-config asks."""
+    if run_dir is None:
         return
     from drmlab.runs import RunDir
 

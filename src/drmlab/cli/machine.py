@@ -19,11 +19,16 @@ def cpu_cores() -> int:
 
 
 def apply_threads(args: argparse.Namespace, recorded: int | None = None) -> None:
-    """Set torch's intra-op threads: ``--threads`` when given; else ``recorded`` (the thread count a resumed
-    run was started with: a resume keeps it unless told otherwise, so it continues bit for bit); else, on
-    the CPU, torch's default -- fewer when other tasks already keep cores busy (:func:`busy_thread_choice`,
-    said in one line). The choice is recorded in the run's config.json (``runtime.threads``)."""
-    threads = getattr(args, "threads", None)
+    """:func:`set_threads` from the parsed ``--threads`` and ``--device``."""
+    set_threads(getattr(args, "threads", None), getattr(args, "device", "cpu"), recorded=recorded)
+
+
+def set_threads(threads: int | None, device: str | None, recorded: int | None = None) -> None:
+    """Set torch's intra-op threads: ``threads`` (``--threads``) when given; else ``recorded`` (the thread count
+    a resumed run was started with: a resume keeps it unless told otherwise, so it continues bit for bit);
+    else, on the CPU, torch's default -- fewer when other tasks already keep cores busy
+    (:func:`busy_thread_choice`, said in one line). The choice is recorded in the run's config.json
+    (``runtime.threads``)."""
     if threads is not None and threads <= 0:
         raise ValueError(f"--threads must be a positive integer, got {threads}")
     import torch
@@ -33,7 +38,6 @@ def apply_threads(args: argparse.Namespace, recorded: int | None = None) -> None
     if threads is not None:
         torch.set_num_threads(threads)
         return
-    device = getattr(args, "device", "cpu")
     if device == "cpu" or (device in ("auto", None) and not torch.cuda.is_available()):
         cores = cpu_cores()
         default, others = torch.get_num_threads(), other_busy_tasks()

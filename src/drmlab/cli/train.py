@@ -14,18 +14,16 @@ import argparse
 import os
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from drmlab.cli import common, machine, processes
-from drmlab.cli.common import check_model_names, load_corpus_for, model_setting_names, parse_assignments
+from drmlab.cli.common import load_corpus_for
+from drmlab.cli.train_request import DEFAULT_MODEL, DEFAULT_PRESET, RunPlace, TrainRequest, resolve_settings
 from drmlab.presets import PRESET_DEFAULTS
-from drmlab.training.config import SCHEDULES, TRAIN_KEYS, parse_tokens, resolve_train_config, split_overrides
-from drmlab.training.recipes import DEFAULT_RECIPE
+from drmlab.training.config import SCHEDULES
 from drmlab.training.recipes import describe as describe_recipe
 from drmlab.training.run_info import DataInfo, RunInfo
-
-DEFAULT_MODEL = "J"
-DEFAULT_PRESET = "tiny"
 
 EPILOG = """\
 examples:
@@ -168,60 +166,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_settings(args: argparse.Namespace, saved: dict | None):
-    """(model name, preset, data source, tokenizer, model overrides, TrainConfig) from the flags, layered
-    over the resumed run's config.json; every setting is checked before any corpus is loaded (a
-    model's setting names do not depend on the vocabulary)."""
-    saved = saved or {}
-    if saved and args.recipe is not None:
-        ran = saved.get("train", {}).get("recipe", DEFAULT_RECIPE)  # a run from before recipes ran the reference
-        if args.recipe != ran:
-            raise ValueError(
-                f"cannot resume: the run was trained with recipe {ran!r}, not {args.recipe!r}; "
-                "leave --recipe out to continue it, or train a new run with --out elsewhere"
-            )
-    name = args.model or saved.get("model") or DEFAULT_MODEL
-    check_model_names([name])
-    preset = args.preset or saved.get("preset") or DEFAULT_PRESET
-    data = args.data if args.data is not None else saved.get("data_source")
-    tokenizer = args.tokenizer or saved.get("tokenizer") or "bytes"
-    assignments = parse_assignments(args.assignments)
-    model_keys = [] if all(k in TRAIN_KEYS for k in assignments) else model_setting_names(name, preset, 256)
-    train_set, model_overrides = split_overrides(assignments, model_keys)
-    model_overrides = {**saved.get("overrides", {}), **model_overrides}
-    in_tokens, in_steps = (
-        args.tokens is not None or "tokens" in train_set,
-        args.steps is not None or "steps" in train_set,
-    )
-    if in_tokens and in_steps:
-        raise ValueError("--tokens and --steps exclude each other: give the budget in tokens or in optimizer steps")
-    explicit = {
-        "tokens": parse_tokens(args.tokens) if args.tokens is not None else None,
-        "steps": _parse_steps(args.steps) if args.steps is not None else None,
-        "seed": args.seed,
-        "batch_size": args.batch_size,
-        "grad_accum": args.grad_accum,
-        "seq_len": args.seq_len,
-        "lr": args.lr,
-        "recipe": args.recipe,
-        "schedule": args.schedule,
-        "eval_every": None
-        if args.eval_every is None
-        else (0 if str(args.eval_every) == "0" else parse_tokens(args.eval_every)),
-        "eval_tokens": None if str(args.eval_tokens).lower() in ("none", "all") else parse_tokens(args.eval_tokens),
-        "bf16": args.bf16,
-        "bf16_memory_products": getattr(args, "bf16_memory_products", None),
-        "compile": args.compile,
-    }
-    base = {k: v for k, v in saved.get("train", {}).items() if k in TRAIN_KEYS}
-    if in_tokens:  # a resumed run's budget in steps gives way to the one now given in tokens
-        base.pop("steps", None)
-    values = {**base, **{k: v for k, v in explicit.items() if v is not None}, **train_set}
-    if str(args.eval_tokens).lower() == "all":
-        values.pop("eval_tokens", None)  # the whole stream, whatever the run had
-    return name, preset, data, tokenizer, model_overrides, resolve_train_config(preset, **values)
-
-
 def fast_suggestion(name: str, device: str | None, steps: int) -> str | None:
     """The first-lines hint of a long default run whose model trains much faster with --fast here."""
     from drmlab.devices import resolve_device
@@ -230,40 +174,32 @@ def fast_suggestion(name: str, device: str | None, steps: int) -> str | None:
     return suggestion(name, resolve_device(device), steps)
 
 
-def _parse_steps(text: str) -> int:
-    """``--steps N`` (``300``, ``2k``): a positive whole number of optimizer steps."""
-    try:
-        return parse_tokens(text)
-    except ValueError:
-        raise ValueError(f"--steps must be a positive whole number of optimizer steps, got {text!r}") from None
-
-
-def _recorded_threads(args: argparse.Namespace) -> int | None:
-    """The thread count the run in ``--out`` was trained with (its config.json), which a resume keeps unless
-    --threads says otherwise; None where there is none to read (the resume's own checks then say why)."""
+def _recorded_threads(out: str | None) -> int | None:
+    """The thread count the run in ``out`` (--out) was trained with (its config.json), which a resume keeps
+    unless --threads says otherwise; None where there is none to read (the resume's own checks then say why)."""
     from drmlab.runs import RunDir
 
     try:
-        runtime = RunDir(args.out).read_config().get("runtime") if args.out is not None else None
+        runtime = RunDir(out).read_config().get("runtime") if out is not None else None
     except (ValueError, OSError, AttributeError):
         return None
     return runtime.get("threads") if isinstance(runtime, dict) else None
 
 
-def procs_choice(args: argparse.Namespace, cfg, saved: dict | None) -> processes.ProcsChoice:
-    """The processes that train this run (:func:`drmlab.cli.processes.choose_procs`) from --procs, --threads,
-    the device, the machine's idle cores and, on a resume, the run's own count (its config.json)."""
+def procs_choice(place: RunPlace, cfg, saved: dict | None) -> processes.ProcsChoice:
+    """The processes that train this run (:func:`drmlab.cli.processes.choose_procs`) from --procs, --threads, the
+    device, the machine's idle cores and, on a resume, the run's own count (``saved``: its config.json)."""
     from drmlab.devices import resolve_device
 
     recorded = None
-    if args.resume:
-        runtime = (saved or {}).get("runtime") or {}
+    if saved is not None:
+        runtime = saved.get("runtime") or {}
         world, threads = runtime.get("world_size"), runtime.get("threads")
         recorded = (world if isinstance(world, int) and world > 0 else 1, threads if isinstance(threads, int) else None)
     return processes.choose_procs(
-        processes.parse_procs(args.procs),
-        threads=args.threads,
-        on_cpu=resolve_device(args.device).type == "cpu",
+        processes.parse_procs(place.procs),
+        threads=place.threads,
+        on_cpu=resolve_device(place.device).type == "cpu",
         launched="RANK" in os.environ,
         cores=machine.cpu_cores(),
         others=machine.other_busy_tasks(),
@@ -273,10 +209,10 @@ def procs_choice(args: argparse.Namespace, cfg, saved: dict | None) -> processes
     )
 
 
-def _resume_after_torchrun_restart(args: argparse.Namespace) -> None:
-    """Under ``torchrun --max-restarts N`` (N >= 1), continue the unfinished run in --out from its last
-    checkpoint, as --resume would: after a failure torchrun starts the whole group again with the same
-    command, and each restarted process must pick the run up where the group left it.
+def _resume_after_torchrun_restart(request: TrainRequest, main_process: bool) -> TrainRequest:
+    """The request, made a resume where under ``torchrun --max-restarts N`` (N >= 1) the unfinished run in --out
+    should continue from its last checkpoint, as --resume would: after a failure torchrun starts the whole group
+    again with the same command, and each restarted process must pick the run up where the group left it.
 
     Every process decides from what all of them see alike -- the launcher's --max-restarts and the
     checkpoint in --out -- and not from ``TORCHELASTIC_RESTART_COUNT`` alone: that count is each node's own,
@@ -287,16 +223,16 @@ def _resume_after_torchrun_restart(args: argparse.Namespace) -> None:
     from the one this job has checkpointed since. Process 0 says when it resumes, and warns when torchrun
     shares its rendezvous store with the processes (torch's default since 2.5), under which a restarted
     group can read the addresses of the processes it replaces and fail to connect or hang
-    (pytorch/pytorch#135712; ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` avoids it)."""
+    (pytorch/pytorch#135712; ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` avoids it). ``main_process``: this is
+    process 0."""
     from drmlab.runs import RunDir
 
     if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
-        return
+        return request
     max_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"] or 0)
     if max(max_restarts, restart) <= 0:
-        return
-    main_process = os.environ.get("RANK", "0") == "0"
+        return request
     if main_process and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         print(
             f"drmlab train: note: torchrun --max-restarts {max_restarts} with its rendezvous store shared with the "
@@ -305,21 +241,21 @@ def _resume_after_torchrun_restart(args: argparse.Namespace) -> None:
             file=sys.stderr,
             flush=True,
         )
-    if args.resume:
-        return
-    if args.overwrite:
+    if request.resume:
+        return request
+    if request.overwrite:
         raise ValueError(
             f"--overwrite under torchrun --max-restarts {max_restarts}: a restarted process could not tell the "
             "run it was told to delete from the one this job has checkpointed since; delete the old run "
             "first (rm -r its folder) or give another --out"
         )
-    if args.out is None:  # the default folder, as run() names it
-        name, preset, _, _, _, cfg = resolve_settings(args, None)
-        args.out = f"runs/{name}-{preset}-seed{cfg.seed}"
-    run_dir = RunDir(args.out)
+    if request.out is None:  # the default folder, as run() names it
+        name, preset, _, _, _, cfg = resolve_settings(request, None)
+        request = replace(request, out=f"runs/{name}-{preset}-seed{cfg.seed}")
+    run_dir = RunDir(request.out)
     if not run_dir.has_checkpoint() or run_dir.finished_summary() is not None:
-        return
-    args.resume = True
+        return request
+    request = replace(request, resume=True)
     if main_process:
         try:
             step = run_dir.read_pointer().get("step", "?")
@@ -327,60 +263,63 @@ def _resume_after_torchrun_restart(args: argparse.Namespace) -> None:
             step = "?"
         print(
             f"drmlab train: under torchrun --max-restarts {max_restarts} (restart {restart} on this node): "
-            f"resuming {args.out} from its last checkpoint (step {step})",
+            f"resuming {request.out} from its last checkpoint (step {step})",
             file=sys.stderr,
             flush=True,
         )
+    return request
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train the run the flags ask for; the namespace is read here once, into a request and a place."""
     from drmlab.evaluation import byte_counter, rescorer
     from drmlab.models import build_model, count_parameters
     from drmlab.runs import RunDir
 
-    _resume_after_torchrun_restart(args)
-    if args.resume and args.overwrite:
+    request, place = TrainRequest.from_args(args), RunPlace.from_args(args)
+    main_process = place.main_process  # under torchrun only process 0 reports
+    request = _resume_after_torchrun_restart(request, main_process)
+    if request.resume and request.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
-    common.check_tensorboard(args)
-    common.apply_fast(args)
-    main_process = os.environ.get("RANK", "0") == "0"  # under torchrun only process 0 reports
-    if not main_process:
-        args.quiet = True
+    common.check_tensorboard(place.tensorboard)
+    request = request.with_fast(place.device)
     saved = None
-    if args.resume:
-        if args.out is None:
+    if request.resume:
+        if request.out is None:
             raise ValueError("--resume needs --out DIR (the run to continue)")
-        resumed = RunDir(args.out)
+        resumed = RunDir(request.out)
         if not resumed.has_config():
             raise FileNotFoundError(f"nothing to resume: {resumed.config_path} does not exist")
-        common.accept_edited_config(args, args.out)
+        if request.accept_edited_config:
+            common.take_config_edits(request.out)
         saved = resumed.read_config()
-    name, preset, data, tokenizer, model_overrides, cfg = resolve_settings(args, saved)
-    out = Path(args.out or f"runs/{name}-{preset}-seed{cfg.seed}")
+    name, preset, data, tokenizer, model_overrides, cfg = resolve_settings(request, saved)
+    out = Path(request.out or f"runs/{name}-{preset}-seed{cfg.seed}")
     common.refuse_run_output(out, "--out")
-    foreign = RunDir(out).foreign_reason() if main_process and not args.resume and out.is_dir() else None
+    foreign = RunDir(out).foreign_reason() if main_process and not request.resume and out.is_dir() else None
     if foreign is not None:  # neither a plain start nor --overwrite may touch another tool's files
         raise FileExistsError(
             f"{out} is not a drmlab run ({foreign}) and drmlab deletes nothing of it, with --overwrite neither; "
             "give another --out"
         )
-    if main_process and not args.resume and not args.overwrite and RunDir(out).holds_run():
+    if main_process and not request.resume and not request.overwrite and RunDir(out).holds_run():
         raise FileExistsError(
             f"{out} already holds {RunDir(out).describe()}; use --resume to continue it, "
             "--overwrite to delete it and start again, or another --out"
         )
 
-    corpus = load_corpus_for(data, tokenizer, args.cache_dir)
-    machine.check_model_fits(name, preset, corpus.vocab_size, model_overrides, args.device)
-    choice = procs_choice(args, cfg, saved)
+    corpus = load_corpus_for(data, tokenizer, place.cache_dir)
+    machine.check_model_fits(name, preset, corpus.vocab_size, model_overrides, place.device)
+    choice = procs_choice(place, cfg, saved)
     if choice.procs > 1:  # the corpus cache is now built once; each process reads it
         del corpus
         print(choice.note, file=sys.stderr)
         from drmlab.training.launcher import launch
 
-        command = [sys.executable, "-m", "drmlab", *processes.child_argv(args.argv, choice.threads)]
+        command = [sys.executable, "-m", "drmlab", *processes.child_argv(place.argv, choice.threads)]
         return launch(command, choice.procs, choice.threads)
-    machine.apply_threads(args, recorded=_recorded_threads(args) if args.resume else None)
+    recorded_threads = _recorded_threads(request.out) if request.resume else None
+    machine.set_threads(place.threads, place.device, recorded=recorded_threads)
     model = build_model(name, preset, vocab_size=corpus.vocab_size, seed=cfg.seed, **model_overrides)
     common.check_seq_len(model, cfg.seq_len)
     run_info = RunInfo(name, preset, model_overrides, data=DataInfo.of(corpus, data))
@@ -392,17 +331,17 @@ def run(args: argparse.Namespace) -> int:
         max_targets=cfg.eval_tokens,
         count_bytes=byte_counter(corpus.val, corpus.tokenizer, val_bytes),
     )
-    if not args.quiet:
+    if not place.quiet:
         print(
             f"training {name} ({preset}, {count_parameters(model):,} parameters) on "
             f"{cfg.total_steps * cfg.tokens_per_step:,} tokens ({cfg.total_steps} steps of {cfg.tokens_per_step:,}), "
             f"seed {cfg.seed}, writing to {out}\n  {describe_recipe(cfg)}",
             file=sys.stderr,
         )
-    hint = None if cfg.bf16 or cfg.compile or args.quiet else fast_suggestion(name, args.device, cfg.total_steps)
+    hint = None if cfg.bf16 or cfg.compile or place.quiet else fast_suggestion(name, place.device, cfg.total_steps)
     if hint is not None:
         print(f"drmlab train: {hint}", file=sys.stderr)
-    summary, code = _train_reporting_stops(args, model, corpus, cfg, out, run_info, evaluate)
+    summary, code = _train_reporting_stops(request, place, model, corpus, cfg, out, run_info, evaluate)
     if summary is None or not main_process:
         return code
     if summary.get("val_ce") is not None:
@@ -448,7 +387,9 @@ def _without_rate(argv: list[str]) -> list[str]:
     return kept
 
 
-def _train_reporting_stops(args, model, corpus, cfg, out: Path, run_info, evaluate) -> tuple[dict | None, int]:
+def _train_reporting_stops(
+    request: TrainRequest, place: RunPlace, model, corpus, cfg, out: Path, run_info, evaluate
+) -> tuple[dict | None, int]:
     """(summary, 0), or (None, exit code) after one line saying why training stopped and how to go on."""
     from drmlab.runs import RunDir
     from drmlab.training.compiling import CompileError
@@ -461,21 +402,21 @@ def _train_reporting_stops(args, model, corpus, cfg, out: Path, run_info, evalua
             corpus.val,
             cfg,
             out,
-            resume=args.resume,
+            resume=request.resume,
             run_info=run_info,
             evaluate=evaluate,
-            device=args.device,
-            quiet=args.quiet,
-            overwrite=args.overwrite,
-            fsdp=args.fsdp,
-            tensorboard=args.tensorboard,
+            device=place.device,
+            quiet=place.quiet,
+            overwrite=request.overwrite,
+            fsdp=place.fsdp,
+            tensorboard=place.tensorboard,
         )
     except NonFiniteLossError as exc:
         lower = f"--lr {cfg.lr / 10:g}"
         if RunDir(out).has_checkpoint():
             advice = f"to continue from the kept checkpoint with a fix: drmlab train --resume --out {out} {lower}"
         else:  # nothing to resume: the same command again over the stopped run, at a lower rate
-            again = " ".join(shlex.quote(a) for a in _without_rate(args.argv))
+            again = " ".join(shlex.quote(a) for a in _without_rate(place.argv))
             advice = f"no checkpoint was written; start again with a fix: drmlab {again} --overwrite {lower}"
         print(f"drmlab train: error: {exc}\n  {advice} (or --set warmup_fraction=0.05)", file=sys.stderr)
         return None, 1
