@@ -42,6 +42,8 @@ def train_command(model: str, preset: str, tokens: int, eval_tokens: str, out: P
         "--quiet",
         "--out",
         str(out),
+        "--procs",  # one process per run: this measures threads sharing cores (bench_procs.py measures --procs)
+        "1",
     ] + ([] if threads is None else ["--threads", str(threads)])
 
 
