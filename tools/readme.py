@@ -96,6 +96,7 @@ PAGES: dict[Path, tuple[str, ...]] = {
         "bench-reference",
         "bench-decode",
         "bench-procs",
+        "long-context-tiny",
     ),
     DETAILS_PATH: tuple(name for name in BLOCK_RENDERERS if name != "headline"),
 }

@@ -189,16 +189,12 @@ FIGURES = {
         _draw_zoology_curves,
         "drmlab.experiments.mqar.zoology_report:curves_figure",
     ),
-    # Not placed yet: `tools/readme.py --check` redraws every figure here from docs/studies and fails without
-    # its committed record and PNG, and tests/tools/test_readme.py lists the figures (FIGURE_NAMES). Uncomment
-    # (and add the name there) once docs/studies/long-context-tiny/results.json is committed; `--write` then
-    # draws the PNG. Its drawing lives here, not in drmlab: plot_long_context above.
-    # "long-context-tiny": (
-    #     Path("docs") / "figures" / "long-context-tiny.png",
-    #     long_context_figure_inputs,
-    #     _draw_long_context,
-    #     "readme_figures:plot_long_context",
-    # ),
+    "long-context-tiny": (
+        Path("docs") / "figures" / "long-context-tiny.png",
+        long_context_figure_inputs,
+        _draw_long_context,
+        "readme_figures:plot_long_context",
+    ),
 }
 
 

@@ -33,7 +33,7 @@ def _sections(page):
 def test_every_number_of_a_summary_is_in_the_full_text(page):
     missing = []
     for names, section in _sections(page):
-        if page.name == "README.md" and names == ["first-train-run"]:
+        if page.name == "README.md" and "first-train-run" in names:
             continue  # the set-up's own figures, tested by test_study_benchmarks
         full = study_text(*names, pages=(FULL,))
         for number in sorted(set(NUMBER.findall(_prose(section)))):

@@ -88,7 +88,7 @@ def test_derived_numbers_come_from_the_raw_values(studies):
     assert f"| {sum(runs) / 3:,.0f} |" in blocks["protocol-tiny"]
 
 
-FIGURE_NAMES = ["compare-tiny", "protocol-scales", "zoology-l64", "zoology-l64-curves"]
+FIGURE_NAMES = ["compare-tiny", "protocol-scales", "zoology-l64", "zoology-l64-curves", "long-context-tiny"]
 
 
 @pytest.mark.parametrize("name", FIGURE_NAMES)

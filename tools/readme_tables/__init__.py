@@ -92,9 +92,5 @@ BLOCK_RENDERERS = {
     "asm-cm-controls": _asm_cm_controls_table,
     "asm-cm-capacity": _asm_cm_capacity_table,
     "geometry-tiny": _geometry_table,
-    # Not placed yet: every block here must be on a page (tools/readme.py's PAGES gives docs/results-in-full.md
-    # every block, and `--check` and tests/tools/test_readme.py fail on a block without its markers). Uncomment
-    # when the study is complete and docs/studies/long-context-tiny/results.json is committed, with the block's
-    # markers on its page(s).
-    # "long-context-tiny": _long_context_table,
+    "long-context-tiny": _long_context_table,
 }
