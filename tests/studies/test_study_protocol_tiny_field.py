@@ -2,7 +2,7 @@
 (docs/studies/recipe-parts-tiny): the sweep's choices, how its scores sit against the reference recipe's
 sweep (docs/studies/protocol-tiny), and which part of the recipe moves them."""
 
-from study_results import fmt, load, stated
+from study_results import LN2, ce_mean, fmt, load, stated
 
 FIELD = load("protocol-tiny-field")
 REFERENCE = load("protocol-tiny")
@@ -79,17 +79,61 @@ def test_the_schedule_is_the_part_that_costs_at_the_sweep_s_budget():
     assert fmt(spread, 4) == said("0.0069")
 
 
-def test_no_paired_run_is_claimed_before_it_finishes():
+def test_the_paired_runs_are_complete():
     finished = {(r["model"], r["seed"]) for r in FIELD["runs"]}
-    assert FIELD["complete"] == (len(finished) == len(FIELD["study"]["models"]) * len(FIELD["study"]["seeds"]))
+    assert FIELD["complete"] and len(finished) == len(FIELD["study"]["models"]) * len(FIELD["study"]["seeds"]) == 24
 
 
-def test_seed_one_at_the_full_budget_lowers_the_drm_rows_and_raises_gpt2():
-    before = {(r["model"], r["seed"]): r["val_ce"] for r in REFERENCE["runs"]}
-    gain = {r["model"]: before[(r["model"], r["seed"])] - r["val_ce"] for r in FIELD["runs"] if r["seed"] == 1}
-    drm = ("J", "J_NO_DIRECTION", "SSM_CONTROL", "J_DIRECT_CONTROL_MATCHED")
-    assert set(drm) <= set(gain) and all(gain[m] > 0 for m in drm)
-    assert fmt(max(gain[m] for m in drm), 4) == said("0.1013") and max(drm, key=gain.get) == "J"
-    assert fmt(min(gain[m] for m in drm), 4) == said("0.0286") and min(drm, key=gain.get) == "J_NO_DIRECTION"
-    assert [fmt(gain[m], 4) for m in ("SSM_CONTROL", "J_DIRECT_CONTROL_MATCHED")] == [said("0.0840"), said("0.0615")]
-    assert fmt(-gain["GPT2"], 4) == said("0.1919")
+def test_at_the_full_budget_the_field_recipe_lowers_every_model_but_gpt2():
+    lower = {m: (ce_mean(REFERENCE["models"][m]) - ce_mean(FIELD["models"][m])) / LN2 for m in REFERENCE["models"]}
+    assert all(d > 0 for m, d in lower.items() if m != "GPT2") and lower["GPT2"] < 0
+    order = ("J", "SSM_CONTROL", "J_DIRECT_CONTROL_MATCHED", "MAMBA", "J_NO_DIRECTION", "RESOLVENT")
+    assert sorted(order, key=lower.get, reverse=True) == list(order)
+    assert [fmt(lower[m], 4) for m in order] == [
+        said("0.1300"),
+        said("0.1288"),
+        said("0.0810"),
+        said("0.0717"),
+        said("0.0267"),
+        said("0.0103"),
+    ]
+    assert fmt(-lower["GPT2"], 4) == said("0.2738")
+
+
+def _gate(record: dict, candidate: str, baseline: str) -> dict:
+    return next(g for g in record["gate"] if (g["candidate"], g["baseline"]) == (candidate, baseline))
+
+
+def test_llama_beats_every_drm_variant_on_every_seed_and_trails_mamba():
+    for baseline, gain in (
+        ("J", "0.1056"),
+        ("SSM_CONTROL", "0.1147"),
+        ("J_DIRECT_CONTROL_MATCHED", "0.1150"),
+        ("J_NO_DIRECTION", "0.1524"),
+        ("RESOLVENT", "0.1879"),
+    ):
+        g = _gate(FIELD, "LLAMA", baseline)
+        assert g["promoted"] and g["wins"] == 3 and fmt(g["gain"], 4) == said(gain), baseline
+    mamba = _gate(FIELD, "LLAMA", "MAMBA")
+    assert mamba["wins"] == 0 and fmt(-mamba["gain"], 4) == said("0.1470")
+    assert fmt(ce_mean(FIELD["models"]["LLAMA"]) / LN2, 4) == said("2.0244")
+
+
+def test_three_drm_verdicts_flip_with_the_recipe_and_j_over_ssm_control_holds():
+    flips = {("J", "J_NO_DIRECTION"): ("0.0248", "0.0467"), ("J_NO_DIRECTION", "SSM_CONTROL"): ("0.0331", "0.0376")}
+    for (a, b), (before, after) in flips.items():
+        ref, field = _gate(REFERENCE, a, b), _gate(FIELD, a, b)
+        assert (ref["gain"] > 0) != (field["gain"] > 0)
+        assert {fmt(abs(ref["gain"]), 4), fmt(abs(field["gain"]), 4)} == {said(before), said(after)}
+    assert (
+        _gate(REFERENCE, "J", "J_DIRECT_CONTROL_MATCHED")["gain"]
+        < 0
+        < _gate(FIELD, "J", "J_DIRECT_CONTROL_MATCHED")["gain"]
+    )
+    ref, field = _gate(REFERENCE, "J", "SSM_CONTROL"), _gate(FIELD, "J", "SSM_CONTROL")
+    assert (fmt(ref["gain"], 4), ref["wins"], fmt(field["gain"], 4), field["wins"]) == (
+        said("0.0083"),
+        2,
+        said("0.0091"),
+        3,
+    )
