@@ -1,7 +1,6 @@
 """The figures ``tools/readme.py`` draws from the committed study records (:data:`FIGURES`), each tagged in
 its PNG metadata with the SHA-256 of its values and of its drawing code's source, so that a check needs no
-particular matplotlib version. Not part of the installed package; it imports drmlab as a library. Each
-figure's drawing is a drmlab function, except the long-context study's (:func:`plot_long_context`, here).
+particular matplotlib version. Not part of the installed package; it imports drmlab as a library.
 """
 
 from __future__ import annotations
@@ -117,55 +116,15 @@ def long_context_figure_inputs(studies: dict[str, dict]) -> dict:
     }
 
 
-def plot_long_context(inputs: dict, path: Path, metadata: dict | None = None) -> bool:
-    """CE against tokens read (position + 1, log2 axis), one line per model with its 95% band lightly
-    shaded, the training window dashed; each bucket [lo, hi) drawn at the geometric middle of the inputs
-    its positions have read (lo + 1 .. hi), as ``drmlab eval --by-position`` draws one model. ``metadata``
-    goes into the PNG's text chunks. False when no model has a bucket to draw."""
-    import math
-
-    from drmlab.experiments.plotting import pyplot
-
-    curves = {model: rows for model, rows in inputs["curves"].items() if rows}
-    if not curves:
-        return False
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.2, 4.6))
-    for i, (model, rows) in enumerate(curves.items()):
-        color = f"C{i % 10}"
-        x = [math.sqrt((r["lo"] + 1) * r["hi"]) for r in rows]
-        ax.plot(x, [r["ce"] for r in rows], marker="o", markersize=3, linewidth=1.2, color=color, label=model)
-        banded = [(xi, r) for xi, r in zip(x, rows) if r["low"] is not None and r["high"] is not None]
-        if banded:
-            ax.fill_between(
-                [xi for xi, _ in banded],
-                [r["low"] for _, r in banded],
-                [r["high"] for _, r in banded],
-                color=color,
-                alpha=0.12,
-                linewidth=0,
-            )
-    window = inputs["train_seq_len"]
-    ax.axvline(window, color="grey", linestyle="--", linewidth=1, label=f"training window ({window:,})")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("tokens read (position + 1)")
-    ax.set_ylabel("cross-entropy (nats/byte)")
-    seq_len = inputs["seq_len"]
-    ax.set_title(
-        f"Loss by position at tiny: {seq_len:,}-token windows, each from a fresh state\n"
-        f"(field recipe, seed {inputs['seed']}, trained on {window:,}-token windows; 95% bands over windows)",
-        fontsize=10,
-    )
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, metadata=metadata)
-    plt.close(fig)
-    return True
-
-
 def _draw_long_context(inputs: dict, path: Path, metadata: dict) -> None:
     plot_long_context(inputs, path, metadata=metadata)
+
+
+def plot_long_context(inputs: dict, path: Path, metadata: dict | None = None) -> bool:
+    """The long-context-tiny figure (:func:`drmlab.experiments.position_figure.draw_models_by_position`)."""
+    from drmlab.experiments.position_figure import draw_models_by_position
+
+    return draw_models_by_position(inputs, path, metadata=metadata)
 
 
 # name -> (the PNG, what it draws from the committed studies, how it draws them, the drmlab function that draws)
@@ -193,7 +152,7 @@ FIGURES = {
         Path("docs") / "figures" / "long-context-tiny.png",
         long_context_figure_inputs,
         _draw_long_context,
-        "readme_figures:plot_long_context",
+        "drmlab.experiments.position_figure:draw_models_by_position",
     ),
 }
 

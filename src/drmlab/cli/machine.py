@@ -1,6 +1,6 @@
-"""What the machine gives a run: torch's CPU threads beside other busy tasks (``--threads``), the processes of
-a data-parallel CPU run (``--procs``, launched by :mod:`drmlab.cli.processes`) and whether a model's training
-state fits in memory. The thread and process rules are in docs/guide.md, "Every core".
+"""What the machine gives a run: torch's CPU threads beside other busy tasks (``--threads``), the cores a
+data-parallel CPU run may use (``--procs``, chosen by :mod:`drmlab.cli.processes`, started by
+:mod:`drmlab.training.launcher`) and whether a model's training state fits in memory. The thread and process rules are in docs/guide.md, "Every core".
 
 Nothing here imports torch at module level; the helpers that need the library import it when called.
 """

@@ -174,28 +174,21 @@ def fast_suggestion(name: str, device: str | None, steps: int) -> str | None:
     return suggestion(name, resolve_device(device), steps)
 
 
-def _recorded_threads(out: str | None) -> int | None:
-    """The thread count the run in ``out`` (--out) was trained with (its config.json), which a resume keeps
-    unless --threads says otherwise; None where there is none to read (the resume's own checks then say why)."""
-    from drmlab.runs import RunDir
-
-    try:
-        runtime = RunDir(out).read_config().get("runtime") if out is not None else None
-    except (ValueError, OSError, AttributeError):
+def _recorded_runtime(saved: dict | None) -> tuple[int, int | None] | None:
+    """(processes, threads per process) a resumed run was trained with (``saved``: its config.json's
+    ``runtime``), which a resume keeps unless --procs / --threads say otherwise; None for a new run."""
+    if saved is None:
         return None
-    return runtime.get("threads") if isinstance(runtime, dict) else None
+    runtime = saved.get("runtime") or {}
+    world, threads = runtime.get("world_size"), runtime.get("threads")
+    return (world if isinstance(world, int) and world > 0 else 1, threads if isinstance(threads, int) else None)
 
 
-def procs_choice(place: RunPlace, cfg, saved: dict | None) -> processes.ProcsChoice:
+def procs_choice(place: RunPlace, cfg, recorded: tuple[int, int | None] | None) -> processes.ProcsChoice:
     """The processes that train this run (:func:`drmlab.cli.processes.choose_procs`) from --procs, --threads, the
-    device, the machine's idle cores and, on a resume, the run's own count (``saved``: its config.json)."""
+    device, the machine's idle cores and, on a resume, the run's own count (``recorded``, :func:`_recorded_runtime`)."""
     from drmlab.devices import resolve_device
 
-    recorded = None
-    if saved is not None:
-        runtime = saved.get("runtime") or {}
-        world, threads = runtime.get("world_size"), runtime.get("threads")
-        recorded = (world if isinstance(world, int) and world > 0 else 1, threads if isinstance(threads, int) else None)
     return processes.choose_procs(
         processes.parse_procs(place.procs),
         threads=place.threads,
@@ -310,7 +303,8 @@ def run(args: argparse.Namespace) -> int:
 
     corpus = load_corpus_for(data, tokenizer, place.cache_dir)
     machine.check_model_fits(name, preset, corpus.vocab_size, model_overrides, place.device)
-    choice = procs_choice(place, cfg, saved)
+    recorded = _recorded_runtime(saved)
+    choice = procs_choice(place, cfg, recorded)
     if choice.procs > 1:  # the corpus cache is now built once; each process reads it
         del corpus
         print(choice.note, file=sys.stderr)
@@ -318,8 +312,7 @@ def run(args: argparse.Namespace) -> int:
 
         command = [sys.executable, "-m", "drmlab", *processes.child_argv(place.argv, choice.threads)]
         return launch(command, choice.procs, choice.threads)
-    recorded_threads = _recorded_threads(request.out) if request.resume else None
-    machine.set_threads(place.threads, place.device, recorded=recorded_threads)
+    machine.set_threads(place.threads, place.device, recorded=recorded[1] if recorded else None)
     model = build_model(name, preset, vocab_size=corpus.vocab_size, seed=cfg.seed, **model_overrides)
     common.check_seq_len(model, cfg.seq_len)
     run_info = RunInfo(name, preset, model_overrides, data=DataInfo.of(corpus, data))
