@@ -25,6 +25,8 @@ only the calling thread's time is counted).
 
 ``--fast-memory`` also times the fast setting with the selective memory's matrix products in bf16
 (``memory_products_in_autocast``: what ``drmlab train --fast`` does now, docs/drm.md A.4.7).
+``--compiled`` also times drmlab's float32 step with the model ``torch.compile``d (what ``drmlab train --compile
+on`` trains; its compiling first steps are not timed, and the first step's seconds are printed).
 ``--plain`` also times drmlab with its fused kernels off (``drmlab.ops.fusion.plain_reference``: what the
 fusion gains), ``--fast`` the fast setting with the memory's products in float32 (as ``--fast`` trained
 before it included them: bf16 autocast around a ``torch.compile``d model, fused kernels on; its compiling first
@@ -245,6 +247,9 @@ def main() -> None:
     )
     parser.add_argument("--plain", action="store_true", help="also time drmlab with its fused kernels off")
     parser.add_argument(
+        "--compiled", action="store_true", help="also time drmlab's float32 step with the model torch.compiled"
+    )
+    parser.add_argument(
         "--fast-memory",
         action="store_true",
         help="also time the fast setting with the selective memory's matrix products in bf16 too "
@@ -252,9 +257,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     root, package = load_reference(args.reference)
-    sides = ["ours", "ref"] + (["plain"] if args.plain else []) + (["fast"] if args.fast else [])
+    sides = ["ours", "ref"] + (["plain"] if args.plain else []) + (["compiled"] if args.compiled else [])
+    sides += ["fast"] if args.fast else []
     sides += ["fast_memory"] if args.fast_memory else []
-    if args.fast:
+    if args.fast or args.fast_memory or args.compiled:
         use_persistent_compile_cache()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, reference {root}")
@@ -281,6 +287,10 @@ def main() -> None:
                 plain = copy.deepcopy(ours)
                 with plain_reference():  # the per-parameter AdamW loop too
                     pairs[variant]["plain"] = (plain, trainer_optimizer(plain), plain_step)
+            if args.compiled:
+                compiled_copy = copy.deepcopy(ours)
+                compiled = compile_model(compiled_copy)
+                pairs[variant]["compiled"] = (compiled, trainer_optimizer(compiled_copy), ours_step)
             if args.fast:
                 fast = copy.deepcopy(ours)
                 compiled = compile_model(fast)
@@ -295,7 +305,7 @@ def main() -> None:
             for side in sides:
                 model, opt, run = pair[side]
                 seconds = timed(run, model, opt, tokens, args.step)[0]
-                if side.startswith("fast"):
+                if side.startswith("fast") or side == "compiled":
                     print(f"{v} at {preset}: the {side} side's first step (compiling) took {seconds:.0f} s")
                     run(model, opt, tokens, args.step)
         for _ in range(args.rounds):
@@ -338,12 +348,14 @@ def write_record(args, root: Path, presets: list[dict]) -> None:
     command = (
         "python benchmarks/bench_reference.py --reference REFERENCE "
         + " ".join(f"--{k} {getattr(args, k)}" for k in ("presets", "variants", "rounds", "threads", "step"))
-        + "".join(f" --{k.replace('_', '-')}" for k in ("plain", "fast", "fast_memory") if getattr(args, k, False))
+        + "".join(
+            f" --{k.replace('_', '-')}" for k in ("plain", "compiled", "fast", "fast_memory") if getattr(args, k, False)
+        )
         + (f" --reference-commit {args.reference_commit}" if getattr(args, "reference_commit", "") else "")
     )
     settings = {
         k: getattr(args, k, False)
-        for k in ("presets", "variants", "rounds", "threads", "step", "plain", "fast", "fast_memory")
+        for k in ("presets", "variants", "rounds", "threads", "step", "plain", "compiled", "fast", "fast_memory")
     }
     commit = head.stdout.strip() or getattr(args, "reference_commit", "")
     if commit and not head.stdout.strip():

@@ -24,6 +24,9 @@ from hypothesis import settings
 
 torch.set_num_threads(1)
 os.environ["DRMLAB_PROCS"] = "1"
+# drmlab train compiles where it pays by default (--compile auto): off here, so that a test's run does not depend
+# on what this machine's earlier compiled runs recorded; the tests of auto ask for it
+os.environ["DRMLAB_COMPILE"] = "off"
 
 # --------------------------------------------------------------------------- Hypothesis
 

@@ -250,3 +250,25 @@ def test_one_run_as_two_processes_reaches_the_target_and_the_quoted_figures():
     assert f"{abs(first['auto']['val_ce'] - first['procs_1']['val_ce']):.1e}".replace("e-0", "e-") == said_procs(
         "3.5e-7"
     )
+
+
+def test_compile_auto_starts_from_the_benchmarks_figures_and_the_text_quotes_them():
+    """drmlab.training.compile_choice.MEASURED is docs/studies/bench-compile's float32 and bf16 figures (ratio to
+    two places, cold compile seconds to the second); the whole runs' savings quoted are the record's."""
+    from drmlab.training.compile_choice import MEASURED
+
+    study, said_compile = load("bench-compile"), stated("bench-compile")
+    table = {}
+    for precision in ("float32", "bf16"):
+        for model, r in study[precision]["models"].items():
+            table[model, precision] = (round(r["ratio"], 2), float(round(r["compile_seconds_cold"])))
+    assert MEASURED == table
+    sides = [r for precision in ("float32", "bf16") for r in study[precision]["models"].values()]
+    cold, warm = [r["compile_seconds_cold"] for r in sides], [r["compile_seconds_warm"] for r in sides]
+    said_compile(f"{min(cold):.0f} s to {max(cold):.0f} s from a cold cache and {min(warm):.1f} s to {max(warm):.0f} s")
+    for model, precision in (("J", "bf16"), ("SSM_CONTROL", "bf16"), ("J", "float32"), ("SSM_CONTROL", "float32")):
+        said_compile(f"{study[precision]['models'][model]['ratio']:.2f}x")
+    for record in study["whole_runs"].values():
+        runs = record["runs"]
+        for name in ("compiled_cold", "compiled_warm"):
+            said_compile(f"{runs[name]['saved_seconds']:+.1f}")

@@ -5,6 +5,7 @@ files; and the study end to end at preset micro."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from test_collectors import _tool
 
+from drmlab.cli import main
 from drmlab.experiments.mqar.distance import summarize
 from drmlab.experiments.mqar.distance_gates import wilson_interval
 from drmlab.experiments.mqar.distance_plan import DistanceStudy
@@ -240,8 +242,23 @@ def test_the_study_end_to_end_at_micro(corpus_file, tmp_path):
     )
     study = tmp_path / "study"
     jobs = cs.plan(study, (0,), (2,), (4,), settings)
-    said = []
-    assert cs.run_jobs(study, jobs, say=said.append) == [], (said, [p.read_text() for p in study.glob("logs/*")])
+    said, ran = [], []
+
+    def runner(argv, log):
+        """The first job through the study's own subprocess runner, the rest in this process (each new
+        process spends seconds importing torch; the verbs and their files are the same)."""
+        ran.append(argv[0])
+        if len(ran) == 1:
+            return cs.run_drmlab(argv, log)
+        with open(log, "a") as handle, contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
+            try:
+                return main(argv)
+            except SystemExit as exc:
+                return exc.code if isinstance(exc.code, int) else 1
+
+    failed = cs.run_jobs(study, jobs, runner, say=said.append)
+    assert failed == [], (said, [p.read_text() for p in study.glob("logs/*")])
+    assert len(ran) == len(jobs) and ran[0] == "train"
     assert [line.split(":")[0] for line in said if "done in" in line] == _names(jobs)
     assert all(cs.job_record(study, name)["seconds"] > 0 for name in _names(jobs))
     verbs = FakeVerbs()

@@ -24,6 +24,8 @@ import functools
 
 from .asm_cm import _asm_cm_capacity_table, _asm_cm_controls_table
 from .benchmarks import (
+    _bench_compile_runs_table,
+    _bench_compile_table,
     _bench_decode_table,
     _bench_models_table,
     _bench_procs_table,
@@ -84,6 +86,8 @@ BLOCK_RENDERERS = {
     "bench-fast-memory-amd": functools.partial(_bench_reference_table, name="bench-fast-memory-amd"),
     "bench-decode": _bench_decode_table,
     "bench-procs": _bench_procs_table,
+    "bench-compile": _bench_compile_table,
+    "bench-compile-runs": _bench_compile_runs_table,
     "bench-solvers": _bench_solvers_table,
     "zoology-cpu": _zoology_table,
     "zoology-l64": functools.partial(_zoology_table, name="zoology-l64"),

@@ -148,3 +148,45 @@ def _bench_procs_table(studies: dict[str, dict]) -> str:
             ]
         )
     return markdown_table(header, ["---", "---", "---:", "---:", "---:"], rows)
+
+
+def _bench_compile_table(studies: dict[str, dict]) -> str:
+    """One row per model: compiled over eager training tokens/s and the compile's seconds (cold, warm) in
+    float32 and under bf16 autocast, the figures ``--compile auto`` starts from on a CPU."""
+    study = studies["bench-compile"]
+    f32, bf16 = study["float32"]["models"], study["bf16"]["models"]
+    rows = []
+    for model in f32:
+        cells = [model]
+        for side in (f32[model], bf16[model]):
+            cells += [
+                f"{side['ratio']:.2f}x",
+                f"{side['compile_seconds_cold']:.0f} / {side['compile_seconds_warm']:.1f}",
+            ]
+        rows.append(cells)
+    header = ["model", "float32: compiled / eager", "compile s (cold / warm)", "bf16: compiled / eager", "compile s"]
+    return markdown_table(header, ["---", "---:", "---:", "---:", "---:"], rows)
+
+
+def _bench_compile_runs_table(studies: dict[str, dict]) -> str:
+    """Whole ``drmlab train`` runs eager and compiled (cold and warm cache): wall seconds, the saving, and what
+    auto's arithmetic predicted from the run's own compile row."""
+    rows = []
+    for precision, record in studies["bench-compile"]["whole_runs"].items():
+        runs = record["runs"]
+        for name in ("eager", "compiled_cold", "compiled_warm"):
+            r = runs[name]
+            saved = "" if name == "eager" else f"{r['saved_seconds']:+.1f}"
+            predicted = r.get("predicted_net_saving_seconds")
+            rows.append(
+                [
+                    f"{record['model']} {precision}",
+                    name.replace("_", ", "),
+                    f"{r['wall_seconds']:.1f}",
+                    f"{r['tokens_per_s']:,.0f}",
+                    saved,
+                    "" if predicted is None else f"{predicted:+.1f}",
+                ]
+            )
+    header = ["run", "compile", "whole run s", "tok/s", "saved s", "predicted s"]
+    return markdown_table(header, ["---", "---", "---:", "---:", "---:", "---:"], rows)

@@ -64,6 +64,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="[MODEL.]KEY=VALUE",
     )
     common.add_bf16_argument(parser)
+    common.add_compile_argument(
+        parser, "off: the study's speed columns then compare the models eager, and --fast compiles every run"
+    )
     parser.add_argument(
         "--lr-from",
         metavar="RESULTS_JSON",

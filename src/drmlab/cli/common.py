@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -92,6 +93,42 @@ def add_bf16_argument(parser, help: str = "bf16 autocast for training") -> None:
     )
 
 
+COMPILE_CHOICES = {"on": True, "off": False, "auto": "auto"}
+
+
+def add_compile_argument(parser, default_help: str = "auto; $DRMLAB_COMPILE where set") -> None:
+    """--compile on|off|auto (a bare --compile is on)."""
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="on",
+        choices=tuple(COMPILE_CHOICES),
+        default=None,
+        metavar="on|off|auto",
+        help="torch.compile the training forward as one graph (fullgraph=True, inductor; evaluation stays "
+        "eager): on (a bare --compile), off, or auto: where the run's planned length repays the compile, from "
+        "this machine's earlier compiled runs or the benchmark's figures, said in one line "
+        f'(docs/architecture.md, "Compiled models"); default {default_help}. Under on, a model that cannot '
+        "compile is refused at the first step naming the operation; under auto it trains eager",
+    )
+
+
+COMPILE_VARIABLE = "DRMLAB_COMPILE"
+
+
+def default_compile() -> str:
+    """--compile's default for a new run: ``$DRMLAB_COMPILE`` (on, off or auto) where set, else auto."""
+    value = os.environ.get(COMPILE_VARIABLE, "auto").strip().lower()
+    if value not in COMPILE_CHOICES:
+        raise ValueError(f"${COMPILE_VARIABLE} must be on, off or auto, got {value!r}")
+    return value
+
+
+def compile_setting(choice: str | None):
+    """The train setting ``compile`` of ``--compile``'s value: True, False, "auto", or None (left out)."""
+    return None if choice is None else COMPILE_CHOICES[choice]
+
+
 def apply_fast(args: argparse.Namespace) -> None:
     """Under --fast: :func:`fast_choices` written back into the parsed flags (``bf16``, ``bf16_memory_products``,
     ``compile``). Nothing without --fast."""
@@ -140,7 +177,9 @@ def train_settings(args: argparse.Namespace, assignments: dict) -> dict:
         "lr": args.lr,
         "bf16": args.bf16,
         "bf16_memory_products": getattr(args, "bf16_memory_products", None),
-        "compile": getattr(args, "compile", None),
+        "compile": compile_setting(getattr(args, "compile", None))
+        if isinstance(getattr(args, "compile", None), str)
+        else getattr(args, "compile", None),
         "eval_tokens": None if args.eval_tokens in (None, "all") else args.eval_tokens,
     }
     return {**{k: v for k, v in flags.items() if v is not None}, **assignments}

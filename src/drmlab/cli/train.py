@@ -34,7 +34,7 @@ examples:
   drmlab train --data notes.txt --steps 300 --out runs/notes   # your own text, a budget of 300 optimizer steps
   drmlab train --resume --out runs/gpt2-tiny     # continue an interrupted run exactly
   drmlab train --out runs/gpt2-tiny --overwrite  # delete that run and start it again
-  drmlab train --model MAMBA --compile           # torch.compile the training forward as one graph
+  drmlab train --model MAMBA --compile on        # torch.compile the training forward (default: auto)
   drmlab train --tensorboard                     # also TensorBoard event files: tensorboard --logdir runs
   torchrun --no-python --nproc_per_node 8 drmlab train --model J --preset 125m --fsdp   # FSDP2, 8 GPUs
 
@@ -135,14 +135,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="delete the run already in --out (its config, metrics, checkpoints, summary, eval.json) and start again",
     )
     common.add_bf16_argument(parser, "bf16 autocast for the training forward")
-    parser.add_argument(
-        "--compile",
-        action="store_true",
-        default=None,
-        help="torch.compile the training forward as one graph (fullgraph=True, inductor; evaluation "
-        "stays eager); a model that cannot compile is refused at the first step, naming the "
-        "operation that broke the graph",
-    )
+    common.add_compile_argument(parser)
     parser.add_argument(
         "--fsdp",
         action="store_true",
@@ -331,7 +324,9 @@ def run(args: argparse.Namespace) -> int:
             f"seed {cfg.seed}, writing to {out}\n  {describe_recipe(cfg)}",
             file=sys.stderr,
         )
-    hint = None if cfg.bf16 or cfg.compile or place.quiet else fast_suggestion(name, place.device, cfg.total_steps)
+    hint = (
+        None if cfg.bf16 or cfg.compile is True or place.quiet else fast_suggestion(name, place.device, cfg.total_steps)
+    )
     if hint is not None:
         print(f"drmlab train: {hint}", file=sys.stderr)
     summary, code = _train_reporting_stops(request, place, model, corpus, cfg, out, run_info, evaluate)

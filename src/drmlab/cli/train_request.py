@@ -42,7 +42,7 @@ class TrainRequest:
     eval_every: str | None
     eval_tokens: str | None
     bf16: bool | None
-    compile: bool | None
+    compile: bool | str | None  # True, False, "auto" (--compile on|off|auto), None: left out
     fast: bool | None
     assignments: tuple[str, ...]
     out: str | None
@@ -70,7 +70,7 @@ class TrainRequest:
             eval_every=args.eval_every,
             eval_tokens=args.eval_tokens,
             bf16=args.bf16,
-            compile=args.compile,
+            compile=common.compile_setting(args.compile),
             fast=args.fast,
             assignments=tuple(args.assignments or ()),
             out=args.out,
@@ -174,6 +174,8 @@ def resolve_settings(request: TrainRequest, saved: dict | None):
         "bf16_memory_products": request.bf16_memory_products,
         "compile": request.compile,
     }
+    if not saved and explicit["compile"] is None and "compile" not in train_set:  # a new run: auto by default
+        explicit["compile"] = common.compile_setting(common.default_compile())
     base = {k: v for k, v in saved.get("train", {}).items() if k in TRAIN_KEYS}
     if in_tokens:  # a resumed run's budget in steps gives way to the one now given in tokens
         base.pop("steps", None)

@@ -4,7 +4,9 @@ model is compiled, the first compiled step (which holds the compile), the next c
 from them the compile's cost, the time it saves per step and the step after which it has paid back,
 against the run's length.
 
-    compile cost   C = t_first - t_compiled            (seconds, the first step minus a compiled one)
+    compile cost   C = t_first - t_compiled + sum_i (t_i - t_compiled)   (seconds: the first step minus a
+                   compiled one, and what the sampled steps t_i spent over t_compiled -- a recompile at the second
+                   step, when Dynamo makes an argument such as the step number dynamic, counts here)
     saving         s = grad_accum * (t_eager - t_compiled)   per optimizer step
     break-even     n = C / s   steps; worth it when the run has more than n steps (never when s <= 0)
 
@@ -87,7 +89,11 @@ class CompileReport:
     def row(self, step: int, total_steps: int) -> dict:
         """The ``compile`` metrics row at optimizer step ``step`` of ``total_steps``."""
         compiled = min(self.compiled_seconds) if self.compiled_seconds else None
-        cost = None if self.first_seconds is None else self.first_seconds - self.grad_accum * (compiled or 0.0)
+        cost = None
+        if self.first_seconds is not None:  # the first step, and what any later sampled step spent recompiling
+            base = compiled or 0.0
+            cost = self.first_seconds - self.grad_accum * base
+            cost += sum(self.grad_accum * (seconds - base) for seconds in self.compiled_seconds)
         saving = break_even = None
         if compiled is not None and self.eager_seconds is not None:
             saving = self.grad_accum * (self.eager_seconds - compiled)

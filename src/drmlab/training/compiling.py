@@ -27,6 +27,11 @@ DEFAULT_BACKEND = "inductor"
 # configuration; Dynamo's default limit of 8 per code object would make the ninth a hard failure under
 # ``fullgraph=True``. Raised to at least this when a model is compiled.
 RECOMPILE_LIMIT = 64
+# The training step number reaches the models' forward (the DRM naturalization warm-up). Dynamo would compile
+# once for step 1 (the int as a constant) and again at step 2 (the int made dynamic): a second compile of the
+# same length (39 s of J tiny's cold 177 s, benchmarks/bench_compile_run.py). Marked dynamic from the first
+# call (as the model's own argument, and inside DDP's keyword arguments), one graph serves every step.
+STEP_SOURCES = ("L['step']", "L['kwargs']['step']")
 
 
 class CompileError(RuntimeError):
@@ -36,11 +41,14 @@ class CompileError(RuntimeError):
 def compile_model(model: torch.nn.Module, backend: str = DEFAULT_BACKEND) -> torch.nn.Module:
     """``torch.compile(model, fullgraph=True, backend=backend)``.  Compilation happens at the first
     call; wrap that call in :func:`compile_errors` for a one-line error. Raises Dynamo's recompile limit
-    to :data:`RECOMPILE_LIMIT` (a study compiles one forward per model)."""
+    to :data:`RECOMPILE_LIMIT` (a study compiles one forward per model) and marks the step argument
+    dynamic (:data:`STEP_SOURCES`)."""
     import torch._dynamo
 
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    sources = [s for s in (torch.compiler.config.dynamic_sources or "").split(",") if s]
+    torch.compiler.config.dynamic_sources = ",".join(sources + [s for s in STEP_SOURCES if s not in sources])
     return torch.compile(model, fullgraph=True, backend=backend)
 
 

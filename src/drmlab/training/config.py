@@ -55,7 +55,9 @@ class TrainConfig:
     # under bf16: the DRM selective memory's matrix products in bf16 too (gates and scan stay float32;
     # docs/drm.md A.4.7); --fast turns it on; without bf16 it changes nothing
     bf16_memory_products: bool = False
-    compile: bool = False  # torch.compile the training forward as one graph (fullgraph=True, inductor)
+    # torch.compile the training forward as one graph (fullgraph=True, inductor); "auto": where the run's
+    # length repays the compile (drmlab.training.compile_choice; drmlab train's default)
+    compile: bool | str = False
     eval_every: int | None = None  # tokens between sampled evaluations; None: tokens / 5; 0: never
     eval_windows: int = 32  # validation windows of seq_len in the sampled evaluation (fixed set)
     eval_tokens: int | None = None  # cap on targets in the final rescoring; None: whole validation stream
@@ -135,9 +137,11 @@ class TrainConfig:
         number("beta1", 0, 1, open_high=True)
         number("beta2", 0, 1, open_high=True)
         number("warmup_fraction", 0, 1, optional=True)
-        for key in ("decay_all_params", "bf16", "bf16_memory_products", "compile"):
+        for key in ("decay_all_params", "bf16", "bf16_memory_products"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
+        if not isinstance(self.compile, bool) and self.compile != "auto":
+            raise ValueError(f'compile must be true, false or "auto", got {self.compile!r}')
         if self.milestones is not None:
             marks = self.milestones
             if not isinstance(marks, (list, tuple)) or any(

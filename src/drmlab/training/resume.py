@@ -142,8 +142,10 @@ class Resuming:
             except ValueError as exc:  # an output, rewritten at the end; only the last stop's kind is read
                 print(f"note: {exc}; resuming as after an ordinary stop (it is written again)", file=sys.stderr)
                 summary = {}
+            saved = run.read_config()
+            self.saved_runtime = saved.get("runtime") or {}  # what the run chose at its start (``compile``)
             changed = check_resumable(
-                run.read_config(),
+                saved,
                 self.config,
                 after_non_finite=summary.get("stopped") in ("non-finite", "diverged"),
                 model_defaults=config_defaults(self.model),

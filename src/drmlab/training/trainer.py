@@ -64,8 +64,9 @@ from drmlab.training import distributed as dist_utils
 from drmlab.training import pauses
 from drmlab.training.batches import BatchSource, LMWindows, eval_sample
 from drmlab.training.checkpointing import Checkpoints
+from drmlab.training.compile_choice import AUTO
 from drmlab.training.compile_report import CompileReport, describe
-from drmlab.training.compiling import compile_errors, compile_model
+from drmlab.training.compiling import CompileError, compile_errors, compile_model
 from drmlab.training.config import TrainConfig
 from drmlab.training.evaluating import Evaluate, Evaluations, sampled_eval  # noqa: F401 (re-exported)
 from drmlab.training.fast import memory_products_in_bf16, restore_memory_products
@@ -131,7 +132,10 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
         self.pieces = pieces = pieces if pieces is not None else TrainPieces()
         self.loss_fn = pieces.loss_fn if pieces.loss_fn is not None else lm_loss_fn(cfg.bf16)
         self.hook_steps, self.advice, self.kept_rows = pieces.hook_steps, pieces.advice, set()
-        self.compile_report: CompileReport | None = None  # under cfg.compile, made in start()
+        self.compile_report: CompileReport | None = None  # when compiling, made in start()
+        self.compiling = False  # whether the training forward is compiled (cfg.compile, or auto's choice)
+        self.eager_net = None  # when compiling: the uncompiled training forward (auto falls back to it)
+        self.saved_runtime: dict | None = None  # a resumed run's config.json runtime (_resume)
         self.info, self.device = dist_utils.setup(str(device) if isinstance(device, torch.device) else device)
         self.main = self.info.is_main
         self.model = model.to(self.device)
@@ -195,9 +199,12 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
             self.kept_rows = {(row.get("kind"), row.get("step")) for row in run.read_metrics()}
         probe = self.batches.batch(self.cfg.seed, 1, 0)[0][:1, : min(self.cfg.seq_len, 16)]
         self.net = dist_utils.wrap_model(self.model, self.info, self.device, probe=probe)
-        if self.cfg.compile:  # the training forward only: evaluation and checkpoints use self.model
+        self.compiling = self._choose_compile(self.saved_runtime if resume else None)
+        if run is not None and main and self.cfg.compile == AUTO:
+            run.write_config(self.config)  # with the choice in its runtime
+        if self.compiling:  # the training forward only: evaluation and checkpoints use self.model
             self.compile_report = CompileReport(self._eager_seconds(), self.cfg.grad_accum)
-            self.net = compile_model(self.net)
+            self.eager_net, self.net = self.net, compile_model(self.net)
         sinks = []
         if self.tensorboard and run is not None and main:  # the rows kept so far, then every new one
             sinks.append(open_sink(run.path, run.read_metrics() if run.metrics_path.is_file() else ()))
@@ -238,32 +245,13 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
             group["lr"] = lr_at(step, cfg, base)  # equals lr for a group at cfg.lr
             if name is not None:
                 rates[f"lr_{name}"] = group["lr"]
-        self.net.train()
-        total = torch.zeros((), device=dev)
-        sums: dict = {}  # the loss piece's tensor entries, averaged over the micro-batches
-        entries: dict = {}
-        for micro in range(cfg.grad_accum):
-            inputs, targets = self.batches.batch(cfg.seed, step, micro, info.rank, info.world_size)
-            sync = (
-                info.enabled and not self.sharded and micro < cfg.grad_accum - 1
-            )  # FSDP reduce-scatters each micro-batch
-            try:
-                with self.net.no_sync() if sync else contextlib.nullcontext(), self._compile_errors():
-                    loss, aux = self.loss_fn(self.net, (inputs.to(dev), targets.to(dev)), step)
-                    (loss / cfg.grad_accum).backward()
-            except torch.linalg.LinAlgError as exc:  # e.g. a Cholesky of a metric the weights broke
-                self.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteLossError(
-                    f"a linear-algebra failure inside the model at {self._where(step)} "
-                    f"({str(exc).splitlines()[0]}); stopped, {self._kept()}. {self.advice}"
-                ) from None
-            total += loss.detach() / cfg.grad_accum
-            for key, value in aux.items():
-                if isinstance(value, torch.Tensor):
-                    if key not in sums:
-                        sums[key] = torch.zeros((), device=dev)
-                    sums[key] += value.detach() / cfg.grad_accum
-                entries[key] = value
+        try:
+            total, sums, entries = self._micro_batches(step)
+        except CompileError as exc:
+            if cfg.compile != AUTO or self.eager_net is None:
+                raise
+            self._compile_fell_back(exc)  # auto's compile failed: this step and the rest run eager
+            total, sums, entries = self._micro_batches(step)
         if self.compile_report is not None and not self.compile_report.done:  # its first steps only
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
@@ -310,9 +298,53 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
             "elapsed": self.elapsed(),
         }
 
+    def _micro_batches(self, step: int) -> tuple[torch.Tensor, dict, dict]:
+        """Forward and backward of step ``step``'s micro-batches: (the mean loss, the loss piece's tensor entries
+        averaged, its other entries)."""
+        cfg, dev, info = self.cfg, self.device, self.info
+        self.net.train()
+        total = torch.zeros((), device=dev)
+        sums: dict = {}  # the loss piece's tensor entries, averaged over the micro-batches
+        entries: dict = {}
+        for micro in range(cfg.grad_accum):
+            inputs, targets = self.batches.batch(cfg.seed, step, micro, info.rank, info.world_size)
+            sync = (
+                info.enabled and not self.sharded and micro < cfg.grad_accum - 1
+            )  # FSDP reduce-scatters each micro-batch
+            try:
+                with self.net.no_sync() if sync else contextlib.nullcontext(), self._compile_errors():
+                    loss, aux = self.loss_fn(self.net, (inputs.to(dev), targets.to(dev)), step)
+                    (loss / cfg.grad_accum).backward()
+            except torch.linalg.LinAlgError as exc:  # e.g. a Cholesky of a metric the weights broke
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteLossError(
+                    f"a linear-algebra failure inside the model at {self._where(step)} "
+                    f"({str(exc).splitlines()[0]}); stopped, {self._kept()}. {self.advice}"
+                ) from None
+            total += loss.detach() / cfg.grad_accum
+            for key, value in aux.items():
+                if isinstance(value, torch.Tensor):
+                    if key not in sums:
+                        sums[key] = torch.zeros((), device=dev)
+                    sums[key] += value.detach() / cfg.grad_accum
+                entries[key] = value
+        return total, sums, entries
+
+    def _compile_fell_back(self, exc: Exception) -> None:
+        """Under ``compile="auto"``: the compile failed, so the run goes on eager, said in one line and
+        recorded in config.json's runtime."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.net, self.eager_net, self.compiling, self.compile_report = self.eager_net, None, False, None
+        choice = self.config["runtime"].get("compile") or {}
+        self.config["runtime"]["compile"] = {**choice, "on": False, "failed": str(exc)}
+        if self.run is not None and self.main:
+            self.run.write_config(self.config)
+        if self.main:
+            print(f"compile: off (auto): {exc}; training {self.config['model']} eager", file=sys.stderr, flush=True)
+
     def _compile_errors(self):
         """Under ``compile``: a model that cannot compile raises CompileError naming the operation."""
-        return compile_errors(str(self.config["model"])) if self.cfg.compile else contextlib.nullcontext()
+        return compile_errors(str(self.config["model"])) if self.compiling else contextlib.nullcontext()
 
     # -- hooks after a step
     def after_step(self, row: dict, last_step: int) -> None:
@@ -324,6 +356,7 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
                 report.done = True
                 compile_row = report.row(step, cfg.total_steps)
                 self.log.log(compile_row)
+                self._record_compile(compile_row)
                 if not self.quiet:
                     print(describe(compile_row), file=sys.stderr, flush=True)
             if self.bar is not None:
