@@ -76,6 +76,9 @@ BLOCK_RENDERERS = {
     "recipe-parts-tiny": _recipe_parts_table,
     "protocol-recipes": _recipes_table,
     "protocol-tiny-fullbudget-paired": _full_budget_paired_table,
+    "protocol-tiny-field-fullbudget": functools.partial(
+        _full_budget_sweep_table, protocol="protocol-tiny-field", check="protocol-tiny-field-fullbudget"
+    ),
     "distance-tiny": _distance_table,
     "ablate-tiny-drm": _ablate_drm_table,
     "loop-study-tiny": _loop_study_table,

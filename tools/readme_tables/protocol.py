@@ -133,13 +133,16 @@ def full_budget_paired(check: dict) -> dict[str, dict]:
     return {model: m for part in check["parts"].values() for model, m in part["models"].items()}
 
 
-def _full_budget_sweep_table(studies: dict[str, dict]) -> str:
-    """The protocol's rate choices checked at the full budget: per model the two rates tried again
-    for 5,005,312 tokens (seed 1, the same held-out slice), beside their scores after 1M tokens in
-    the protocol's own sweep; each budget's best rate in bold."""
-    short = studies["protocol-tiny"]["lr_sweep"]
-    check = studies["protocol-tiny-fullbudget"]
-    sweeps = full_budget_sweeps(check)
+def _full_budget_sweep_table(
+    studies: dict[str, dict], protocol: str = "protocol-tiny", check: str = "protocol-tiny-fullbudget"
+) -> str:
+    """The protocol's rate choices checked at the full budget: per model the rates tried again for
+    5,005,312 tokens (seed 1, the same held-out slice), beside their scores after the protocol's own short
+    sweep; each budget's best rate in bold, a rate still training as "training"."""
+    short = studies[protocol]["lr_sweep"]
+    record = studies[check]
+    sweeps = full_budget_sweeps(record)
+    short_tokens = record["protocol"].get("short_tune_tokens") or 1_000_000
 
     def cell(value: float | None, best: bool) -> str:
         return "-" if value is None else ("**%.4f**" if best else "%.4f") % value
@@ -147,13 +150,18 @@ def _full_budget_sweep_table(studies: dict[str, dict]) -> str:
     rows = []
     for model, sweep in sorted(sweeps.items(), key=lambda kv: list(short).index(kv[0])):
         full = {float(k): v for k, v in sweep["scores"].items()}
+        scored = {k: v for k, v in full.items() if v is not None}
         early = {float(k): v for k, v in short[model]["scores"].items() if v is not None}
-        best_full, best_early = min(full, key=full.get), min(early, key=early.get)
+        best_full = min(scored, key=scored.get) if sweep.get("complete") and scored else None
+        best_early = min(early, key=early.get)
         for lr in sorted(full):
-            rows.append([model, scientific(lr), cell(early.get(lr), lr == best_early), cell(full[lr], lr == best_full)])
-    tokens = check["protocol"]["tokens"]
+            late = "training" if full[lr] is None else cell(full[lr], lr == best_full)
+            rows.append([model, scientific(lr), cell(early.get(lr), lr == best_early), late])
+    tokens = record["protocol"]["tokens"]
     return markdown_table(
-        ["model", "lr", "tuning CE after 1M tokens", f"after {tokens:,} tokens"], ["---", "---:", "---:", "---:"], rows
+        ["model", "lr", f"tuning CE after {short_tokens / 1e6:g}M tokens", f"after {tokens:,} tokens"],
+        ["---", "---:", "---:", "---:"],
+        rows,
     )
 
 
