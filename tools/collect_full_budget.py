@@ -80,7 +80,9 @@ def main() -> None:
     result = record(args)
     path = ROOT / "docs" / "studies" / args.name / "results.json"
     write(path, result)
-    done = {name: sum(len(s["scores"]) for s in (p.get("lr_sweep") or {}).values()) for name, p in result["parts"].items()}
+    done = {
+        name: sum(len(s["scores"]) for s in (p.get("lr_sweep") or {}).values()) for name, p in result["parts"].items()
+    }
     print(f"wrote {path.relative_to(ROOT)}: rates scored per part {done}")
 
 

@@ -148,8 +148,9 @@ def test_at_the_full_budget_gpt2s_field_rate_was_too_low():
     for part in check["parts"].values():
         train = part["study"]["train"]
         assert train["recipe"] == "field" and train["tokens"] == FIELD["study"]["train"]["tokens"]
-        assert part["study"]["tune_tokens"] == train["tokens"] and part["study"]["content_sha256"] == (
-            FIELD["study"]["content_sha256"]
+        assert (
+            part["study"]["tune_tokens"] == train["tokens"]
+            and part["study"]["content_sha256"] == (FIELD["study"]["content_sha256"])
         )
     gpt2 = {float(k): v for k, v in sweeps["GPT2"]["scores"].items()}
     assert FIELD["lr_sweep"]["GPT2"]["lr"] == 1e-3 and sweeps["GPT2"]["complete"] and sweeps["GPT2"]["lr"] == 4e-3
