@@ -210,18 +210,19 @@ def test_a_kill_at_every_rename_leaves_a_loadable_checkpoint_and_an_exact_resume
         assert len(list((run / "checkpoints").iterdir())) == 1
 
 
+STEPS_KILLED = 150  # steps of the run killed twice (each commits a checkpoint; the kills come early)
 SIGKILL_SCRIPT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {test_dir!r})
-    from test_run_safety import SmallLM, _cfg, _stream
+    from test_run_safety import STEPS_KILLED, SmallLM, _cfg, _stream
     from drmlab.training import train
-    train(SmallLM(seed=3), _stream(), None, _cfg(tokens=4 * 8 * 400, checkpoint_every=4 * 8), {run!r},
+    train(SmallLM(seed=3), _stream(), None, _cfg(tokens=4 * 8 * STEPS_KILLED, checkpoint_every=4 * 8), {run!r},
           quiet=True, resume={resume})
 """)
 
 
 def test_sigkill_from_outside_then_resume_is_bit_exact(tmp_path):
-    cfg = _cfg(tokens=4 * 8 * 400, checkpoint_every=4 * 8)
+    cfg = _cfg(tokens=4 * 8 * STEPS_KILLED, checkpoint_every=4 * 8)
     reference = SmallLM(seed=3)
     train(reference, _stream(), None, cfg, tmp_path / "ref", quiet=True)
     run = tmp_path / "killed"
@@ -241,7 +242,7 @@ def test_sigkill_from_outside_then_resume_is_bit_exact(tmp_path):
         child.kill()  # SIGKILL: no handler, no cleanup
         assert child.wait() == -signal.SIGKILL, "the child finished before it could be killed"
         steps_at_kill.append(RunDir(run).read_pointer()["step"])
-    assert 0 < steps_at_kill[0] < steps_at_kill[1] < 400
+    assert 0 < steps_at_kill[0] < steps_at_kill[1] < STEPS_KILLED
     model = SmallLM(seed=1)  # everything comes from the checkpoint
     summary = train(model, _stream(), None, cfg, run, quiet=True, resume=True)
     assert summary["finished"]
