@@ -272,3 +272,18 @@ def test_compile_auto_starts_from_the_benchmarks_figures_and_the_text_quotes_the
         runs = record["runs"]
         for name in ("compiled_cold", "compiled_warm"):
             said_compile(f"{runs[name]['saved_seconds']:+.1f}")
+
+
+def test_the_reference_ratios_again_on_this_code_and_the_targets_they_miss():
+    """docs/studies/bench-reference-amd: ours, compiled float32 and --fast against the reference (CPU time),
+    each figure the text quotes; float32 misses the 2.0x and 1.5x targets eager and compiled, --fast meets both."""
+    study, said_amd = load("bench-reference-amd"), stated("bench-reference-amd")
+    (tiny,) = study["presets"]
+    order = ("J", "J_NO_DIRECTION", "SSM_CONTROL", "J_DIRECT_CONTROL_MATCHED")
+    target = {"J": 2.0, "J_NO_DIRECTION": 2.0, "SSM_CONTROL": 1.5, "J_DIRECT_CONTROL_MATCHED": 1.5}
+    for side in ("ours", "compiled", "fast_memory"):
+        for name in order:
+            cpu = tiny["variants"][name]["cpu_tokens_per_s"]
+            ratio = cpu[side] / cpu["ref"]
+            said_amd(f"{ratio:.2f}x" if name == "J" else f"{ratio:.2f}")
+            assert (ratio >= target[name]) == (side == "fast_memory"), (side, name, ratio)

@@ -87,6 +87,7 @@ BLOCK_RENDERERS = {
     "bench-reference": _bench_reference_table,
     "bench-fast-memory": functools.partial(_bench_reference_table, name="bench-fast-memory"),
     "bench-fast-memory-amd": functools.partial(_bench_reference_table, name="bench-fast-memory-amd"),
+    "bench-reference-amd": functools.partial(_bench_reference_table, name="bench-reference-amd"),
     "bench-decode": _bench_decode_table,
     "bench-procs": _bench_procs_table,
     "bench-compile": _bench_compile_table,

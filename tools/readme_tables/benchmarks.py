@@ -30,11 +30,12 @@ def _bench_reference_table(studies: dict[str, dict], name: str = "bench-referenc
     presets = studies[name]["presets"]
     extra = [
         side
-        for side in ("plain", "fast", "fast_memory")
+        for side in ("plain", "compiled", "fast", "fast_memory")
         if all(side in v["cpu_tokens_per_s"] for p in presets for v in p["variants"].values())
     ]
     titles = {
         "plain": "fused off / reference",
+        "compiled": "compiled (float32) / reference",
         "fast": "**--fast** / reference",
         "fast_memory": "--fast, memory products in bf16 / reference",
     }
