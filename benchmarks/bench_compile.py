@@ -21,26 +21,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from drmlab.devices import cpu_name
 from drmlab.experiments.results import dumps, provenance
 from drmlab.models import build_model
 from drmlab.training import resolve_train_config, train
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def run(name: str, preset: str, steps: int, compile_: bool, bf16: bool, stream: np.ndarray) -> list[dict]:

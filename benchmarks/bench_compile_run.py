@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_compile import cpu_name
+from drmlab.devices import cpu_name
 from drmlab.experiments.results import dumps, provenance
 
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from drmlab.devices import cpu_name
 
 DEFAULT_STEPS = {"micro": 40, "tiny": 12, "small": 5}
 
@@ -43,16 +44,6 @@ def train(model: str, preset: str, steps: int, out: Path, *, procs: int, threads
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"bench_procs: {' '.join(command[3:])} failed ({done.returncode}): {done.stderr[-800:]}")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> None:

@@ -1,8 +1,23 @@
-"""Which device a command runs on: ``auto`` is this process's GPU when CUDA is there, else the CPU."""
+"""Which device a command runs on: ``auto`` is this process's GPU when CUDA is there, else the CPU; and the
+CPU's name, for the records that state where a figure was measured."""
 
 from __future__ import annotations
 
+import platform
+from pathlib import Path
+
 import torch
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, else the platform's word for it, else "unknown")."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def resolve_device(name: str | None, local_rank: int = 0) -> torch.device:

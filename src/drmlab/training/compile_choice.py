@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from drmlab.devices import cpu_name
 
 __all__ = [
     "AUTO",
@@ -95,22 +96,12 @@ class CompileChoice:
         }
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def record_key(
     model_name: str, model_config: dict | None, micro_batch: tuple[int, int], precision: str, device: torch.device
 ) -> str:
     """The shape of a compiled run that its figures hold for: the model and its configuration, the micro-batch
     (rows, length), the precision, the device (the CPU's name, or the GPU's), torch's threads and version."""
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     parts = {
         "model": model_name,
         "config": model_config,
