@@ -221,3 +221,21 @@ def test_train_defaults_to_auto_and_takes_on_off_and_a_bare_flag(monkeypatch):
     request = TrainRequest.from_args(parser.parse_args(["train", "--resume", "--out", "x"]))
     saved = {"model": "J", "preset": "micro", "train": {"compile": False}}
     assert resolve_settings(request, saved)[-1].compile is False
+
+
+def test_auto_from_the_benchmark_table_times_the_eager_step_once(tmp_path, records, monkeypatch, capsys):
+    """No record here: the table's figures and one eager timing decide; the compile report reuses that timing."""
+    import drmlab.training.measuring as measuring
+    import drmlab.training.trainer as trainer_module
+    from drmlab.models import build_model
+    from drmlab.training import train
+
+    calls = []
+    real = measuring.time_eager_pass
+    monkeypatch.setattr(measuring, "time_eager_pass", lambda *args: calls.append(1) or real(*args))
+    monkeypatch.setattr(trainer_module, "compile_model", lambda net: net)
+    monkeypatch.setattr(compile_choice, "MEASURED", {("SSM_CONTROL", "float32"): (100.0, 0.0)})
+    train(build_model("SSM_CONTROL", "micro", seed=0), _stream(), None, _micro_cfg(3, compile="auto"), tmp_path / "r")
+    assert calls == [1]
+    choice = json.loads((tmp_path / "r" / "config.json").read_text())["runtime"]["compile"]
+    assert choice["on"] is True and choice["source"] == "benchmark" and "measured on one thread" in choice["why"]

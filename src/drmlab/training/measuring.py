@@ -80,6 +80,12 @@ class Measurements:
         if isinstance(before, dict) and isinstance(before.get("on"), bool):
             self.config["runtime"]["compile"] = before  # a resumed run goes on as it began
             return before["on"]
+        timed: list[float | None] = []
+
+        def eager_seconds() -> float | None:  # timed once: the compile report reuses it (eager_timed)
+            timed.append(self._eager_seconds())
+            return timed[-1]
+
         choice = choose(
             str(self.config["model"]),
             key=self._compile_key(),
@@ -87,9 +93,10 @@ class Measurements:
             precision="bf16" if cfg.bf16 else "float32",
             steps=cfg.total_steps - self.start_step,
             grad_accum=cfg.grad_accum,
-            eager_seconds=self._eager_seconds,
+            eager_seconds=eager_seconds,
             records=CompileRecords.default(),
         )
+        self.eager_timed = timed[-1] if timed else None
         on = choice.on
         if self.info.enabled:  # process 0 decides for all (another node may hold other records)
             on = dist_utils.all_reduce_max([1.0 if (on and self.main) else 0.0], self.info, self.device)[0] > 0.5

@@ -136,6 +136,7 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
         self.compiling = False  # whether the training forward is compiled (cfg.compile, or auto's choice)
         self.eager_net = None  # when compiling: the uncompiled training forward (auto falls back to it)
         self.saved_runtime: dict | None = None  # a resumed run's config.json runtime (_resume)
+        self.eager_timed: float | None = None  # one eager pass's seconds, when auto's choice timed it
         self.info, self.device = dist_utils.setup(str(device) if isinstance(device, torch.device) else device)
         self.main = self.info.is_main
         self.model = model.to(self.device)
@@ -203,7 +204,8 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
         if run is not None and main and self.cfg.compile == AUTO:
             run.write_config(self.config)  # with the choice in its runtime
         if self.compiling:  # the training forward only: evaluation and checkpoints use self.model
-            self.compile_report = CompileReport(self._eager_seconds(), self.cfg.grad_accum)
+            eager = self.eager_timed if self.eager_timed is not None else self._eager_seconds()
+            self.compile_report = CompileReport(eager, self.cfg.grad_accum)
             self.eager_net, self.net = self.net, compile_model(self.net)
         sinks = []
         if self.tensorboard and run is not None and main:  # the rows kept so far, then every new one
