@@ -9,7 +9,9 @@ theirs), the machine and its load, and how the runs were made.
 
     python tools/collect_full_budget.py --name protocol-tiny-field-fullbudget --protocol protocol-tiny-field \\
         --part transformers=studies/protocol-tiny-field-fullbudget --part resolvent=studies/fullbudget-resolvent \\
-        --commit 8b57326 --command "drmlab ablate ..." --machine "..." --how "..."
+        --commit 8b57326 --command "drmlab ablate ..." --machine "..." --how "..." [--rates-out F]
+
+``--rates-out F`` also writes the complete checks' choices where ``drmlab ablate --lr-from F`` reads them.
 """
 
 from __future__ import annotations
@@ -67,6 +69,25 @@ def record(args) -> dict:
     }
 
 
+def chosen_rates(result: dict) -> dict:
+    """The full-budget choices as ``drmlab ablate --lr-from`` reads them (``models[M]["lr"]`` and the study's
+    recipe): one entry per model whose check is complete; a model still training is left out, so that a study
+    taking its rate from here refuses it by name."""
+    first = next(iter(result["parts"].values()))["study"]
+    models = {
+        model: {"lr": sweep["lr"], "edge": sweep["edge"]}
+        for part in result["parts"].values()
+        for model, sweep in (part.get("lr_sweep") or {}).items()
+        if sweep.get("complete") and sweep.get("lr") is not None
+    }
+    return {
+        "title": f"the rates {result['protocol']['name']}'s full-budget check chose (for drmlab ablate --lr-from)",
+        "provenance": result["provenance"],
+        "study": {"preset": first["preset"], "train": {"recipe": first["train"].get("recipe", "reference")}},
+        "models": models,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True, help="docs/studies/NAME")
@@ -76,10 +97,17 @@ def main() -> None:
     parser.add_argument("--command", required=True, help="the drmlab ablate commands as they were run")
     parser.add_argument("--machine", required=True, help="the machine and its load while the runs trained")
     parser.add_argument("--how", required=True, help="how the runs were made (processes, threads, order)")
+    parser.add_argument(
+        "--rates-out", type=Path, help="also write the complete checks' choices here, for drmlab ablate --lr-from"
+    )
     args = parser.parse_args()
     result = record(args)
     path = ROOT / "docs" / "studies" / args.name / "results.json"
     write(path, result)
+    if args.rates_out is not None:
+        rates = chosen_rates(result)
+        write(args.rates_out, rates)
+        print(f"wrote {args.rates_out}: " + ", ".join(f"{m} {r['lr']:g}" for m, r in rates["models"].items()))
     done = {
         name: sum(len(s["scores"]) for s in (p.get("lr_sweep") or {}).values()) for name, p in result["parts"].items()
     }

@@ -160,7 +160,8 @@ def test_at_the_full_budget_gpt2s_field_rate_was_too_low():
         said_check(fmt(gpt2[lr], 4))
     said_check(fmt(FIELD["lr_sweep"]["GPT2"]["scores"]["0.001"], 4))
     llama = {float(k): v for k, v in sweeps["LLAMA"]["scores"].items()}
-    assert llama[2e-3] < llama[1e-3] < llama[4e-3] and FIELD["lr_sweep"]["LLAMA"]["lr"] == 1e-3
-    for lr in (1e-3, 2e-3, 4e-3):
+    assert llama[2e-3] < llama[1e-3] < llama[4e-3] < llama[8e-3] and FIELD["lr_sweep"]["LLAMA"]["lr"] == 1e-3
+    assert sweeps["LLAMA"]["complete"] and sweeps["LLAMA"]["lr"] == 2e-3
+    for lr in (1e-3, 2e-3, 4e-3, 8e-3):
         said_check(fmt(llama[lr], 4))
     said_check(fmt(llama[1e-3] - llama[2e-3], 4))
