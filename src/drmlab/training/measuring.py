@@ -16,6 +16,10 @@ from drmlab.training.compile_choice import AUTO, CompileRecords, choose, record_
 from drmlab.training.compile_report import time_eager_pass
 from drmlab.training.utilisation import Utilisation, count_step_flops, gemm_peak_gflops
 
+# under --compile auto, a run of at least this many steps says why it stays eager (a shorter one only says so in
+# config.json's runtime); a run that compiles always says so
+SAY_OFF_FROM_STEPS = 500
+
 
 class Measurements:
     """The measurements of :class:`~drmlab.training.trainer.Trainer`, as its methods."""
@@ -101,7 +105,8 @@ class Measurements:
         if self.info.enabled:  # process 0 decides for all (another node may hold other records)
             on = dist_utils.all_reduce_max([1.0 if (on and self.main) else 0.0], self.info, self.device)[0] > 0.5
         self.config["runtime"]["compile"] = {**choice.as_record(), "on": on}
-        if self.main and not self.quiet:
+        steps = cfg.total_steps - self.start_step
+        if self.main and not self.quiet and (on or steps >= SAY_OFF_FROM_STEPS):  # a short run stays eager quietly
             print(choice.why, file=sys.stderr, flush=True)
         return on
 
