@@ -164,7 +164,9 @@ def test_auto_compiles_when_its_record_pays_records_the_run_and_a_resume_keeps_t
     train(build_model("SSM_CONTROL", "micro", seed=0), _stream(), None, longer, out, resume=True)
     assert len(compiled) == 2
     assert json.loads((out / "config.json").read_text())["runtime"]["compile"]["on"] is True
-    # a new run decides again: off, quietly for a run this short (the choice is in config.json)
+    # a new run decides again, from the latest record (the resumed run added its own; this one says it does not
+    # pay): off, quietly for a run this short (the choice is in config.json)
+    records.add(_key_of(model, cfg), eager_seconds=1.0, compiled_seconds=2.0, compile_seconds=0.5)
     capsys.readouterr()
     train(build_model("SSM_CONTROL", "micro", seed=0), _stream(), None, cfg, tmp_path / "new")
     assert len(compiled) == 2 and "compile:" not in capsys.readouterr().err
@@ -187,6 +189,7 @@ def test_a_compile_that_fails_under_auto_trains_eager(corpus_file, tmp_path, rec
     out = tmp_path / "run"
     argv = ["train", "--model", "SSM_CONTROL", "--preset", "micro", "--tokens", "512", "--data", str(corpus_file)]
     argv += ["--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--eval-tokens", "256", "--compile", "auto"]
+    argv += ["--threads", str(torch.get_num_threads())]  # the record's key holds the thread count
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "compile: on (auto)" in err
