@@ -11,6 +11,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import torch
 from test_collectors import _tool
 
 from drmlab.cli import main
@@ -250,11 +251,14 @@ def test_the_study_end_to_end_at_micro(corpus_file, tmp_path):
         ran.append(argv[0])
         if len(ran) == 1:
             return cs.run_drmlab(argv, log)
+        threads = torch.get_num_threads()  # a verb sets torch's threads for its process: this one's are restored
         with open(log, "a") as handle, contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
             try:
                 return main(argv)
             except SystemExit as exc:
                 return exc.code if isinstance(exc.code, int) else 1
+            finally:
+                torch.set_num_threads(threads)
 
     failed = cs.run_jobs(study, jobs, runner, say=said.append)
     assert failed == [], (said, [p.read_text() for p in study.glob("logs/*")])
