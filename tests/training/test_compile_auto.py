@@ -7,6 +7,7 @@ auto trains eager instead; a compiled run adds its figures to the records; ``drm
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -119,17 +120,13 @@ def records(tmp_path, monkeypatch):
 
 
 def _key_of(model, cfg):
-    from drmlab.training.measuring import Measurements
+    """The key a run of ``model`` under ``cfg`` in this process files its figures under (as config.json holds
+    the model's configuration)."""
+    from drmlab.runs import jsonable
+    from drmlab.training.compile_choice import record_key
 
-    class Probe(Measurements):
-        pass
-
-    probe = Probe()
-    probe.cfg, probe.model, probe.device = cfg, model, CPU
-    probe.info = type("Info", (), {"enabled": False, "world_size": 1})()
-    probe.config = {"model": model.model_name, "model_config": __import__("dataclasses").asdict(model.config)}
-    probe.config = json.loads(json.dumps(probe.config, default=str))
-    return probe._compile_key()
+    config = jsonable(dataclasses.asdict(model.config))
+    return record_key(model.model_name, config, (cfg.batch_size, cfg.seq_len), "float32", CPU)
 
 
 def test_auto_compiles_when_its_record_pays_records_the_run_and_a_resume_keeps_the_choice(
@@ -138,12 +135,12 @@ def test_auto_compiles_when_its_record_pays_records_the_run_and_a_resume_keeps_t
     """A record that pays: the run compiles (compile_model stands in for inductor here: the plumbing is the
     subject), says so in one line, records the choice in config.json's runtime, and adds its own figures;
     resumed after the record changed to one that does not pay, it goes on compiled as it began."""
-    import drmlab.training.trainer as trainer_module
+    import drmlab.training.compiled as compiled_module
     from drmlab.models import build_model
     from drmlab.training import train
 
     compiled = []
-    monkeypatch.setattr(trainer_module, "compile_model", lambda net: compiled.append(net) or net)
+    monkeypatch.setattr(compiled_module, "compile_model", lambda net: compiled.append(net) or net)
     model = build_model("SSM_CONTROL", "micro", seed=0)
     cfg = _micro_cfg(3, compile="auto", schedule="constant", checkpoint_every=0)
     records.add(_key_of(model, cfg), eager_seconds=1.0, compiled_seconds=0.25, compile_seconds=0.5)
@@ -229,15 +226,15 @@ def test_train_defaults_to_auto_and_takes_on_off_and_a_bare_flag(monkeypatch):
 
 def test_auto_from_the_benchmark_table_times_the_eager_step_once(tmp_path, records, monkeypatch, capsys):
     """No record here: the table's figures and one eager timing decide; the compile report reuses that timing."""
+    import drmlab.training.compiled as compiled_module
     import drmlab.training.measuring as measuring
-    import drmlab.training.trainer as trainer_module
     from drmlab.models import build_model
     from drmlab.training import train
 
     calls = []
     real = measuring.time_eager_pass
     monkeypatch.setattr(measuring, "time_eager_pass", lambda *args: calls.append(1) or real(*args))
-    monkeypatch.setattr(trainer_module, "compile_model", lambda net: net)
+    monkeypatch.setattr(compiled_module, "compile_model", lambda net: net)
     monkeypatch.setattr(compile_choice, "MEASURED", {("SSM_CONTROL", "float32"): (100.0, 0.0)})
     train(build_model("SSM_CONTROL", "micro", seed=0), _stream(), None, _micro_cfg(3, compile="auto"), tmp_path / "r")
     assert calls == [1]

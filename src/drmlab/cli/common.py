@@ -124,9 +124,10 @@ def default_compile() -> str:
     return value
 
 
-def compile_setting(choice: str | None):
-    """The train setting ``compile`` of ``--compile``'s value: True, False, "auto", or None (left out)."""
-    return None if choice is None else COMPILE_CHOICES[choice]
+def compile_setting(choice: str | bool | None):
+    """The train setting ``compile`` of ``--compile``'s value (on, off, auto: True, False, "auto"); a setting
+    already made (True or False, as --fast writes it back) or None (left out) as it is."""
+    return COMPILE_CHOICES[choice] if isinstance(choice, str) else choice
 
 
 def apply_fast(args: argparse.Namespace) -> None:
@@ -177,9 +178,7 @@ def train_settings(args: argparse.Namespace, assignments: dict) -> dict:
         "lr": args.lr,
         "bf16": args.bf16,
         "bf16_memory_products": getattr(args, "bf16_memory_products", None),
-        "compile": compile_setting(getattr(args, "compile", None))
-        if isinstance(getattr(args, "compile", None), str)
-        else getattr(args, "compile", None),
+        "compile": compile_setting(getattr(args, "compile", None)),
         "eval_tokens": None if args.eval_tokens in (None, "all") else args.eval_tokens,
     }
     return {**{k: v for k, v in flags.items() if v is not None}, **assignments}

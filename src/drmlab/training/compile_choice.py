@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -86,14 +86,7 @@ class CompileChoice:
 
     def as_record(self) -> dict:
         """For config.json's runtime: what auto chose and from what."""
-        return {
-            "on": self.on,
-            "why": self.why,
-            "ratio": self.ratio,
-            "compile_seconds": self.compile_seconds,
-            "expected_saving_seconds": self.expected_saving_seconds,
-            "source": self.source,
-        }
+        return asdict(self)
 
 
 def record_key(

@@ -20,7 +20,8 @@ checkpoint) and :meth:`Trainer.finish` (summary and the final evaluation). Their
 this module, one each: config.json (:mod:`~drmlab.training.run_config`), the resume checks
 (:mod:`~drmlab.training.resume`), the stops and the divergence guard (:mod:`~drmlab.training.stops`),
 the evaluations and hooks (:mod:`~drmlab.training.evaluating`), checkpoints
-(:mod:`~drmlab.training.checkpointing`), the FLOP count (:mod:`~drmlab.training.measuring`) and the
+(:mod:`~drmlab.training.checkpointing`), the FLOP count (:mod:`~drmlab.training.measuring`), the compiled
+forward (:mod:`~drmlab.training.compiled`) and the
 end (:mod:`~drmlab.training.finishing`); every name they define is importable from here too.
 The files of the run directory are :mod:`drmlab.runs`'s.
 
@@ -32,7 +33,7 @@ directory that already holds a run is refused unless ``resume`` or ``overwrite``
 process holds the run's lock (:class:`drmlab.runs.RunLock`).
 
 ``cfg.compile`` runs the training forward through ``torch.compile(fullgraph=True)``
-(:mod:`drmlab.training.compiling`); evaluation and checkpoints use the uncompiled model. A model
+(:mod:`drmlab.training.compiling`, :mod:`drmlab.training.compiled`); evaluation and checkpoints use the uncompiled model. A model
 that cannot be compiled as one graph stops the run at its first step with
 :class:`~drmlab.training.compiling.CompileError`, one line naming the operation that broke the graph.
 
@@ -65,8 +66,9 @@ from drmlab.training import pauses
 from drmlab.training.batches import BatchSource, LMWindows, eval_sample
 from drmlab.training.checkpointing import Checkpoints
 from drmlab.training.compile_choice import AUTO
-from drmlab.training.compile_report import CompileReport, describe
-from drmlab.training.compiling import CompileError, compile_errors, compile_model
+from drmlab.training.compile_report import describe
+from drmlab.training.compiled import Compiling
+from drmlab.training.compiling import CompileError
 from drmlab.training.config import TrainConfig
 from drmlab.training.evaluating import Evaluate, Evaluations, sampled_eval  # noqa: F401 (re-exported)
 from drmlab.training.fast import memory_products_in_bf16, restore_memory_products
@@ -105,9 +107,9 @@ PROGRESS_SECONDS = 30.0  # without a terminal, a progress line this often
 CHECKPOINT_SECONDS = 600.0
 
 
-class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishing):
+class Trainer(Resuming, Measurements, Compiling, Guards, Evaluations, Checkpoints, Finishing):
     """One training run in pieces; :func:`train` drives it. See the module docstring; the methods of its
-    other jobs come from the mixins (resume, measuring, stops, evaluating, checkpointing, finishing)."""
+    other jobs come from the mixins (resume, measuring, compiling, stops, evaluating, checkpointing, finishing)."""
 
     def __init__(
         self,
@@ -132,11 +134,7 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
         self.pieces = pieces = pieces if pieces is not None else TrainPieces()
         self.loss_fn = pieces.loss_fn if pieces.loss_fn is not None else lm_loss_fn(cfg.bf16)
         self.hook_steps, self.advice, self.kept_rows = pieces.hook_steps, pieces.advice, set()
-        self.compile_report: CompileReport | None = None  # when compiling, made in start()
-        self.compiling = False  # whether the training forward is compiled (cfg.compile, or auto's choice)
-        self.eager_net = None  # when compiling: the uncompiled training forward (auto falls back to it)
         self.saved_runtime: dict | None = None  # a resumed run's config.json runtime (_resume)
-        self.eager_timed: float | None = None  # one eager pass's seconds, when auto's choice timed it
         self.info, self.device = dist_utils.setup(str(device) if isinstance(device, torch.device) else device)
         self.main = self.info.is_main
         self.model = model.to(self.device)
@@ -200,13 +198,7 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
             self.kept_rows = {(row.get("kind"), row.get("step")) for row in run.read_metrics()}
         probe = self.batches.batch(self.cfg.seed, 1, 0)[0][:1, : min(self.cfg.seq_len, 16)]
         self.net = dist_utils.wrap_model(self.model, self.info, self.device, probe=probe)
-        self.compiling = self._choose_compile(self.saved_runtime if resume else None)
-        if run is not None and main and self.cfg.compile == AUTO:
-            run.write_config(self.config)  # with the choice in its runtime
-        if self.compiling:  # the training forward only: evaluation and checkpoints use self.model
-            eager = self.eager_timed if self.eager_timed is not None else self._eager_seconds()
-            self.compile_report = CompileReport(eager, self.cfg.grad_accum)
-            self.eager_net, self.net = self.net, compile_model(self.net)
+        self._start_compiling(self.saved_runtime if resume else None)
         sinks = []
         if self.tensorboard and run is not None and main:  # the rows kept so far, then every new one
             sinks.append(open_sink(run.path, run.read_metrics() if run.metrics_path.is_file() else ()))
@@ -331,22 +323,6 @@ class Trainer(Resuming, Measurements, Guards, Evaluations, Checkpoints, Finishin
                     sums[key] += value.detach() / cfg.grad_accum
                 entries[key] = value
         return total, sums, entries
-
-    def _compile_fell_back(self, exc: Exception) -> None:
-        """Under ``compile="auto"``: the compile failed, so the run goes on eager, said in one line and
-        recorded in config.json's runtime."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self.net, self.eager_net, self.compiling, self.compile_report = self.eager_net, None, False, None
-        choice = self.config["runtime"].get("compile") or {}
-        self.config["runtime"]["compile"] = {**choice, "on": False, "failed": str(exc)}
-        if self.run is not None and self.main:
-            self.run.write_config(self.config)
-        if self.main:
-            print(f"compile: off (auto): {exc}; training {self.config['model']} eager", file=sys.stderr, flush=True)
-
-    def _compile_errors(self):
-        """Under ``compile``: a model that cannot compile raises CompileError naming the operation."""
-        return compile_errors(str(self.config["model"])) if self.compiling else contextlib.nullcontext()
 
     # -- hooks after a step
     def after_step(self, row: dict, last_step: int) -> None:
